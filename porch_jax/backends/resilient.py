@@ -1,0 +1,54 @@
+"""Per-call timeout and retries with exponential backoff and jitter.
+
+Retried: timeouts, ``BackendError(retryable=True)``, connection errors. Anything else (a bad
+request, a programming error) is raised at once: retrying cannot fix it. After the last attempt a
+``BackendError`` says how many attempts failed and chains the last cause.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+
+from porch_jax.backends.base import Backend, BackendError, ChatRequest, ChatResult
+
+log = logging.getLogger(__name__)
+
+
+def is_retryable(exc: BaseException) -> bool:
+    if isinstance(exc, BackendError):
+        return exc.retryable
+    return isinstance(exc, (TimeoutError, ConnectionError))
+
+
+class RetryingBackend:
+    """``timeout_s`` bounds each attempt; attempt k (from 0) waits backoff_s·2^k·U[0.5, 1.5), capped."""
+
+    def __init__(self, inner: Backend, timeout_s: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5,
+                 *, max_backoff_s: float = 30.0, seed: int | None = None):
+        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
+            raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
+        self.inner, self.timeout_s, self.max_retries = inner, timeout_s, max_retries
+        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self._rng = random.Random(seed)
+        self.retries = 0  # total retries made: a health signal for the run log
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        last: BaseException | None = None
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * self._rng.uniform(0.5, 1.5)
+                self.retries += 1
+                log.debug("retry %d/%d in %.3fs after %r", attempt, self.max_retries, delay, last)
+                await asyncio.sleep(delay)
+            try:
+                return await asyncio.wait_for(self.inner.chat(request), self.timeout_s)
+            except asyncio.TimeoutError as e:  # an alias of TimeoutError since 3.11
+                last = e
+            except Exception as e:
+                if not is_retryable(e):
+                    raise
+                last = e
+        kind = "timed out" if isinstance(last, TimeoutError) else f"failed ({last!r})"
+        raise BackendError(f"{request.role} call {kind} on all {self.max_retries + 1} attempts "
+                           f"(timeout {self.timeout_s}s)", retryable=False) from last

@@ -1,0 +1,134 @@
+"""Store round trip, schema errors naming file/line/field, torn-line policy, single writer."""
+import json
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from porch_jax.trajectories import (
+    SCHEMA_VERSION, DecisionRecord, EpisodeRecord, Outcome, RecordError, RoleCost, SubStep, TrajectoryStore)
+
+
+def make_record(i: int = 0, text: str = "hello") -> EpisodeRecord:
+    step = SubStep(agent_id=0, harness_version=1, kind="tool", text=text, tool="search", observation="obs")
+    decision = DecisionRecord(
+        index=0, context=[{"role": "system", "content": "s"}, {"role": "user", "content": text}],
+        action_text='<tool_call>\n{"name": "finish", "arguments": {"answer": "a"}}\n</tool_call>',
+        action_token_ids=[1, 2, 3], action_logprobs=[-0.5, -1.0, -math.inf],
+        action={"name": "finish", "arguments": {"answer": "a"}}, feedback="[agent 0 submit]", agent_id=0,
+        segment=[step])
+    bad = DecisionRecord(index=1, context=[], action_text="junk", action_token_ids=[], action_logprobs=[],
+                         action=None, parse_error="no_tool_call", feedback="Error")
+    return EpisodeRecord(episode_id=f"ep{i}", task_id=f"t{i}", env="workplace", system="porch", config_hash="abc",
+                         seed=i, outcome=Outcome(success=True, score=1.0, reason="answer matched"),
+                         cost={"orchestrator": RoleCost(2, 30, 5), "subagent": RoleCost(4, 80, 20)},
+                         decisions=[decision, bad], meta={"note": text})
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.text())
+def test_round_trip(tmp_path_factory, text):
+    store = TrajectoryStore(tmp_path_factory.mktemp("s") / "ep.jsonl")
+    records = [make_record(i, text) for i in range(3)]
+    store.append(records[0])
+    store.append_many(records[1:])
+    assert store.read() == records
+    assert store.episode_ids() == {"ep0", "ep1", "ep2"}
+    assert all(json.loads(line)["schema_version"] == SCHEMA_VERSION for line in store.path.read_text().splitlines())
+
+
+def test_lone_surrogate_is_storable(tmp_path):
+    store = TrajectoryStore(tmp_path / "ep.jsonl")
+    store.append(make_record(0, "bad \ud800 decode"))
+    assert store.read()[0].meta["note"] == "bad \ud800 decode"
+
+
+def _line(**changes):
+    d = make_record().to_dict()
+    for path, value in changes.items():
+        target, *keys = path.split(".")
+        obj = d
+        for k in [target, *keys][:-1]:
+            obj = obj[int(k)] if isinstance(obj, list) else obj[k]
+        last = [target, *keys][-1]
+        if value is KeyError:
+            del obj[last]
+        else:
+            obj[int(last) if isinstance(obj, list) else last] = value
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("changes,field", [
+    ({"seed": "3"}, "seed"),
+    ({"outcome.success": 1}, "outcome.success"),
+    ({"outcome.reason": KeyError}, "outcome.reason"),
+    ({"decisions.0.action_token_ids": [1, "2"]}, "decisions[0].action_token_ids[1]"),
+    ({"decisions.0.segment.0.kind": "thought"}, "decisions[0].segment[0].kind"),
+    ({"cost.subagent.calls": 1.5}, "cost.subagent.calls"),
+    ({"decisions.1.extra": 1}, "decisions[1].extra"),
+    ({"schema_version": 99}, "schema_version"),
+])
+def test_bad_line_names_file_line_field(tmp_path, changes, field):
+    path = tmp_path / "ep.jsonl"
+    path.write_text(_line() + "\n" + _line(**changes) + "\n")
+    with pytest.raises(RecordError) as info:
+        TrajectoryStore(path).read()
+    e = info.value
+    assert (e.path, e.line, e.field) == (str(path), 2, field)
+    assert f"{path}:2:" in str(e) and field in str(e)
+
+
+def test_invalid_json_line(tmp_path):
+    path = tmp_path / "ep.jsonl"
+    path.write_text("{not json\n" + _line() + "\n")
+    with pytest.raises(RecordError, match=r"ep.jsonl:1: not valid JSON"):
+        TrajectoryStore(path).read()
+
+
+def test_writer_rejects_invalid_record_before_writing(tmp_path):
+    store = TrajectoryStore(tmp_path / "ep.jsonl")
+    bad = make_record()
+    bad.seed = "7"  # type: ignore[assignment]
+    with pytest.raises(RecordError, match="seed"):
+        store.append_many([make_record(1), bad])
+    assert store.read() == []  # all or nothing
+
+
+def test_torn_last_line_is_ignored_then_repaired(tmp_path, caplog):
+    path = tmp_path / "ep.jsonl"
+    store = TrajectoryStore(path)
+    store.append(make_record(0))
+    store.close()
+    torn = _line()[:57]
+    with open(path, "a") as f:
+        f.write(torn)  # a kill -9 in the middle of a write
+    assert [r.episode_id for r in TrajectoryStore(path).read()] == ["ep0"]
+    assert "torn last line" in caplog.text
+    with TrajectoryStore(path) as writer:
+        writer.append(make_record(1))
+    assert [r.episode_id for r in TrajectoryStore(path).read()] == ["ep0", "ep1"]
+    assert (tmp_path / "ep.jsonl.torn").read_text() == torn + "\n"
+
+
+def test_torn_only_line(tmp_path):
+    path = tmp_path / "ep.jsonl"
+    path.write_text('{"schema')
+    assert TrajectoryStore(path).read() == []
+    TrajectoryStore(path).append(make_record(0))
+    assert len(TrajectoryStore(path).read()) == 1
+
+
+def test_one_writer_per_file(tmp_path):
+    a, b = TrajectoryStore(tmp_path / "ep.jsonl"), TrajectoryStore(tmp_path / "ep.jsonl")
+    a.append(make_record(0))
+    with pytest.raises(RuntimeError, match="another"):
+        b.append(make_record(1))
+    a.close()
+    b.append(make_record(1))
+    assert len(b.read()) == 2
+
+
+def test_keyword_only_episode_record():
+    with pytest.raises(TypeError):
+        EpisodeRecord(1, "ep", "t", "env", "sys", "hash", 0, Outcome(True, 1.0, ""))  # type: ignore[misc]
