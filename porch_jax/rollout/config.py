@@ -1,0 +1,78 @@
+"""Engine configuration: budgets, the system (proactive, lifecycle, ReAct) and the ablation switches.
+
+Budgets follow the paper: 300 total steps for GAIA/GAIA2 and 500 for SWE-bench, at most 10
+sub-agents, a default of 30 (GAIA) / 50 (SWE) steps per sub-agent. A task may carry tighter budgets
+of its own (the workplace suite does, so that a mid-run revision costs something); the engine uses
+the smaller of the two.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from porch_jax.backends import Sampling
+from porch_jax.protocol import COMM_ACTIONS, FULL_VIEW, REVISABLE_FIELDS, SUBMIT, FeedbackView
+
+SYSTEMS = ("proactive", "lifecycle", "react")
+# Obs. 10: disable one revision kind; Obs. 11: hide one message field from the orchestrator.
+REVISION_ABLATIONS = {"no_task": "subgoal", "no_context": "context", "no_tools": "tools", "no_budget": "budget"}
+MESSAGE_ABLATIONS = {"no_status": "status", "no_request": "request", "no_evidence": "evidence"}
+ABLATIONS = tuple(REVISION_ABLATIONS) + tuple(MESSAGE_ABLATIONS)
+
+
+@dataclass(frozen=True)
+class Budgets:
+    total_steps: int = 300
+    max_agents: int = 10
+    default_agent_budget: int = 30
+
+
+BUDGETS = {"gaia": Budgets(300, 10, 30), "gaia2": Budgets(300, 10, 30), "swe": Budgets(500, 10, 50)}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    system: str = "proactive"
+    budgets: Budgets = Budgets()
+    revisable: tuple[str, ...] = REVISABLE_FIELDS
+    view: FeedbackView = FULL_VIEW
+    max_decisions: int = 64  # orchestrator calls per episode, invalid ones included: a loop guard
+    max_evidence_chars: int | None = 160
+    orchestrator_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
+    subagent_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
+
+    def __post_init__(self) -> None:
+        if self.system not in SYSTEMS:
+            raise ValueError(f"system must be one of {SYSTEMS}, got {self.system!r}")
+        unknown = set(self.revisable) - set(REVISABLE_FIELDS)
+        if unknown:
+            raise ValueError(f"revisable has unknown fields {sorted(unknown)}; allowed {REVISABLE_FIELDS}")
+
+    @property
+    def comm(self) -> tuple[str, ...]:
+        """The sub-agents' communication actions: lifecycle and ReAct agents can only submit."""
+        return COMM_ACTIONS if self.system == "proactive" else (SUBMIT,)
+
+    @property
+    def orchestrator_revisable(self) -> tuple[str, ...]:
+        return self.revisable if self.system == "proactive" else ()
+
+    def config_hash(self) -> str:
+        blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def system_config(name: str, base: EngineConfig = EngineConfig()) -> EngineConfig:
+    """``proactive``, ``lifecycle``, ``react`` or an ablation of proactive (``no_task`` ... ``no_evidence``)."""
+    if name in SYSTEMS:
+        return dataclasses.replace(base, system=name)
+    if name in REVISION_ABLATIONS:
+        dropped = REVISION_ABLATIONS[name]
+        return dataclasses.replace(base, system="proactive",
+                                   revisable=tuple(f for f in base.revisable if f != dropped))
+    if name in MESSAGE_ABLATIONS:
+        return dataclasses.replace(base, system="proactive",
+                                   view=dataclasses.replace(base.view, **{MESSAGE_ABLATIONS[name]: False}))
+    raise ValueError(f"unknown system {name!r}; use one of {SYSTEMS + ABLATIONS}")

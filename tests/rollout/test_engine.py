@@ -1,0 +1,203 @@
+"""The interleaved engine: delegation, revision with history, stop, budgets, baselines, ablations, records."""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from porch_jax.backends import BackendError, ChatRequest, ScriptedBackend
+from porch_jax.envs.workplace import (
+    ExpertConfig, ScriptedExpert, ScriptedSubagent, SubagentConfig, TaskMixture, WorkplaceEnv, make_task,
+    make_tasks)
+from porch_jax.protocol import Delegate, Finish, Harness, Revise, ToolCall, render_action
+from porch_jax.rollout import ABLATIONS, Budgets, Engine, EngineConfig, system_config
+from porch_jax.trajectories import encode_record
+
+CLEAN_EXPERT = ExpertConfig(0.0, 0.0, 0.0, 0.0, blind_spots=())
+NO_SLIPS = SubagentConfig(slip_base=0.0, p_misread=0.0, p_detour=0.0)
+
+
+class Spy:
+    """A backend that records every request it serves."""
+
+    def __init__(self, policy):
+        self.inner, self.requests = ScriptedBackend(policy), []
+
+    async def chat(self, request: ChatRequest):
+        self.requests.append(request)
+        return await self.inner.chat(request)
+
+
+def run(engine: Engine, task):
+    return asyncio.run(engine.run(task))
+
+
+def engine(system="proactive", expert=CLEAN_EXPERT, sub=NO_SLIPS, **kw) -> Engine:
+    return Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)), ScriptedBackend(ScriptedSubagent(sub)),
+                  system_config(system, EngineConfig(**kw)), system_name=system)
+
+
+def quiet(template: str, seed: int = 0):
+    return make_task(seed, TaskMixture(templates={template: 1.0}, p_change=0.0, p_distract=0.0))
+
+
+def test_clean_expert_solves_and_records_every_decision():
+    task = quiet("cab_text")
+    rec = run(engine(), task)
+    assert rec.outcome.success and rec.outcome.reason == "ok"
+    assert [d.action["name"] for d in rec.decisions] == ["delegate"] * 4 + ["finish"]
+    d = rec.decisions[1]
+    assert d.context[0]["role"] == "system" and d.context[1]["content"].startswith("Task: 1) find venue")
+    assert len(d.context) == 4  # system, task, then the first decision and its feedback
+    assert d.context[2]["content"] == rec.decisions[0].action_text
+    assert d.context[3]["content"] == rec.decisions[0].feedback
+    assert [s.kind for s in d.segment] == ["tool"] * 4 + ["comm"] and d.agent_id == 1
+    assert rec.meta["decision_clock"] == [0, 3, 8, 11, 15] and rec.meta["steps"] == 15
+    assert set(rec.cost) == {"orchestrator", "subagent"} and rec.cost["subagent"].calls == 15
+    encode_record(rec)  # the store accepts it
+
+
+def test_revision_resumes_the_same_worker_with_its_history():
+    sub = Spy(ScriptedSubagent(NO_SLIPS))
+    eng = Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(ExpertConfig(0, 0, 0, 0, blind_spots=("archive",)))),
+                 sub, EngineConfig())
+    rec = run(eng, quiet("history"))
+    assert rec.outcome.success
+    first = rec.decisions[0]
+    assert "archive" not in first.action["arguments"]["tools"] and "request: tools add: archive" in first.feedback
+    assert rec.decisions[1].action == {"name": "revise", "arguments": {"agent_id": 0, "tools": [
+        "archive", "extract", "search"], "budget": 6}}
+    resumed = [r for r in sub.requests if r.state.agent_id == 0 and r.state.harness.version == 1][0]
+    texts = [m["content"] for m in resumed.messages]
+    assert any("no 20" in t and "figure on the current page" in t for t in texts)  # its own earlier outputs
+    assert any(t.startswith("Harness revised v0->v1.") for t in texts)  # the update record
+    assert rec.decisions[1].segment[0].harness_version == 1 and rec.decisions[1].agent_id == 0
+
+
+def test_stop_request_and_stop_end_the_worker():
+    def orchestrator(req: ChatRequest) -> str:
+        turns = req.state.turns
+        if not turns:
+            return render_action(Delegate(Harness("find venue of Nowhere party", (), ("contacts",), 5)))
+        if req.state.live:
+            return '<tool_call>{"name": "stop", "arguments": {"agent_id": 0, "reason": "give up"}}</tool_call>'
+        return render_action(Finish("done"))
+
+    eng = Engine(WorkplaceEnv, ScriptedBackend(orchestrator), ScriptedBackend(ScriptedSubagent(NO_SLIPS)))
+    rec = run(eng, quiet("cab"))
+    events = [d.meta["event"] for d in rec.decisions]
+    assert events == ["revise", "stopped", "finish"]
+    assert "[agent 0 stopped]" in rec.decisions[1].feedback
+
+
+def test_parse_failures_are_observations_and_counted():
+    expert = ScriptedExpert(CLEAN_EXPERT)
+    calls = {"n": 0}
+
+    def flaky(req: ChatRequest) -> str:
+        calls["n"] += 1
+        return "I will delegate now." if calls["n"] == 1 else expert(req)
+
+    def sloppy_sub(req: ChatRequest) -> str:
+        return "<tool_call>{oops" if req.state.steps_used == 0 else ScriptedSubagent(NO_SLIPS)(req)
+
+    eng = Engine(WorkplaceEnv, ScriptedBackend(flaky), ScriptedBackend(sloppy_sub))
+    rec = run(eng, quiet("cab"))
+    assert rec.decisions[0].action is None and rec.decisions[0].parse_error.startswith("Error (no_tool_call)")
+    assert rec.decisions[1].context[-1]["content"] == rec.decisions[0].feedback  # the model sees the error
+    assert rec.meta["invalid"]["orchestrator"] == 1 and rec.meta["invalid"]["subagent"] >= 1
+    assert rec.decisions[1].segment[0].kind == "error"
+    assert rec.outcome.success
+
+
+def test_backend_exceptions_never_escape():
+    class Broken:
+        async def chat(self, request):
+            raise BackendError("down", retryable=False)
+
+    rec = run(Engine(WorkplaceEnv, Broken(), Broken(), EngineConfig(max_decisions=3)), quiet("cab"))
+    assert not rec.outcome.success and rec.outcome.reason.startswith("decision_limit")
+    assert rec.meta["backend_errors"]["orchestrator"] == 3
+
+
+def test_sub_agent_budget_ends_with_a_structured_report():
+    def busy(req: ChatRequest) -> str:
+        return render_action(ToolCall("calendar", {"op": "search", "q": "zzz"}))
+
+    eng = Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(CLEAN_EXPERT)), ScriptedBackend(busy))
+    rec = run(eng, quiet("cab"))
+    first = rec.decisions[0]
+    assert first.meta["event"] == "budget_exhausted"
+    assert "budget exhausted after 4 steps" in first.feedback and "> no match for 'zzz'" in first.feedback
+    assert rec.outcome.reason.startswith(("total_budget_exhausted", "failed"))  # ended, recorded, scored
+    assert rec.meta["steps"] <= rec.meta["total_budget"]
+
+
+def test_total_budget_and_agent_cap_are_enforced():
+    task = quiet("cab")
+    rec = run(engine(budgets=Budgets(total_steps=5, max_agents=1)), task)
+    assert rec.meta["steps"] <= 5 and rec.meta["agents"] <= 1
+    assert not rec.outcome.success
+
+
+def test_lifecycle_has_no_mid_run_communication():
+    sub = Spy(ScriptedSubagent(NO_SLIPS))
+    expert = ExpertConfig(0, 0, 0, 0, blind_spots=("archive",))
+    rec = run(Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)), sub, system_config("lifecycle")),
+              quiet("history"))
+    assert {r.state.comm for r in sub.requests} == {("submit",)}
+    assert all(d.meta["event"] in ("submit", "budget_exhausted", "finish") for d in rec.decisions)
+    assert "delegate" in rec.decisions[1].action["name"]  # the blocked worker returned; a new one starts
+    assert "revise(agent_id, note?)" in rec.decisions[0].context[0]["content"]  # no field is revisable
+
+
+def test_react_is_one_agent_with_every_tool_and_the_whole_budget():
+    sub = Spy(ScriptedSubagent(NO_SLIPS))
+    task = quiet("mail_text")
+    rec = run(Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert()), sub, system_config("react")), task)
+    assert rec.outcome.success and rec.decisions == [] and rec.meta["agents"] == 1
+    h = sub.requests[0].state.harness
+    assert len(h.tools) == 10 and h.budget == task.total_budget and sub.requests[0].state.solo
+    assert rec.meta["segment"][-1]["tool"] == "submit"
+
+
+def test_message_ablations_hide_fields_from_text_and_view():
+    task = quiet("history")
+    for name, field in (("no_status", "status:"), ("no_request", "request:"), ("no_evidence", "evidence:")):
+        orch = Spy(ScriptedExpert(ExpertConfig(0, 0, 0, 0, blind_spots=("archive",))))
+        eng = Engine(WorkplaceEnv, orch, ScriptedBackend(ScriptedSubagent(NO_SLIPS)), system_config(name))
+        rec = run(eng, task)
+        assert field not in rec.decisions[0].feedback
+        msg = orch.requests[1].state.turns[0].feedback.message
+        shown = {"status:": msg.status, "request:": msg.request, "evidence:": msg.evidence or None}
+        assert shown[field] is None and sum(v is not None for v in shown.values()) == 2
+
+
+def test_revision_ablations_reject_the_disabled_field():
+    def reviser(req: ChatRequest) -> str:
+        if not req.state.turns:
+            return render_action(Delegate(Harness("compute change in exports of Malta since 2015", (), ("code",), 4)))
+        if req.state.live:
+            return render_action(Revise(0, context=("exports of Malta: 1",)))
+        return render_action(Finish("x"))
+
+    rec = run(Engine(WorkplaceEnv, ScriptedBackend(reviser), ScriptedBackend(ScriptedSubagent(NO_SLIPS)),
+                     system_config("no_context"), ), quiet("history"))
+    assert rec.decisions[1].parse_error is not None and "context" in rec.decisions[1].parse_error
+    assert "context?" not in rec.decisions[0].context[0]["content"]
+
+
+@pytest.mark.parametrize("name", ABLATIONS)
+def test_ablations_run_and_record(name):
+    for task in make_tasks(3):
+        rec = run(engine(name, expert=ExpertConfig(), sub=SubagentConfig()), task)
+        assert rec.system == name and rec.outcome.reason
+        encode_record(rec)
+
+
+def test_runs_are_deterministic():
+    task = make_task(11)
+    a, b = run(engine(expert=ExpertConfig(), sub=SubagentConfig()), task), run(
+        engine(expert=ExpertConfig(), sub=SubagentConfig()), task)
+    assert dataclasses.asdict(a)["decisions"] == dataclasses.asdict(b)["decisions"]
