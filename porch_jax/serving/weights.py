@@ -1,0 +1,147 @@
+"""Push new weights into a running vLLM server, and prove the server now computes our model.
+
+A weight sync that silently fails (wrong folder, a tensor the loader skipped, a stale cache)
+leaves rollouts sampling from an old policy while training assumes the new one. So a sync is
+followed by a parity check: the server's prompt logprobs of a fixed token sequence against our
+JAX model's ``log_softmax`` on the same ids; the max absolute gap is returned (log it every
+step) and a gap above the tolerance raises ``WeightSyncError``.
+
+Tied embeddings: vLLM 0.32's in-place reload rebuilds each layer from the checkpoint and puts a
+layer it finds no tensor for back as it was; a tied ``lm_head`` has no tensor of its own, so it
+keeps the OLD embedding as the output head (measured: gap 0.8 after reload, 5e-7 with the fix).
+``export_for_serving`` therefore writes the head explicitly (``lm_head.safetensors``, which
+``from_pretrained`` and transformers ignore for tied models), and ``push`` refuses a tied folder
+without it.
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Self
+
+import httpx2 as httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from porch_jax.models import save_pretrained
+
+HEAD_FILE = "lm_head.safetensors"
+
+
+class WeightSyncError(RuntimeError):
+    """A weights folder the server cannot take, a failed reload, or server/model logprobs that disagree."""
+
+
+def export_for_serving(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
+    """``save_pretrained`` plus, for tied embeddings, the output head as its own tensor (see module doc)."""
+    path = save_pretrained(model, path, tokenizer=tokenizer)
+    if model.config.tie_word_embeddings and jax.process_index() == 0:
+        head = np.ascontiguousarray(np.asarray(jax.device_get(model.lm_head_kernel())).T)
+        save_file({"lm_head.weight": head}, str(path / HEAD_FILE), metadata={"format": "pt"})
+    return path
+
+
+def check_weights_folder(path: str | Path) -> Path:
+    """Raises ``WeightSyncError`` unless ``path`` holds a config and weights a reload can fully apply."""
+    path = Path(path).resolve()
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise WeightSyncError(f"{path} has no config.json")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise WeightSyncError(f"{path} has no *.safetensors files")
+    if json.loads(config_file.read_text()).get("tie_word_embeddings", False):
+        names = set()
+        for file in files:
+            with safe_open(file, framework="numpy") as f:
+                names.update(f.keys())
+        if "lm_head.weight" not in names:
+            raise WeightSyncError(f"{path}: tied embeddings but no lm_head.weight tensor; vLLM's reload would "
+                                  "keep the old output head. Write the folder with export_for_serving.")
+    return path
+
+
+def model_prompt_logprobs(model: Any, token_ids: Sequence[int]) -> np.ndarray:
+    """Our model's logprob of each token given the ones before it: ``[len(token_ids) - 1]`` float32."""
+    ids = jnp.asarray([list(token_ids)], jnp.int32)
+    logprobs = jax.nn.log_softmax(model(ids)[0, :-1].astype(jnp.float32), axis=-1)
+    return np.asarray(jnp.take_along_axis(logprobs, ids[0, 1:, None], axis=-1)[:, 0])
+
+
+class WeightSync:
+    """Control-plane client of one server (one per server of an executor pool)."""
+
+    def __init__(self, base_url: str, *, api_key: str, model: str, timeout_s: float = 300.0):
+        self.base_url, self.model = base_url.rstrip("/"), model
+        self._client = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"},
+                                    timeout=timeout_s, trust_env=False)
+
+    def _post(self, path: str, body: dict[str, Any] | None = None, **params: str) -> dict[str, Any]:
+        try:
+            response = self._client.post(path, json=body or {}, params=params)
+        except httpx.TransportError as e:
+            raise WeightSyncError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
+        if response.status_code != 200:
+            raise WeightSyncError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:500]}")
+        return response.json() if response.content else {}
+
+    def push(self, weights_dir: str | Path, *, pause_mode: str = "wait") -> float:
+        """Pause, reload ``weights_dir`` (a folder on the server's machine), reset the prefix cache
+        (its KV blocks were computed with the old weights), resume. Returns the seconds paused.
+
+        ``pause_mode``: "wait" lets in-flight requests finish on the old weights, "keep" freezes
+        them and continues them on the new ones, "abort" cancels them. If the reload fails the
+        server stays paused (resuming would serve half-loaded weights) and this raises.
+        """
+        path = check_weights_folder(weights_dir)
+        t0 = time.perf_counter()
+        self._post("/pause", mode=pause_mode)
+        try:
+            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
+            if not self._post("/reset_prefix_cache").get("success", False):
+                raise WeightSyncError(f"{self.base_url}: prefix cache reset refused (blocks still held)")
+        except WeightSyncError as e:
+            raise WeightSyncError(f"{e}; the server is left paused with possibly partial weights") from e
+        self._post("/resume")
+        return time.perf_counter() - t0
+
+    def prompt_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+        """The server's logprob of each token given the ones before it: ``[len(token_ids) - 1]``."""
+        ids = [int(t) for t in token_ids]
+        if len(ids) < 2:
+            raise ValueError("need at least 2 token ids to score")
+        data = self._post("/v1/completions", {"model": self.model, "prompt": ids, "max_tokens": 1,
+                                               "temperature": 0.0, "prompt_logprobs": 0})
+        try:
+            entries = data["choices"][0]["prompt_logprobs"][1:]
+            return np.array([entry[str(t)]["logprob"] for entry, t in zip(entries, ids[1:], strict=True)],
+                            np.float32)
+        except (KeyError, IndexError, TypeError, ValueError) as e:
+            raise WeightSyncError(f"{self.base_url}: prompt_logprobs do not cover the prompt ({e!r})") from e
+
+    def check_parity(self, model: Any, token_ids: Sequence[int], *, tol: float = 1e-3) -> float:
+        """Max |server - model| prompt logprob over ``token_ids``; raises ``WeightSyncError`` above ``tol``."""
+        server, ours = self.prompt_logprobs(token_ids), model_prompt_logprobs(model, token_ids)
+        gaps = np.abs(server - ours)
+        gap = float(gaps.max())
+        if not gap <= tol:  # NaN fails too
+            worst = int(np.nanargmax(gaps)) if np.isfinite(gaps).any() else 0
+            raise WeightSyncError(
+                f"{self.base_url}: server and model logprobs differ by {gap:.3g} > {tol:g} (worst at token "
+                f"{worst + 1}: server {server[worst]:.5f}, model {ours[worst]:.5f}); the served weights are "
+                "not the trained ones")
+        return gap
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

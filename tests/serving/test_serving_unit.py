@@ -1,0 +1,105 @@
+"""Fast checks of the serving package that need no vLLM: startup failures report the server log,
+stop ends the whole process group, and weight folders are exported and vetted correctly.
+
+The "servers" here are test doubles: a fake venv whose bin/python is a shell script that crashes,
+hangs or forks, standing in for vLLM so each failure path runs in milliseconds.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from porch_jax.models import from_pretrained
+from porch_jax.models.tiny import make_tiny_model
+from porch_jax.serving import ServerConfig, ServerError, VLLMServer
+from porch_jax.serving.weights import HEAD_FILE, WeightSyncError, check_weights_folder, export_for_serving
+
+
+def fake_venv(tmp_path: Path, script: str) -> str:
+    """A venv whose python is ``script`` (bash); returns the venv path for ServerConfig.cpu_venv."""
+    python = tmp_path / "venv" / "bin" / "python"
+    python.parent.mkdir(parents=True)
+    python.write_text("#!/usr/bin/env bash\n" + script)
+    python.chmod(0o755)
+    return str(python.parent.parent)
+
+
+@pytest.fixture
+def model_dir(tmp_path) -> Path:
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    return folder
+
+
+def server(tmp_path: Path, model_dir: Path, script: str, **config) -> VLLMServer:
+    config = ServerConfig(device="cpu", cpu_venv=fake_venv(tmp_path, script), **config)
+    return VLLMServer(model_dir, tmp_path / "run", api_key="k", config=config)
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_crash_at_startup_reports_the_cause_from_the_log(tmp_path, model_dir):
+    crash = ('echo "INFO starting"\necho "RuntimeError: Unsupported CPU attention configuration: head_dim=16"\n'
+             + "".join(f'echo "shutdown noise {i}"\n' for i in range(50)) + "exit 3\n")
+    with pytest.raises(ServerError, match="exited with code 3") as info:
+        server(tmp_path, model_dir, crash).start()
+    message = str(info.value)
+    assert "RuntimeError: Unsupported CPU attention configuration" in message and "shutdown noise 49" in message
+
+
+def test_startup_timeout_stops_the_process_group(tmp_path, model_dir):
+    pid_file = tmp_path / "child.pid"
+    hang = f"sleep 1000 &\necho $! > {pid_file}\nsleep 1000\n"
+    s = server(tmp_path, model_dir, hang, startup_timeout_s=1.0, stop_timeout_s=2.0)
+    t0 = time.perf_counter()
+    with pytest.raises(ServerError, match="did not answer /v1/models within 1 s"):
+        s.start()
+    assert time.perf_counter() - t0 < 10 and s.process is None
+    child = int(pid_file.read_text())
+    for _ in range(50):
+        if not alive(child):
+            break
+        time.sleep(0.1)
+    assert not alive(child), "a child of the server outlived stop()"
+
+
+def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, model_dir):
+    s = server(tmp_path, model_dir, "exit 0\n")
+    cmd, env = s.command(), s.environment()
+    assert "k" not in cmd and env["VLLM_API_KEY"] == "k" and env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(128 * 2**20) and "--enforce-eager" in cmd
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "PYTHONPATH" not in env
+    with pytest.raises(ValueError, match="tensor_paralel_size"):
+        ServerConfig.from_mapping({"tensor_paralel_size": 2})
+    assert ServerConfig.from_mapping({"tensor_parallel_size": 2, "extra_args": ["--x"]}).extra_args == ("--x",)
+    assert ServerConfig.from_mapping(ServerConfig.config_dict(device="gpu").to_dict()) == ServerConfig(device="gpu")
+    gpu_config = ServerConfig(device="gpu", tensor_parallel_size=2)
+    gpu = VLLMServer(model_dir, tmp_path / "gpu", api_key="k", config=gpu_config)
+    gpu_cmd = gpu.command()
+    assert "--enforce-eager" not in gpu_cmd and gpu_cmd[gpu_cmd.index("--tensor-parallel-size") + 1] == "2"
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu.environment()
+    with pytest.raises(ServerError, match="not a model folder"):
+        server(tmp_path / "b", tmp_path, "exit 0\n").start()
+
+
+def test_export_for_serving_writes_the_tied_head_and_still_loads(tmp_path):
+    model = from_pretrained(make_tiny_model(tmp_path / "plain"))
+    with pytest.raises(WeightSyncError, match="tied embeddings but no lm_head.weight"):
+        check_weights_folder(tmp_path / "plain")
+    folder = export_for_serving(model, tmp_path / "served")
+    assert (folder / HEAD_FILE).is_file() and check_weights_folder(folder) == folder.resolve()
+    reloaded = from_pretrained(folder)  # the extra tensor is ignored for tied models
+    np.testing.assert_array_equal(np.asarray(reloaded.embed_tokens[...]), np.asarray(model.embed_tokens[...]))
+    with pytest.raises(WeightSyncError, match="no config.json"):
+        check_weights_folder(tmp_path)
