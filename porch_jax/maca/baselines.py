@@ -1,0 +1,206 @@
+"""MACA's comparison systems, run through the Backend interface (ChatRequest -> ChatResult):
+Vanilla, CoT, Self-Consistency (CoT x 5, majority vote), Self-Refine, and the LLM routers of the
+paper's Table 11 (no constraint / GraphSpec as a prompt hint / GraphSpec as a hard mask).
+
+Every system returns a `RunResult` whose token cost (prompt + completion over all calls, the paper's
+"Avg Cost") is counted by a `CostMeter`. A router decision is invalid when its reply does not name
+exactly one action of A = pool + {STOP} (the step is wasted), or names an agent the structural mask H
+forbids at that step (H from `policy.structural_mask`). Without the hard mask ("none", "hint") such an
+agent still runs, since nothing constrains the router, but the decision counts as invalid; with it
+("mask") the router is shown only H's agents and a forbidden choice is rejected.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import re
+from collections.abc import Callable, Hashable, Sequence
+
+import jax.numpy as jnp
+import numpy as np
+
+from porch_jax.backends import Backend, ChatRequest, CostMeter, MeteredBackend, Sampling
+from porch_jax.envs.benchmarks.base import Answer
+from porch_jax.maca.graphspec import GraphSpec
+from porch_jax.maca.policy import structural_mask
+from porch_jax.maca.pools import AgentPool
+
+STOP = "STOP"
+COT_SUFFIX = "\n\nLet's think step by step."
+ROUTER_MODES = ("none", "hint", "mask")
+ANSWER_SAMPLING = Sampling(max_tokens=1024)
+ROUTER_SAMPLING = Sampling(max_tokens=32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    answer: str
+    prompt_tokens: int
+    completion_tokens: int
+    calls: int
+    path: tuple[str, ...] = ()  # agents a router invoked, in order
+    decisions: int = 0  # router decisions
+    invalid_decisions: int = 0
+
+    @property
+    def cost(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+    def to_answer(self) -> Answer:
+        return Answer(self.answer, self.prompt_tokens, self.completion_tokens)
+
+
+def _result(text: str, meter: CostMeter, **extra) -> RunResult:
+    usage = list(meter.by_role.values())
+    return RunResult(text, sum(u.prompt_tokens for u in usage), sum(u.completion_tokens for u in usage),
+                     sum(u.calls for u in usage), **extra)
+
+
+async def _ask(backend: Backend, system: str | None, user: str, *, role: str, sampling: Sampling) -> str:
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return (await backend.chat(ChatRequest(messages=messages, sampling=sampling, role=role))).text
+
+
+async def vanilla(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:
+    """One call, the task prompt as is."""
+    meter = CostMeter()
+    text = await _ask(MeteredBackend(backend, meter), None, prompt, role="solver", sampling=sampling)
+    return _result(text, meter)
+
+
+async def cot(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:
+    """One call with a chain-of-thought cue."""
+    meter = CostMeter()
+    text = await _ask(MeteredBackend(backend, meter), None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
+    return _result(text, meter)
+
+
+async def self_consistency(
+    backend: Backend,
+    prompt: str,
+    extract: Callable[[str], Hashable | None],
+    *,
+    samples: int = 5,
+    temperature: float = 0.7,
+    max_tokens: int = 1024,
+    seed: int = 0,
+) -> RunResult:
+    """`samples` CoT completions (distinct seeds); returns the first completion whose extracted answer
+    is the most common one (ties: the earliest answer to reach the top count)."""
+    meter = CostMeter()
+    metered = MeteredBackend(backend, meter)
+    texts = [await _ask(metered, None, prompt + COT_SUFFIX, role="solver",
+                        sampling=Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed + i))
+             for i in range(samples)]
+    answers = [extract(t) for t in texts]
+    votes = collections.Counter(a for a in answers if a is not None)
+    if not votes:
+        return _result(texts[0], meter)
+    top = max(votes.values())
+    winner = next(a for a in answers if a is not None and votes[a] == top)
+    return _result(texts[answers.index(winner)], meter)
+
+
+async def self_refine(
+    backend: Backend, prompt: str, *, rounds: int = 2, sampling: Sampling = ANSWER_SAMPLING
+) -> RunResult:
+    """Generate, then up to `rounds` times critique and refine; stops when the critique finds no issue."""
+    meter = CostMeter()
+    metered = MeteredBackend(backend, meter)
+    answer = await _ask(metered, None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
+    for _ in range(rounds):
+        feedback = await _ask(
+            metered, None,
+            f"{prompt}\n\nProposed solution:\n{answer}\n\nCritique this solution. If it is correct and complete, "
+            "reply exactly 'NO ISSUES'.", role="critic", sampling=sampling)
+        if feedback.strip().upper().startswith("NO ISSUES"):
+            break
+        answer = await _ask(
+            metered, None,
+            f"{prompt}\n\nPrevious solution:\n{answer}\n\nFeedback:\n{feedback}\n\nWrite an improved solution, ending "
+            "with the final answer in the same format.", role="solver", sampling=sampling)
+    return _result(answer, meter)
+
+
+def parse_router_choice(text: str, names: Sequence[str]) -> str | None:
+    """The single action a router reply names: exact name on the first line, else the only name
+    mentioned anywhere; None when it names none or several."""
+    options = [*names, STOP]
+    first = text.strip().splitlines()[0].strip().strip(".*`'\"") if text.strip() else ""
+    exact = [o for o in options if o.lower() == first.lower()]
+    if exact:
+        return exact[0]
+    mentioned = [o for o in options if re.search(rf"\b{re.escape(o)}\b", text, re.IGNORECASE)]
+    return mentioned[0] if len(mentioned) == 1 else None
+
+
+def _router_prompt(task: str, pool: AgentPool, shown: np.ndarray, transcript: list[str], hint: str) -> str:
+    agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown) if s)
+    so_far = "\n\n".join(transcript) if transcript else "(nothing yet)"
+    return (f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
+            f"Work so far:\n{so_far}\n\nReply with exactly one agent name, or {STOP}.")
+
+
+def _graphspec_hint(pool: AgentPool, spec: GraphSpec, prev: int) -> str:
+    relevant = ", ".join(f"{a.name} ({q:.2f})" for a, q, keep in zip(pool, spec.relevance, spec.retained) if keep)
+    text = f"\nStructural prior (GraphSpec): relevant agents: {relevant}."
+    if prev >= 0:
+        row = spec.edge_prior[prev]
+        likely = [pool.agents[j].name for j in np.argsort(-row)[:3] if spec.retained[j]]
+        text += f" Likely next after {pool.agents[prev].name}: {', '.join(likely)}."
+    return text + "\n"
+
+
+async def llm_router(
+    backend: Backend,
+    prompt: str,
+    pool: AgentPool,
+    spec: GraphSpec,
+    *,
+    mode: str = "none",
+    max_steps: int = 4,
+    edge_threshold: float = 0.0,
+    sampling: Sampling = ROUTER_SAMPLING,
+    agent_sampling: Sampling = ANSWER_SAMPLING,
+) -> RunResult:
+    """An LLM (role "router") picks the next agent or STOP; the agent (role "agent") runs with its role
+    prompt on the task and the transcript. The answer is the transcript, so the scorer reads the latest
+    final answer in it."""
+    if mode not in ROUTER_MODES:
+        raise ValueError(f"mode must be one of {ROUTER_MODES}, got {mode!r}")
+    meter = CostMeter()
+    metered = MeteredBackend(backend, meter)
+    transcript: list[str] = []
+    path: list[str] = []
+    prev, invalid, decisions = -1, 0, 0
+    for _ in range(max_steps):
+        mask = np.asarray(structural_mask(jnp.asarray(spec.participation), jnp.asarray(spec.edge_prior),
+                                          jnp.asarray(prev), edge_threshold=edge_threshold))
+        shown = mask[:-1] if mode == "mask" else np.ones(len(pool), bool)
+        hint = _graphspec_hint(pool, spec, prev) if mode == "hint" else ""
+        reply = await _ask(metered, None, _router_prompt(prompt, pool, shown, transcript, hint), role="router",
+                           sampling=sampling)
+        decisions += 1
+        choice = parse_router_choice(reply, pool.names)
+        if choice == STOP:
+            break
+        if choice is None:
+            invalid += 1
+            continue
+        if not mask[pool.index(choice)]:
+            invalid += 1
+            if mode == "mask":
+                continue
+        agent = pool.agents[pool.index(choice)]
+        context = prompt + ("\n\nWork so far:\n" + "\n\n".join(transcript) if transcript else "")
+        output = await _ask(metered, agent.prompt, context, role="agent", sampling=agent_sampling)
+        transcript.append(f"[{agent.name}]\n{output}")
+        path.append(agent.name)
+        prev = pool.index(choice)
+    return _result("\n\n".join(transcript), meter, path=tuple(path), decisions=decisions, invalid_decisions=invalid)
+
+
+def invalid_action_rate(results: Sequence[RunResult]) -> float:
+    """Invalid router decisions over all router decisions (Table 11's metric)."""
+    decisions = sum(r.decisions for r in results)
+    return sum(r.invalid_decisions for r in results) / decisions if decisions else 0.0
