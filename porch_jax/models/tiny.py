@@ -137,7 +137,9 @@ def _qwen3_config(tokenizer: PreTrainedTokenizerFast) -> dict[str, Any]:
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
-        "head_dim": 16,
+        # vLLM's CPU attention kernels take head_dim in {32, 64, 80, ...}: 16 loads but fails at the
+        # first request, so the default tiny model stays servable.
+        "head_dim": 32,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1_000_000.0,
         "max_position_embeddings": 4096,
