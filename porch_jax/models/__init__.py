@@ -1,0 +1,38 @@
+"""Flax NNX decoders with Hugging Face safetensors import/export and logical-axis sharding."""
+from porch_jax.models.cache import KVCache
+from porch_jax.models.config import ConfigError, ModelConfig
+from porch_jax.models.io import (
+    MODEL_SPECS,
+    CheckpointError,
+    ModelSpec,
+    WeightRule,
+    from_pretrained,
+    init_model,
+    save_pretrained,
+)
+from porch_jax.models.qwen3 import REMAT_POLICIES, Qwen3ForCausalLM
+from porch_jax.models.qwen3_5 import HybridCache, Qwen3_5ForCausalLM
+from porch_jax.models.sharding import RULES, data_sharding, logical_to_spec, make_mesh, shard_model, state_shardings
+
+__all__ = [
+    "MODEL_SPECS",
+    "REMAT_POLICIES",
+    "RULES",
+    "CheckpointError",
+    "ConfigError",
+    "HybridCache",
+    "KVCache",
+    "ModelConfig",
+    "ModelSpec",
+    "Qwen3ForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "WeightRule",
+    "data_sharding",
+    "from_pretrained",
+    "init_model",
+    "logical_to_spec",
+    "make_mesh",
+    "save_pretrained",
+    "shard_model",
+    "state_shardings",
+]

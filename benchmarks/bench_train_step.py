@@ -1,0 +1,158 @@
+"""Train-step throughput: our JAX Qwen3 against transformers' PyTorch Qwen3ForCausalLM on CPU.
+
+Same config, same batch, next-token cross-entropy, AdamW, forward + backward + update. The two
+run in one process, in alternating rounds, so that load from other processes on a shared
+machine hits both alike; the ratio is the figure to watch.
+
+    python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--json OUT]
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from porch_jax.models import ModelConfig, init_model
+
+CONFIG = ModelConfig(
+    model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
+    num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=False,
+)
+LR, WEIGHT_DECAY = 1e-4, 0.01
+
+
+def tune_malloc() -> None:
+    """Keeps freed memory in one glibc heap instead of returning it to the OS.
+
+    XLA:CPU allocates every step's temporaries afresh; by default glibc serves big blocks with
+    mmap (or per-thread arenas that shrink), so each step page-faults hundreds of MB back in
+    (~110k faults, ~25% of a step here). One arena, no mmap and no trimming remove them all.
+    Affects both frameworks in this process; must run before the first computation.
+    """
+    libc = ctypes.CDLL("libc.so.6")
+    m_trim_threshold, m_mmap_max, m_arena_max = -1, -4, -8
+    for option, value in ((m_arena_max, 1), (m_mmap_max, 0), (m_trim_threshold, 2**31 - 1)):
+        if not libc.mallopt(option, value):
+            raise OSError(f"mallopt({option}, {value}) failed")
+
+
+def jax_stepper(ids: np.ndarray, remat: bool):
+    """A closure running one jitted train step (buffers donated); returns a blocking callable."""
+    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat))
+    tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
+    state = [params, tx.init(params)]
+    tokens = jnp.asarray(ids, jnp.int32)
+
+    @jax.jit(donate_argnums=(0, 1))
+    def step(params, opt_state, tokens):
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(tokens)[:, :-1]
+            logp = jax.nn.log_softmax(logits)
+            return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    def run() -> float:
+        params, opt_state, loss = step(*state, tokens)
+        state[:] = [params, opt_state]
+        return float(loss)
+
+    return run
+
+
+def torch_stepper(ids: np.ndarray, threads: int):
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    hf = {k: v for k, v in CONFIG.to_hf().items() if k != "architectures"}
+    model = Qwen3ForCausalLM(Qwen3Config(**hf)).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
+    tokens = torch.tensor(ids, dtype=torch.long)
+
+    def run() -> float:
+        opt.zero_grad(set_to_none=True)
+        loss = model(input_ids=tokens, labels=tokens).loss
+        loss.backward()
+        opt.step()
+        return float(loss.detach())
+
+    return run
+
+
+def timed(run, steps: int) -> list[tuple[float, float]]:
+    """(wall, process CPU) seconds per step. CPU time is the steadier figure on a shared machine."""
+    times = []
+    for _ in range(steps):
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        times.append((time.perf_counter() - wall, time.process_time() - cpu))
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=512)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per round and framework")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--remat", action="store_true")
+    parser.add_argument("--skip-torch", action="store_true")
+    parser.add_argument("--threads", type=int, choices=(1, 2), default=2, help="CPU threads for each framework")
+    parser.add_argument("--no-malloc-tuning", action="store_true", help="keep glibc's default allocator settings")
+    parser.add_argument("--json", type=Path, help="write the results here")
+    args = parser.parse_args()
+    if not args.no_malloc_tuning:
+        tune_malloc()
+    if args.threads == 1:  # read when the backend starts, i.e. at the first computation
+        os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + (
+            " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+        )
+
+    ids = np.random.RandomState(0).randint(0, CONFIG.vocab_size, (args.batch, args.seq))
+    runners = {"jax": jax_stepper(ids, args.remat)}
+    if not args.skip_torch:
+        runners["torch"] = torch_stepper(ids, args.threads)
+    for run in runners.values():
+        timed(run, args.warmup)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
+    for _ in range(args.rounds):
+        for name, run in runners.items():
+            times[name] += timed(run, args.steps)
+
+    tokens = args.batch * args.seq
+    results = {"config": vars(args) | {"json": str(args.json)}, "devices": str(jax.devices()[0].platform)}
+    for name, t in times.items():
+        median = statistics.median(wall for wall, _ in t)
+        cpu = statistics.median(c for _, c in t)
+        results[name] = {
+            "median_step_s": median, "tokens_per_s": tokens / median, "median_cpu_s": cpu, "steps": len(t)
+        }
+        print(
+            f"{name:>5}: median step {median * 1e3:7.1f} ms   {tokens / median:8.0f} tokens/s   "
+            f"CPU {cpu * 1e3:7.1f} ms/step   ({len(t)} steps)"
+        )
+    if "torch" in results:
+        results["ratio"] = results["jax"]["tokens_per_s"] / results["torch"]["tokens_per_s"]
+        results["cpu_ratio"] = results["torch"]["median_cpu_s"] / results["jax"]["median_cpu_s"]
+        print(f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

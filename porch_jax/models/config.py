@@ -1,0 +1,253 @@
+"""Model configuration, read from and written to a Hugging Face `config.json`.
+
+Only what the JAX decoder needs is kept; features we do not implement (sliding windows, biased
+attention, scaled RoPE, other activations) are rejected at load time, naming the field, rather
+than silently producing a different model.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5")
+ARCHITECTURES = {
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_5_text": "Qwen3_5ForCausalLM",
+    "qwen3_5": "Qwen3_5ForConditionalGeneration",
+}
+# Hybrid models (Gated DeltaNet + attention). "qwen3_5" is the multimodal checkpoint layout: its
+# config.json nests the text model under text_config, which is all we load.
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+LAYER_TYPES = ("full_attention", "linear_attention")
+_LINEAR_FIELDS = (
+    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_conv_kernel_dim",
+)
+
+
+class ConfigError(ValueError):
+    """A config.json that we cannot turn into a model; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    initializer_range: float = 0.02
+    # Hybrid models only: each layer's token mixer (LAYER_TYPES), the Gated DeltaNet dims, the
+    # sigmoid gate on attention outputs. partial_rotary_factor: the fraction of head_dim rotated.
+    layer_types: tuple[str, ...] = ()
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 0
+    attn_output_gate: bool = False
+    partial_rotary_factor: float = 1.0
+    # A multimodal checkpoint's whole config.json (JSON text), so saving writes that layout back.
+    multimodal_config: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ConfigError(
+                f"model_type {self.model_type!r} is not supported (known: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"config field 'num_attention_heads' ({self.num_attention_heads}) must be a multiple of "
+                f"'num_key_value_heads' ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            raise ConfigError(f"config field 'head_dim' must be even for RoPE, got {self.head_dim}")
+        if self.model_type in HYBRID_MODEL_TYPES:
+            self._check_hybrid()
+        elif self.partial_rotary_factor != 1.0:
+            raise ConfigError(f"config field 'partial_rotary_factor' must be 1 for {self.model_type!r}")
+
+    def _check_hybrid(self) -> None:
+        object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a list when read from JSON
+        if len(self.layer_types) != self.num_hidden_layers or not set(self.layer_types) <= set(LAYER_TYPES):
+            raise ConfigError(
+                f"config field 'layer_types' must list {self.num_hidden_layers} entries of {LAYER_TYPES}, "
+                f"got {list(self.layer_types)!r}"
+            )
+        for name in _LINEAR_FIELDS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
+        if self.linear_num_value_heads % self.linear_num_key_heads:
+            raise ConfigError(
+                f"config field 'linear_num_value_heads' ({self.linear_num_value_heads}) must be a multiple of "
+                f"'linear_num_key_heads' ({self.linear_num_key_heads})"
+            )
+        rotary = int(self.head_dim * self.partial_rotary_factor)
+        if rotary <= 0 or rotary > self.head_dim or rotary % 2:
+            raise ConfigError(
+                f"config field 'partial_rotary_factor' ({self.partial_rotary_factor}) must rotate an even, "
+                f"non-zero part of head_dim ({self.head_dim})"
+            )
+        if not self.attn_output_gate:
+            raise ConfigError("config field 'attn_output_gate' = false is not supported (Qwen3.5 gates attention)")
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
+        """Builds a config from a config.json dict (legacy `rope_theta` or `rope_parameters`)."""
+        if "model_type" not in hf:
+            raise ConfigError("config is missing required field 'model_type'")
+        if hf["model_type"] == "qwen3_5":
+            return cls._from_multimodal(hf)
+        _reject_unsupported(hf)
+        required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+        for name in required:
+            if name not in hf or hf[name] is None:
+                raise ConfigError(f"config is missing required field {name!r}")
+        heads = hf["num_attention_heads"]
+        eos = hf.get("eos_token_id")
+        return cls(
+            model_type=hf["model_type"],
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf["intermediate_size"],
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=hf.get("head_dim") or hf["hidden_size"] // heads,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(_rope_theta(hf)),
+            max_position_embeddings=hf.get("max_position_embeddings", 32768),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            bos_token_id=hf.get("bos_token_id"),
+            eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
+            pad_token_id=hf.get("pad_token_id"),
+            initializer_range=float(hf.get("initializer_range", 0.02)),
+            **_hybrid_fields(hf),
+        )
+
+    @classmethod
+    def _from_multimodal(cls, hf: dict[str, Any]) -> ModelConfig:
+        """The text model of a multimodal Qwen3.5 config.json, remembering the whole file."""
+        text = hf.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("config of model_type 'qwen3_5' is missing required field 'text_config'")
+        tied = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
+        config = cls.from_hf(text | {"model_type": "qwen3_5_text", "tie_word_embeddings": tied})
+        return dataclasses.replace(config, model_type="qwen3_5", multimodal_config=json.dumps(hf))
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path) -> ModelConfig:
+        file = Path(path) / "config.json"
+        if not file.is_file():
+            raise ConfigError(f"no config.json in {path}")
+        try:
+            hf = json.loads(file.read_text())
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{file} is not valid JSON: {e}") from e
+        return cls.from_hf(hf)
+
+    def to_hf(self) -> dict[str, Any]:
+        """A config.json dict that transformers (and vLLM) read as the same model."""
+        out = dataclasses.asdict(self)
+        if isinstance(self.eos_token_id, tuple):
+            out["eos_token_id"] = list(self.eos_token_id)
+        hybrid = {name: out.pop(name) for name in (*_LINEAR_FIELDS, "layer_types", "attn_output_gate")}
+        multimodal = out.pop("multimodal_config")
+        rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if out.pop("partial_rotary_factor") != 1.0:
+            rope["partial_rotary_factor"] = self.partial_rotary_factor
+        if self.model_type in HYBRID_MODEL_TYPES:
+            out.update(hybrid, layer_types=list(self.layer_types))
+        out.update(
+            architectures=[ARCHITECTURES[self.model_type]],
+            hidden_act="silu",
+            attention_bias=False,
+            attention_dropout=0.0,
+            use_sliding_window=False,
+            sliding_window=None,
+            rope_parameters=rope,
+            use_cache=True,
+        )
+        if self.model_type != "qwen3_5":
+            return out
+        # Back into the multimodal file it came from; keys we do not model (vision, mRoPE
+        # sections, MTP) are kept as they were.
+        outer = json.loads(multimodal) if multimodal else {}
+        text = outer.get("text_config", {})
+        out.update(
+            model_type="qwen3_5_text",
+            architectures=text.get("architectures"),
+            rope_parameters=(text.get("rope_parameters") or {}) | rope,
+        )
+        return outer | {
+            "model_type": "qwen3_5",
+            "architectures": [ARCHITECTURES["qwen3_5"]],
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "text_config": text | out,
+        }
+
+    @property
+    def num_groups(self) -> int:
+        """Query heads per key/value head (GQA)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+
+def _rope_theta(hf: dict[str, Any]) -> float:
+    params = hf.get("rope_parameters") or {}
+    if "rope_theta" in params:
+        return params["rope_theta"]
+    return hf.get("rope_theta", 1_000_000.0)
+
+
+def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
+    """The hybrid-model fields of a text config.json, with transformers' defaults."""
+    rope = hf.get("rope_parameters") or {}
+    hybrid = hf["model_type"] in HYBRID_MODEL_TYPES
+    partial = rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 0.25 if hybrid else 1.0))
+    if not hybrid:
+        return {"partial_rotary_factor": float(partial)}
+    layers = hf.get("num_hidden_layers") or 0
+    interval = hf.get("full_attention_interval", 4)  # transformers' default layer pattern
+    default_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
+    return dict(
+        layer_types=tuple(hf.get("layer_types") or default_types),
+        linear_num_key_heads=hf.get("linear_num_key_heads", 16),
+        linear_num_value_heads=hf.get("linear_num_value_heads", 32),
+        linear_key_head_dim=hf.get("linear_key_head_dim", 128),
+        linear_value_head_dim=hf.get("linear_value_head_dim", 128),
+        linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
+        attn_output_gate=bool(hf.get("attn_output_gate", True)),
+        partial_rotary_factor=float(partial),
+    )
+
+
+def _reject_unsupported(hf: dict[str, Any]) -> None:
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ConfigError(f"config field 'hidden_act' must be 'silu', got {hf['hidden_act']!r}")
+    if hf.get("attention_bias", False):
+        raise ConfigError("config field 'attention_bias' = true is not supported")
+    if hf.get("use_sliding_window", False):
+        raise ConfigError("config field 'use_sliding_window' = true is not supported")
+    for field in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(field) or {}
+        kind = rope.get("rope_type", rope.get("type", "default"))
+        if kind != "default":
+            raise ConfigError(f"config field {field!r} has rope_type {kind!r}; only 'default' is supported")
