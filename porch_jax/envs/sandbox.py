@@ -19,6 +19,16 @@ Confinement, each layer independent of the others:
   neither, the code runs as root and `SandboxResult.process_limit_enforced` is False.
   As a normal user RLIMIT_NPROC counts all of that user's processes, so the limit is set to their
   current count plus `max_processes`.
+- filesystem and processes, as root: new mount and PID namespaces. Every mount is remounted
+  read-only except the working directory; /tmp, /var/tmp, /dev/shm and /run/lock are fresh tmpfs
+  (`max_file_mb` each) that vanish with the run; /proc is the namespace's own, so no other process
+  (and no other process's environment) is visible; and when the namespace's first process ends the
+  kernel kills whatever is left in it. Code that stays root (`run_command` without a uid) runs with
+  no capabilities, so it cannot undo the mounts. `SandboxResult.filesystem_isolated` says whether
+  this held; as a normal user it does not (writes are then bounded only by file permissions).
+
+`run_python` runs code in a fresh temporary directory under a private uid; `run_command` runs any
+program in an existing directory (a repository checkout) as the caller's user or a given uid.
 """
 from __future__ import annotations
 
@@ -34,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 # A high uid range no real account uses; one uid per run (collisions only share the process limit).
 _SANDBOX_UID_BASE = 1_500_000_000
@@ -42,15 +52,26 @@ _SANDBOX_UID_SPAN = 100_000_000
 _OUTPUT_CAP_BYTES = 1 << 20
 
 # Runs in a fresh single-threaded interpreter (so no preexec_fn in our threaded parent), confines
-# itself, then execs the real interpreter on main.py. Reports on fd `status_fd` whether the network
-# namespace was made; the sandboxed code never sees that descriptor (it is closed before exec).
+# itself, then execs the real program. Reports on fd `status_fd` whether the network namespace (first
+# byte) and the private filesystem view (second byte) were made; the sandboxed code never sees that
+# descriptor (it is closed before exec).
+# As root it also unshares the mount and PID namespaces and forks: the child, PID 1 of the new
+# namespace, makes the filesystem read-only except the working directory, mounts fresh tmpfs on the
+# world-writable temp directories and a fresh /proc (no other process, so no other environment, is
+# visible), then forks the program and passes its wait status back through a pipe. When PID 1 dies the
+# kernel kills everything left in the namespace, so no child escapes by changing its process group.
 _LAUNCHER = r"""
-import ctypes, json, os, resource, sys
+import ctypes, json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
 libc = ctypes.CDLL(None, use_errno=True)
-CLONE_NEWNET, CLONE_NEWUSER = 0x40000000, 0x10000000
-net = libc.unshare(CLONE_NEWNET) == 0
-if not net and os.geteuid() != 0:
+libc.mount.argtypes = (ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p)
+CLONE_NEWNS, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT = 1, 2, 4, 8, 32
+MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
+root = os.geteuid() == 0
+isolated = root and libc.unshare(CLONE_NEWNET | CLONE_NEWNS | CLONE_NEWPID) == 0
+net = isolated or libc.unshare(CLONE_NEWNET) == 0
+if not net and not root:
     uid, gid = os.getuid(), os.getgid()
     if libc.unshare(CLONE_NEWUSER | CLONE_NEWNET) == 0:
         net = True
@@ -59,7 +80,6 @@ if not net and os.geteuid() != 0:
             with open(path, "w") as f:
                 f.write(text)
 os.write(cfg["status_fd"], b"1" if net else b"0")
-os.close(cfg["status_fd"])
 nproc = cfg["max_processes"]
 if cfg["uid"] is None:
     me = str(os.getuid())
@@ -75,19 +95,87 @@ if cfg["uid"] is None:
             if fields.get("Uid", "").split()[:1] == [me]:
                 tasks += int(fields.get("Threads", "1"))
     nproc += tasks
-def limit(kind, value):
-    resource.setrlimit(kind, (value, value))
-limit(resource.RLIMIT_CORE, 0)
-limit(resource.RLIMIT_AS, cfg["memory_bytes"])
-limit(resource.RLIMIT_FSIZE, cfg["file_bytes"])
-limit(resource.RLIMIT_NOFILE, cfg["max_open_files"])
-resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
-if cfg["uid"] is not None:
-    os.setgroups([])
-    os.setgid(cfg["uid"])
-    os.setuid(cfg["uid"])
-limit(resource.RLIMIT_NPROC, nproc)
-os.execve(cfg["python"], [cfg["python"], "-I", "-B", "-X", "utf8", "main.py"], {})
+def mount(src, target, fstype, flags, data=None):
+    enc = lambda v: None if v is None else v.encode()
+    if libc.mount(enc(src), enc(target), enc(fstype), flags, enc(data)) != 0:
+        raise OSError(ctypes.get_errno(), f"mount {target}")
+def private_fs():
+    workdir = os.getcwd()
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    keep = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    with open("/proc/self/mountinfo") as f:
+        points = [(line.split()[4].replace("\\040", " "), line.split()[5].split(",")) for line in f]
+    for point, opts in points:  # best effort: a few kernel mounts refuse, and none of them are writable files
+        keep_flags = sum(bit for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC))
+                         if name in opts)
+        libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep_flags, None)
+    for tmp in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+        if os.path.isdir(tmp):
+            mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmp_mb']}m,mode=1777")
+    os.makedirs(workdir, exist_ok=True)  # a fresh tmpfs may now hide it: put it back at the same path
+    mount(f"/proc/self/fd/{keep}", workdir, None, MS_BIND)
+    mount(None, workdir, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    os.close(keep)
+    os.chdir(workdir)
+def relay(status):
+    # Dies the way the program died, so the caller sees the program's exit code or signal.
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+def drop_root():
+    # Root that stays root (no private uid) keeps no capabilities: it cannot remount or leave the view.
+    PR_SET_NO_NEW_PRIVS, PR_CAPBSET_DROP, PR_SET_SECUREBITS = 38, 24, 28
+    for cap in range(64):
+        libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0)
+    libc.prctl(PR_SET_SECUREBITS, 0x2F, 0, 0, 0)  # NOROOT, NO_SETUID_FIXUP and their locks
+    header, data = (ctypes.c_uint32 * 2)(0x20080522, 0), (ctypes.c_uint32 * 6)()
+    libc.capset(header, data)
+    libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+def run_program():
+    def limit(kind, value):
+        resource.setrlimit(kind, (value, value))
+    limit(resource.RLIMIT_CORE, 0)
+    limit(resource.RLIMIT_AS, cfg["memory_bytes"])
+    limit(resource.RLIMIT_FSIZE, cfg["file_bytes"])
+    limit(resource.RLIMIT_NOFILE, cfg["max_open_files"])
+    resource.setrlimit(resource.RLIMIT_CPU, (cfg["cpu_s"], cfg["cpu_s"] + 1))
+    if cfg["uid"] is not None:
+        os.setgroups([])
+        os.setgid(cfg["uid"])
+        os.setuid(cfg["uid"])
+    elif root:
+        drop_root()
+    limit(resource.RLIMIT_NPROC, nproc)
+    os.execve(cfg["argv"][0], cfg["argv"], cfg["env"])
+if not isolated:
+    os.write(cfg["status_fd"], b"0")
+    os.close(cfg["status_fd"])
+    run_program()
+wait_r, wait_w = os.pipe()
+if os.fork() == 0:  # PID 1 of the new namespace
+    os.close(wait_r)
+    try:
+        private_fs()
+        ok = b"1"
+    except OSError:
+        ok = b"0"
+    os.write(cfg["status_fd"], ok)
+    os.close(cfg["status_fd"])
+    program = os.fork()
+    if program == 0:
+        os.close(wait_w)
+        run_program()
+    os.write(wait_w, str(os.waitpid(program, 0)[1]).encode())
+    os._exit(0)
+os.close(cfg["status_fd"])
+os.close(wait_w)
+os.wait()
+status = os.read(wait_r, 32)
+relay(int(status) if status else 9)  # no status: PID 1 was killed (SIGKILL)
 """
 
 
@@ -112,6 +200,7 @@ class SandboxResult:
     wall_s: float
     network_isolated: bool
     process_limit_enforced: bool
+    filesystem_isolated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -142,18 +231,45 @@ def run_python(
                 os.chown(os.path.join(workdir, name), uid, uid)
             os.chown(workdir, uid, uid)
         os.chmod(workdir, 0o700)
-        return _run(workdir, iodir, uid, python or sys.executable, limits, stdin)
+        argv = [python or sys.executable, "-I", "-B", "-X", "utf8", "main.py"]
+        return _run(workdir, iodir, uid, argv, {}, limits, stdin)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         shutil.rmtree(iodir, ignore_errors=True)
 
 
-def _run(workdir: str, iodir: str, uid: int | None, python: str, limits: Limits, stdin: str) -> SandboxResult:
+def run_command(
+    argv: Sequence[str],
+    cwd: str,
+    limits: Limits = Limits(),
+    *,
+    stdin: str = "",
+    env: Mapping[str, str] | None = None,
+    uid: int | None = None,
+) -> SandboxResult:
+    """Runs `argv` in the existing directory `cwd` (writable, unlike the rest of the filesystem when
+    isolated) with `env` (default: a minimal PATH). `uid` must own `cwd` if given; without it the
+    program runs as the caller's user (as root: without capabilities and without a process limit)."""
+    env = dict(env) if env is not None else {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": cwd, "LANG": "C.UTF-8"}
+    program = shutil.which(argv[0], path=env.get("PATH")) if os.sep not in argv[0] else argv[0]
+    if program is None:
+        raise FileNotFoundError(f"{argv[0]!r} not found on PATH {env.get('PATH')!r}")
+    iodir = tempfile.mkdtemp(prefix="porch_sandbox_io_")
+    try:
+        return _run(os.path.abspath(cwd), iodir, uid, [program, *argv[1:]], env, limits, stdin)
+    finally:
+        shutil.rmtree(iodir, ignore_errors=True)
+
+
+def _run(workdir: str, iodir: str, uid: int | None, argv: list[str], env: Mapping[str, str], limits: Limits,
+         stdin: str) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {
         "status_fd": status_w,
         "uid": uid,
-        "python": python,
+        "argv": argv,
+        "env": dict(env),
+        "tmp_mb": int(limits.max_file_mb),
         "cpu_s": int(limits.cpu_s),
         "memory_bytes": int(limits.memory_mb) << 20,
         "file_bytes": int(limits.max_file_mb) << 20,
@@ -182,7 +298,11 @@ def _run(workdir: str, iodir: str, uid: int | None, python: str, limits: Limits,
         _kill_all(proc.pid, uid)
         if timed_out:
             proc.wait()
-        network_isolated = os.read(status_r, 1) == b"1"
+        os.set_blocking(status_r, False)
+        try:
+            status = os.read(status_r, 2)
+        except BlockingIOError:
+            status = b""
     finally:
         if status_w >= 0:
             os.close(status_w)
@@ -193,8 +313,9 @@ def _run(workdir: str, iodir: str, uid: int | None, python: str, limits: Limits,
         stderr=_read_capped(err_path),
         timed_out=timed_out,
         wall_s=time.monotonic() - start,
-        network_isolated=network_isolated,
+        network_isolated=status[:1] == b"1",
         process_limit_enforced=uid is not None or os.geteuid() != 0,
+        filesystem_isolated=status[1:2] == b"1",
     )
 
 

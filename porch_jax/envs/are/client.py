@@ -1,0 +1,54 @@
+"""Main-environment side of the GAIA2 adapter: run ``porch_jax.envs.are.runner`` in the ARE venv.
+
+The venv is ``$PORCH_ARE_VENV`` or ``.venv-are`` in the repository root (``scripts/install_are.sh``).
+The child imports this checkout's ``porch_jax`` (``PYTHONPATH``), so the venv's own editable install
+may point anywhere.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+INSTALL_HINT = "bash scripts/install_are.sh"
+
+
+def are_python() -> Path | None:
+    """The ARE venv's interpreter, or None when it is not installed."""
+    venv = Path(os.environ.get("PORCH_ARE_VENV", REPO_ROOT / ".venv-are"))
+    python = venv / "bin" / "python"
+    return python if python.exists() else None
+
+
+def run_gaia2(output_dir: str | Path, *, dataset: str | Path | None = None, checks: str | Path | None = None,
+              scenarios: Sequence[str] = (), oracle: bool = False, system: str = "proactive",
+              policy: str = "scripted_oracle", store: str | Path | None = None, timeout_s: float = 1800,
+              extra: Sequence[str] = ()) -> dict[str, Any]:
+    """Run scenarios in the ARE venv; returns the runner's summary (``success_rate``, per-scenario verdicts).
+
+    Raises ``FileNotFoundError`` when the venv is missing and ``RuntimeError`` (with the child's
+    output) when the run fails.
+    """
+    python = are_python()
+    if python is None:
+        raise FileNotFoundError(f"no ARE virtual environment; install it with `{INSTALL_HINT}`")
+    cmd = [str(python), "-m", "porch_jax.envs.are.runner", "--output_dir", str(output_dir),
+           "--system", system, "--policy", policy, *extra]
+    for flag, value in (("--dataset", dataset), ("--checks", checks), ("--store", store)):
+        if value is not None:
+            cmd += [flag, str(value)]
+    if scenarios:
+        cmd += ["--scenarios", *scenarios]
+    if oracle:
+        cmd.append("--oracle")
+    summary = Path(output_dir, "summary.json")
+    summary.unlink(missing_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env, cwd=REPO_ROOT)
+    if proc.returncode != 0 or not summary.exists():
+        raise RuntimeError(f"GAIA2 run failed (rc {proc.returncode}): {(proc.stderr or proc.stdout)[-4000:]}")
+    return json.loads(summary.read_text())
