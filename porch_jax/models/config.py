@@ -227,16 +227,13 @@ def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
     layers = hf.get("num_hidden_layers") or 0
     interval = hf.get("full_attention_interval", 4)  # transformers' default layer pattern
     default_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    return dict(
-        layer_types=tuple(hf.get("layer_types") or default_types),
-        linear_num_key_heads=hf.get("linear_num_key_heads", 16),
-        linear_num_value_heads=hf.get("linear_num_value_heads", 32),
-        linear_key_head_dim=hf.get("linear_key_head_dim", 128),
-        linear_value_head_dim=hf.get("linear_value_head_dim", 128),
-        linear_conv_kernel_dim=hf.get("linear_conv_kernel_dim", 4),
-        attn_output_gate=bool(hf.get("attn_output_gate", True)),
-        partial_rotary_factor=float(partial),
-    )
+    defaults = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
+                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    return {name: hf.get(name, default) for name, default in defaults.items()} | {
+        "layer_types": tuple(hf.get("layer_types") or default_types),
+        "attn_output_gate": bool(hf.get("attn_output_gate", True)),
+        "partial_rotary_factor": float(partial),
+    }
 
 
 def _reject_unsupported(hf: dict[str, Any]) -> None:

@@ -166,7 +166,8 @@ def chunk_gated_delta_rule(
     segment_ids: jax.Array | None = None,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[jax.Array, jax.Array]:
-    """The rule in chunks; same arguments and results as `recurrent_gated_delta_rule`.
+    """The rule in chunks (chunk_size a power of two); same arguments and results as
+    `recurrent_gated_delta_rule`.
 
     Inside a chunk, the delta-rule updates are condensed by the UT transform: with
     A = I + strictly_lower(beta_i k_i.k_j decay(j->i)), the corrections written to the state are

@@ -1,0 +1,136 @@
+"""Forward + backward throughput of a Gated DeltaNet layer stack: ours (JAX) against transformers'
+PyTorch fallback (the chunked torch path, as used without flash-linear-attention), same weights.
+
+Each layer is x + GatedDeltaNet(x) (projections, conv, chunked delta rule, gated norm, out_proj);
+the loss is a fixed random projection of the output, differentiated with respect to every
+parameter and the input. float32 on the CPU; medians over repeats, compilation excluded. The
+head layout keeps Qwen3.5-9B's ratios: key dim = hidden / 2, value dim = hidden, twice as many
+value heads as key heads.
+
+    python -m benchmarks.bench_deltanet --json runs/bench_deltanet.json
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+flags.DEFINE_integer("batch", 2, "Sequences per step.")
+flags.DEFINE_integer("seq", 1024, "Tokens per sequence.")
+flags.DEFINE_integer("hidden", 256, "Hidden size.")
+flags.DEFINE_integer("layers", 4, "DeltaNet layers in the stack.")
+flags.DEFINE_integer("head_dim", 64, "Key and value head dim.")
+flags.DEFINE_integer("repeats", 5, "Timed repeats; the median is reported.")
+flags.DEFINE_integer("threads", 2, "torch.set_num_threads.")
+flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # compile / warm up
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _hf_config() -> dict:
+    from porch_jax.models.presets import preset
+
+    key_heads = FLAGS.hidden // 2 // FLAGS.head_dim
+    return preset(
+        "qwen3.5-tiny", hidden_size=FLAGS.hidden, num_hidden_layers=FLAGS.layers,
+        layer_types=["linear_attention"] * FLAGS.layers, linear_num_key_heads=key_heads,
+        linear_num_value_heads=2 * key_heads, linear_key_head_dim=FLAGS.head_dim, linear_value_head_dim=FLAGS.head_dim,
+    )
+
+
+def main(_) -> None:
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    from flax import nnx
+    from transformers import Qwen3_5TextConfig
+    from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet
+
+    from porch_jax.models.config import ModelConfig
+    from porch_jax.models.qwen3_5 import GatedDeltaNet
+
+    torch.set_num_threads(FLAGS.threads)
+    torch.manual_seed(0)
+    hf = _hf_config()
+    torch_layers = torch.nn.ModuleList(
+        Qwen3_5GatedDeltaNet(Qwen3_5TextConfig(**hf), i) for i in range(FLAGS.layers)
+    ).float()
+    config = ModelConfig.from_hf(hf)
+    layers = nnx.List(
+        GatedDeltaNet(config, rngs=nnx.Rngs(i), dtype=jnp.float32, param_dtype=jnp.float32)
+        for i in range(FLAGS.layers)
+    )
+    h = FLAGS.hidden
+    for ours, theirs in zip(layers, torch_layers):  # same weights on both sides
+        w = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
+        ours.in_proj_qkv[...] = jnp.asarray(w["in_proj_qkv.weight"].T)
+        ours.in_proj_z[...] = jnp.asarray(w["in_proj_z.weight"].T.reshape(ours.in_proj_z.shape))
+        ours.in_proj_b[...] = jnp.asarray(w["in_proj_b.weight"].T)
+        ours.in_proj_a[...] = jnp.asarray(w["in_proj_a.weight"].T)
+        ours.conv1d[...] = jnp.asarray(w["conv1d.weight"])
+        ours.dt_bias[...], ours.A_log[...] = jnp.asarray(w["dt_bias"]), jnp.asarray(w["A_log"])
+        ours.norm.weight[...] = jnp.asarray(w["norm.weight"])
+        ours.out_proj[...] = jnp.asarray(w["out_proj.weight"].T.reshape(ours.out_proj.shape))
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(FLAGS.batch, FLAGS.seq, h).astype(np.float32)
+    probe = rng.randn(FLAGS.batch, FLAGS.seq, h).astype(np.float32) / np.sqrt(x.size)
+
+    def jax_loss(layers, x):
+        for layer in layers:
+            x = x + layer(x, mask=None, segment_ids=None)[0]
+        return jnp.sum(x * probe)
+
+    step = jax.jit(nnx.value_and_grad(jax_loss, argnums=(0, 1)))
+    x_jax = jnp.asarray(x)
+    jax_value = float(step(layers, x_jax)[0])
+    jax_s = _median_seconds(lambda: jax.block_until_ready(step(layers, x_jax)), FLAGS.repeats)
+
+    x_torch, probe_torch = torch.tensor(x, requires_grad=True), torch.tensor(probe)
+
+    def torch_step() -> float:
+        torch_layers.zero_grad()
+        x_torch.grad = None
+        y = x_torch
+        for layer in torch_layers:
+            y = y + layer(y)
+        loss = (y * probe_torch).sum()
+        loss.backward()
+        return loss.item()
+
+    torch_value = torch_step()
+    torch_s = _median_seconds(torch_step, FLAGS.repeats)
+
+    tokens = FLAGS.batch * FLAGS.seq
+    results = {
+        "batch": FLAGS.batch, "seq": FLAGS.seq, "hidden": h, "layers": FLAGS.layers,
+        "key_heads": hf["linear_num_key_heads"], "value_heads": hf["linear_num_value_heads"], "head_dim": FLAGS.head_dim,
+        "jax_median_s": jax_s, "torch_median_s": torch_s,
+        "jax_tokens_per_s": tokens / jax_s, "torch_tokens_per_s": tokens / torch_s, "speedup": torch_s / jax_s,
+        "loss_abs_diff": abs(jax_value - torch_value),
+    }
+    print(f"DeltaNet x{FLAGS.layers}, batch {FLAGS.batch} x {FLAGS.seq} tokens, hidden {h}, "
+          f"{results['key_heads']} key / {results['value_heads']} value heads of {FLAGS.head_dim}, fwd+bwd:")
+    print(f"  jax   {jax_s * 1e3:8.1f} ms  {results['jax_tokens_per_s']:9.0f} tokens/s")
+    print(f"  torch {torch_s * 1e3:8.1f} ms  {results['torch_tokens_per_s']:9.0f} tokens/s")
+    print(f"  speedup {results['speedup']:.2f}x  (same loss to {results['loss_abs_diff']:.1e})")
+    if FLAGS.json:
+        Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    app.run(main)
