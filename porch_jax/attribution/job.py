@@ -1,0 +1,198 @@
+"""The attribution job: every decision of a trajectory store through a GRM backend, resumably.
+
+Output: an append-only JSONL store with one row per decision, keyed by (episode_id, index):
+``{"episode_id", "index", "attributable", "hint", "status", "detail", "reply"}``. ``status`` is
+"ok" (a parsed judgement), "error" (a malformed reply or a failed call: recorded, not attributable,
+with the reason in ``detail``) or "skipped" (a decision no sub-agent feedback followed: finish,
+stop, or an action that did not parse). The rows are what ``train.data.hint_table`` reads.
+
+Resume: keys already in the output are not judged again, so rerunning after a crash or a kill
+finishes the rest and never writes a key twice. Rows are written by one writer in whole lines,
+each batch with one ``fsync``; a torn last line (a kill mid-write) is moved to ``<path>.torn`` when
+the writer opens the file, and the reader ignores it, as ``trajectories.TrajectoryStore`` does.
+"""
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from porch_jax.attribution.grm import AttributionUnit, GRMReplyError, grm_request, parse_reply
+from porch_jax.backends import Backend, Sampling
+from porch_jax.protocol import DELEGATE, REVISE
+from porch_jax.trajectories import DecisionRecord, EpisodeRecord, TrajectoryStore
+
+log = logging.getLogger(__name__)
+Key = tuple[str, int]
+
+
+class AttributionStore:
+    """Append-only JSONL of attribution rows; one writer at a time (``flock``)."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._fd: int | None = None
+
+    def _writer(self) -> int:
+        if self._fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RuntimeError(f"{self.path} is being written by another attribution job") from None
+            self._drop_torn_tail(fd)
+            self._fd = fd
+        return self._fd
+
+    def _drop_torn_tail(self, fd: int) -> None:
+        data = self.path.read_bytes()
+        keep = data.rfind(b"\n") + 1
+        if keep == len(data):
+            return
+        with open(f"{self.path}.torn", "ab") as f:
+            f.write(data[keep:] + b"\n")
+        os.ftruncate(fd, keep)
+        os.fsync(fd)
+        log.warning("%s: removed a torn last line (%d bytes) left by an interrupted write", self.path, len(data) - keep)
+
+    def append_many(self, rows: Iterable[dict[str, Any]]) -> None:
+        data = b"".join(json.dumps(r, ensure_ascii=True, separators=(",", ":")).encode() + b"\n" for r in rows)
+        if data:
+            fd = self._writer()
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self) -> AttributionStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if not self.path.exists():
+            return
+        with open(self.path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                if not raw.endswith(b"\n"):
+                    log.warning("%s:%d: ignoring a torn last line", self.path, lineno)
+                    return
+                try:
+                    row = json.loads(raw)
+                    str(row["episode_id"]), int(row["index"]), bool(row["attributable"]), str(row["hint"])
+                except (ValueError, KeyError, TypeError) as e:
+                    raise ValueError(f"{self.path}:{lineno}: bad attribution row ({e!r})") from None
+                yield row
+
+    def read(self) -> list[dict[str, Any]]:
+        return list(self)
+
+    def keys(self) -> set[Key]:
+        return {(r["episode_id"], r["index"]) for r in self}
+
+
+@dataclass
+class JobSummary:
+    total: int  # decisions in the trajectory store
+    skipped_done: int  # already in the output (resumed)
+    judged: int  # GRM calls made by this run
+    attributable: int
+    errors: int
+    wall_s: float
+
+
+def needs_judgement(decision: DecisionRecord) -> bool:
+    """Only a delegate or revise is followed by a sub-agent's feedback o_t."""
+    return decision.action is not None and decision.action.get("name") in (DELEGATE, REVISE)
+
+
+def _row(episode_id: str, index: int, attributable: bool, hint: str, status: str, detail: str = "",
+         reply: str = "") -> dict[str, Any]:
+    return {"episode_id": episode_id, "index": index, "attributable": attributable, "hint": hint,
+            "status": status, "detail": detail, "reply": reply}
+
+
+async def _judge(backend: Backend, episode_id: str, decision: DecisionRecord, sampling: Sampling) -> dict[str, Any]:
+    if not needs_judgement(decision):
+        name = decision.action.get("name") if decision.action else "invalid action"
+        return _row(episode_id, decision.index, False, "", "skipped", f"no sub-agent feedback after {name}")
+    try:
+        result = await backend.chat(grm_request(AttributionUnit.of(decision), sampling))
+    except Exception as e:  # a failed call is recorded, never silently dropped
+        return _row(episode_id, decision.index, False, "", "error", f"backend: {type(e).__name__}: {str(e)[:200]}")
+    try:
+        a = parse_reply(result.text)
+    except GRMReplyError as e:
+        return _row(episode_id, decision.index, False, "", "error", str(e)[:300], result.text[:2000])
+    return _row(episode_id, decision.index, a.attributable, a.hint, "ok", reply=result.text[:2000])
+
+
+async def attribute_store(trajectories: TrajectoryStore | Iterable[EpisodeRecord], backend: Backend,
+                          out: AttributionStore, *, concurrency: int = 16,
+                          sampling: Sampling = Sampling(max_tokens=128), progress: bool = True) -> JobSummary:
+    """Judges every decision not yet in ``out``; returns counts. Raises only if writing fails."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    t0 = time.monotonic()
+    done = await asyncio.to_thread(out.keys)
+    todo, total = [], 0
+    for ep in trajectories:
+        for d in ep.decisions:
+            total += 1
+            if (ep.episode_id, d.index) not in done:
+                todo.append((ep.episode_id, d))
+    queue: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    counts = {"judged": 0, "attributable": 0, "errors": 0}
+    it = iter(todo)
+
+    async def worker() -> None:
+        for episode_id, d in it:
+            queue.put_nowait(await _judge(backend, episode_id, d, sampling))
+
+    async def writer() -> None:
+        last = time.monotonic()
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            rows = [r for r in batch if r is not None]
+            await asyncio.to_thread(out.append_many, rows)
+            for r in rows:
+                counts["judged"] += r["status"] != "skipped"
+                counts["attributable"] += r["attributable"]
+                counts["errors"] += r["status"] == "error"
+            if progress and (time.monotonic() - last > 5 or None in batch):
+                last = time.monotonic()
+                print(f"[attribution] {sum(counts.values()) and counts['judged']} judged, {counts['attributable']}"
+                      f" attributable, {counts['errors']} errors ({len(todo)} to do, {len(done)} done earlier)",
+                      file=sys.stderr, flush=True)
+            if None in batch:
+                return
+
+    workers = [asyncio.create_task(worker()) for _ in range(min(concurrency, max(len(todo), 1)))]
+    writing = asyncio.create_task(writer())
+    try:
+        await asyncio.gather(*workers)
+    finally:
+        for w in workers:
+            w.cancel()
+        queue.put_nowait(None)
+        await writing
+    return JobSummary(total, total - len(todo), counts["judged"], counts["attributable"], counts["errors"],
+                      time.monotonic() - t0)

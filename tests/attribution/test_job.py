@@ -1,0 +1,130 @@
+"""The attribution job: a 1,000-decision store judged, killed midway (kill -9), resumed: every
+decision recorded exactly once, with the same judgements as an uninterrupted run; malformed replies
+and failed calls are recorded as errors, never dropped."""
+import asyncio
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from porch_jax.attribution.job import AttributionStore, attribute_store
+from porch_jax.attribution.judge import ScriptedJudge
+from porch_jax.backends import ScriptedBackend
+from porch_jax.envs.workplace import TaskMixture, make_tasks
+from porch_jax.eval import suite as suite_lib
+from porch_jax.trajectories import TrajectoryStore
+
+SUITE = {"mixture": {}, "subagent": {}, "expert": {}, "max_decisions": 20, "max_evidence_chars": 160}
+
+
+def _store_of_1000(path):
+    """Expert episodes, copied under new ids and cut so the store holds exactly 1,000 decisions."""
+    engine = suite_lib.expert_engine(SUITE)
+
+    async def run():
+        return [await engine.run(t, episode_id=t.task_id) for t in make_tasks(40, TaskMixture(slack=(1, 3)))]
+    base, out, n, i = asyncio.run(run()), [], 0, 0
+    while n < 1000:
+        ep = base[i % len(base)]
+        keep = ep.decisions[:1000 - n]
+        out.append(dataclasses.replace(ep, episode_id=f"{ep.episode_id}#{i}", decisions=keep))
+        n, i = n + len(keep), i + 1
+    with TrajectoryStore(path) as store:
+        store.append_many(out)
+    return out
+
+
+def _judge(store_path, out_path, **kw):
+    with AttributionStore(out_path) as out:
+        return asyncio.run(attribute_store(TrajectoryStore(store_path), ScriptedBackend(ScriptedJudge(), **kw), out,
+                                           concurrency=8, progress=False))
+
+
+@pytest.mark.slow
+def test_kill_and_resume_1000_decisions_without_duplicates(tmp_path):
+    episodes = _store_of_1000(tmp_path / "traj.jsonl")
+    keys = {(ep.episode_id, d.index) for ep in episodes for d in ep.decisions}
+    assert len(keys) == 1000
+    reference = _judge(tmp_path / "traj.jsonl", tmp_path / "reference.jsonl")
+    assert reference.total == 1000 and reference.judged > 0 and reference.attributable > 0
+
+    out = tmp_path / "attr.jsonl"
+    script = textwrap.dedent(f"""
+        import asyncio
+        from porch_jax.attribution.job import AttributionStore, attribute_store
+        from porch_jax.attribution.judge import ScriptedJudge
+        from porch_jax.backends import ScriptedBackend
+        from porch_jax.trajectories import TrajectoryStore
+        with AttributionStore({str(out)!r}) as out:
+            asyncio.run(attribute_store(TrajectoryStore({str(tmp_path / "traj.jsonl")!r}),
+                                        ScriptedBackend(ScriptedJudge(), latency_s=0.01), out, concurrency=4,
+                                        progress=False))
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and out.read_bytes().count(b"\n") >= 200:
+            break
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    written = out.read_bytes().count(b"\n")
+    assert 200 <= written < 1000, written  # killed midway
+
+    summary = _judge(tmp_path / "traj.jsonl", out)
+    rows = AttributionStore(out).read()
+    assert summary.skipped_done == written and len(rows) == 1000
+    assert {(r["episode_id"], r["index"]) for r in rows} == keys  # each decision exactly once
+    by_key = {(r["episode_id"], r["index"]): (r["attributable"], r["hint"], r["status"]) for r in rows}
+    ref = {(r["episode_id"], r["index"]): (r["attributable"], r["hint"], r["status"])
+           for r in AttributionStore(tmp_path / "reference.jsonl").read()}
+    assert by_key == ref
+    assert _judge(tmp_path / "traj.jsonl", out).judged == 0  # a finished job has nothing left to do
+
+
+def test_torn_last_line_is_set_aside_and_redone(tmp_path):
+    engine = suite_lib.expert_engine(SUITE)
+    ep = asyncio.run(engine.run(make_tasks(1)[0], episode_id="e"))
+    with TrajectoryStore(tmp_path / "t.jsonl") as s:
+        s.append(ep)
+    _judge(tmp_path / "t.jsonl", tmp_path / "a.jsonl")
+    lines = (tmp_path / "a.jsonl").read_bytes().splitlines(keepends=True)
+    (tmp_path / "a.jsonl").write_bytes(b"".join(lines[:-1]) + lines[-1][:10])  # a kill mid-write
+    assert len(AttributionStore(tmp_path / "a.jsonl").read()) == len(lines) - 1
+    _judge(tmp_path / "t.jsonl", tmp_path / "a.jsonl")
+    rows = AttributionStore(tmp_path / "a.jsonl").read()
+    assert len(rows) == len(ep.decisions) == len({r["index"] for r in rows})
+    assert (tmp_path / "a.jsonl.torn").exists()
+
+
+def test_malformed_replies_and_failed_calls_are_recorded_as_errors(tmp_path):
+    engine = suite_lib.expert_engine(SUITE)
+    ep = asyncio.run(engine.run(make_tasks(1, start=3)[0], episode_id="e"))
+    with TrajectoryStore(tmp_path / "t.jsonl") as s:
+        s.append(ep)
+    calls = 0
+
+    def flaky(request):
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("server went away")
+        return "I think the decision was fine." if calls == 2 else "FLAG: false"
+    with AttributionStore(tmp_path / "a.jsonl") as out:
+        summary = asyncio.run(attribute_store(TrajectoryStore(tmp_path / "t.jsonl"), ScriptedBackend(flaky), out,
+                                              concurrency=1, progress=False))
+    rows = AttributionStore(tmp_path / "a.jsonl").read()
+    errors = [r for r in rows if r["status"] == "error"]
+    assert len(rows) == len(ep.decisions) and summary.errors == len(errors) == 2
+    assert "server went away" in errors[0]["detail"] and "no_flag" in errors[1]["detail"]
+    assert all(not r["attributable"] for r in errors)
+    skipped = [r for r in rows if r["status"] == "skipped"]
+    assert skipped and all(ep.decisions[r["index"]].action is None or
+                           ep.decisions[r["index"]].action["name"] in ("finish", "stop") for r in skipped)
+    assert json.loads((tmp_path / "a.jsonl").read_text().splitlines()[0])["episode_id"] == "e"
