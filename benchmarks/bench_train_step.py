@@ -2,9 +2,11 @@
 
 Same config, same batch, next-token cross-entropy, AdamW, forward + backward + update. The two
 run in one process, in alternating rounds, so that load from other processes on a shared
-machine hits both alike; the ratio is the figure to watch.
+machine hits both alike; the ratio is the figure to watch. On a loaded machine PyTorch's
+OpenMP threads spin and stall, which flatters the 2-thread wall ratio: there, `--threads 1` and
+the CPU-time ratio compare the computations honestly.
 
-    python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--json OUT]
+    python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--threads 2] [--json OUT]
 """
 from __future__ import annotations
 

@@ -12,7 +12,14 @@ from porch_jax.models.io import (
 )
 from porch_jax.models.qwen3 import REMAT_POLICIES, Qwen3ForCausalLM
 from porch_jax.models.qwen3_5 import HybridCache, Qwen3_5ForCausalLM
-from porch_jax.models.sharding import RULES, data_sharding, logical_to_spec, make_mesh, shard_model, state_shardings
+from porch_jax.models.sharding import (
+    RULES,
+    data_sharding,
+    logical_to_spec,
+    make_mesh,
+    shard_model,
+    state_shardings,
+)
 
 __all__ = [
     "MODEL_SPECS",

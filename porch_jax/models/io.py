@@ -190,7 +190,7 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
     seen: set[str] = set()
     for file in _tensor_files(path):
         with safe_open(file, framework="numpy") as f:
-            for name in f.keys():
+            for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 if name in seen:
                     raise CheckpointError(f"tensor {name!r} appears in more than one file ({file.name})")
                 seen.add(name)

@@ -9,10 +9,10 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 torch = pytest.importorskip("torch")
-from transformers import AutoModelForCausalLM, Qwen3Config  # noqa: E402
-from transformers import Qwen3ForCausalLM as TorchQwen3  # noqa: E402
+from transformers import AutoModelForCausalLM, Qwen3Config
+from transformers import Qwen3ForCausalLM as TorchQwen3
 
-from porch_jax.models import (  # noqa: E402
+from porch_jax.models import (
     CheckpointError,
     ConfigError,
     ModelConfig,

@@ -7,17 +7,23 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
-from transformers import Qwen3Config  # noqa: E402
-from transformers import Qwen3ForCausalLM as TorchQwen3  # noqa: E402
+from transformers import Qwen3Config
+from transformers import Qwen3ForCausalLM as TorchQwen3
 
-from porch_jax.models import KVCache, ModelConfig, from_pretrained, init_model  # noqa: E402
-from porch_jax.models.layers import causal_attention, dense  # noqa: E402
+from porch_jax.models import (
+    MODEL_SPECS,
+    KVCache,
+    ModelConfig,
+    from_pretrained,
+    init_model,
+)
+from porch_jax.models.layers import causal_attention, dense
 
 # tied/untied embeddings, 1 and 2 kv heads with different q-head counts, head_dim not a power of 2.
 CONFIGS = {
-    "untied_gqa2_hd24": dict(num_attention_heads=4, num_key_value_heads=2, head_dim=24, tie_word_embeddings=False),
-    "tied_mqa_hd40": dict(num_attention_heads=6, num_key_value_heads=1, head_dim=40, tie_word_embeddings=True),
-    "tied_gqa2_hd16": dict(num_attention_heads=8, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+    "untied_gqa2_hd24": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "tie_word_embeddings": False},
+    "tied_mqa_hd40": {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 40, "tie_word_embeddings": True},
+    "tied_gqa2_hd16": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True},
 }
 VOCAB = 97
 
@@ -25,10 +31,10 @@ VOCAB = 97
 def torch_folder(tmp_path_factory, name: str, **overrides) -> tuple:
     """A random transformers Qwen3 saved to a folder; returns (folder, torch model)."""
     torch.manual_seed(0)
-    kwargs = dict(
-        vocab_size=VOCAB, hidden_size=48, intermediate_size=80, num_hidden_layers=2, rope_theta=10_000.0,
-        rms_norm_eps=1e-6, max_position_embeddings=512,
-    )
+    kwargs = {
+        "vocab_size": VOCAB, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "rope_theta": 10_000.0,
+        "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+    }
     hf = TorchQwen3(Qwen3Config(**(kwargs | overrides))).eval()
     with torch.no_grad():  # non-trivial norm weights, so a mis-mapped norm shows
         for name_, p in hf.named_parameters():
@@ -64,6 +70,25 @@ def test_logits_match_transformers(pair):
     logits = forward(model, ids)
     assert logits.dtype == np.float32
     np.testing.assert_allclose(logits, torch_logits(hf, ids), atol=1e-4, rtol=0)
+
+
+def test_gradients_match_transformers(pair):
+    """Every parameter's gradient, so the hand-written backward passes are checked end to end."""
+    from flax import nnx
+
+    model, hf = pair
+    rng = np.random.RandomState(7)
+    ids = rng.randint(0, VOCAB, (2, 70))
+    weights = rng.randn(2, 70, VOCAB).astype(np.float32)
+    grads = jax.jit(nnx.grad(lambda m: jnp.sum(m(jnp.asarray(ids)) * weights)))(model)
+    hf.zero_grad()
+    (hf(torch.tensor(ids)).logits * torch.tensor(weights)).sum().backward()
+    expected = {name: p.grad.numpy() for name, p in hf.named_parameters()}
+    for path, grad in nnx.to_flat_state(grads):
+        name = ".".join(map(str, path))
+        hf_name, rule = next((r.match(name, hf=False), r) for r in MODEL_SPECS["qwen3"].weights if r.match(name, hf=False))
+        want = expected[hf_name]
+        np.testing.assert_allclose(rule.to_hf(np.asarray(grad[...])), want, atol=1e-4 * np.abs(want).max(), err_msg=name)
 
 
 def test_padding_matches_unpadded_rows(pair):
@@ -104,8 +129,8 @@ def test_cached_decode_matches_full_forward_with_left_padding(pair):
     model, _ = pair
     rng = np.random.RandomState(4)
     prompt_lens, prompt_t, steps = [6, 3], 6, 5
-    rows = [rng.randint(0, VOCAB, n + steps) for n in prompt_lens]
-    full = [forward(model, r[None])[0] for r in rows]
+    rows = rng.randint(0, VOCAB, (2, prompt_t + steps))  # row i uses its first n_i + steps tokens
+    full = forward(model, rows)  # causal: the unused tail of a row changes nothing before it
 
     prompt = np.zeros((2, prompt_t), int)
     mask = np.zeros((2, prompt_t), bool)
@@ -191,7 +216,7 @@ def test_blockwise_attention_and_its_gradients_equal_dense(t, block):
     ours = lambda q, k, v: causal_attention(q, k, v, attention_mask=mask, segment_ids=segments, block=block)
     ref = lambda q, k, v: dense_attention(q, k, v, mask, segments)
     got = jax.jit(jax.value_and_grad(functools.partial(loss, ours), argnums=(0, 1, 2)))(q, k, v)
-    want = jax.value_and_grad(functools.partial(loss, ref), argnums=(0, 1, 2))(q, k, v)
+    want = jax.jit(jax.value_and_grad(functools.partial(loss, ref), argnums=(0, 1, 2)))(q, k, v)
     np.testing.assert_allclose(np.asarray(ours(q, k, v))[mask], np.asarray(ref(q, k, v))[mask], atol=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), got, want)
 

@@ -1,0 +1,34 @@
+"""MACA on GSM-Hard with real agents: the math + auxiliary pool's role prompts served by vLLM, the
+orchestration policy a JAX LM scoring agent names (a Hugging Face folder, or a tiny Qwen3 for a smoke run).
+
+    python -m launch.maca --config=experiments/maca_gsm_hard.py \\
+        --config.backend.urls="('http://localhost:8000',)" --config.backend.model=Qwen/Qwen2.5-7B-Instruct
+
+Tasks come from the Table 4 split (porch_jax/envs/benchmarks); accuracy is the benchmark's numeric match on
+the latest final answer in the agents' transcript, cost is every call's prompt + completion tokens.
+"""
+from ml_collections import ConfigDict
+
+from experiments.maca_synthetic import get_config as synthetic_config
+
+
+def get_config() -> ConfigDict:
+    c = synthetic_config()
+    c.run_dir = "runs/maca_gsm_hard"
+    c.seeds = c.sweep_seeds = (0,)
+    c.world = ConfigDict({"kind": "benchmark", "benchmark": "gsm_hard", "num_train": 128, "num_eval": 128,
+                          "budget": 4000, "data_dir": ""})
+    c.pool_families = ("math", "auxiliary")
+    c.policy = ConfigDict({"kind": "lm", "hidden": 128,
+                           "lm": {"model_path": "", "max_task_words": 0, "overrides": {}}})
+    c.prior.rounds = 1
+    c.prior.samples = 4
+    c.grpo.iterations = 40
+    c.grpo.tasks_per_iteration = 4
+    c.grpo.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
+    c.systems = ("maca",)
+    c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
+    c.lm_check.enabled = False
+    c.backend = ConfigDict({"kind": "vllm", "urls": ("http://localhost:8000",), "model": "Qwen/Qwen2.5-7B-Instruct",
+                            "timeout_s": 120.0, "max_retries": 3, "temperature": 0.0, "max_tokens": 512})
+    return c

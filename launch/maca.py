@@ -1,0 +1,343 @@
+"""MACA end to end: GraphSpec prior learning, token-aware GRPO, evaluation, Table 3 ablations, the gamma /
+lambda sweeps, transition analyses and (synthetic config) the LM-policy check.
+
+    python -m launch.maca --config=experiments/maca_synthetic.py
+    python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.urls="('http://host:8000',)"
+
+Writes RUN_DIR/results.json, RUN_DIR/tables.md, PNG figures and the main MACA policy's Orbax checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from absl import app
+from ml_collections import ConfigDict, config_flags
+
+from porch_jax.backends import Backend, Sampling
+from porch_jax.maca import analysis
+from porch_jax.maca.encoder import HashingEncoder, MiniLMEncoder, SentenceEncoder
+from porch_jax.maca.graphspec import BudgetTemperature, context_text
+from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
+from porch_jax.maca.orchestrator import (
+    AgentWorld,
+    Constraint,
+    OrchestrationTask,
+    RolloutConfig,
+    benchmark_tasks,
+    benchmark_world,
+    synthetic_tasks,
+    synthetic_world,
+)
+from porch_jax.maca.pools import load_pool
+from porch_jax.maca.synthetic import SyntheticPool, make_tasks
+from porch_jax.maca.train import (
+    VARIANTS,
+    GRPOConfig,
+    PriorConfig,
+    Variant,
+    edge_probs,
+    learn_edge_mlp,
+    relevance_scores,
+)
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/maca_*.py).",
+                                          lock_config=True)
+
+# ---------------------------------------------------------------------------------------------------
+# Building the pieces from a config.
+# ---------------------------------------------------------------------------------------------------
+
+
+def build_backend(cfg: ConfigDict) -> Backend:
+    """The agents' backend for a benchmark world (the synthetic world brings its own)."""
+    if cfg.kind == "vllm":
+        from porch_jax.backends import VLLMBackend
+
+        return VLLMBackend(tuple(cfg.urls), cfg.model, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+    raise ValueError(f"backend.kind must be 'vllm' for a benchmark world (or pass a backend), got {cfg.kind!r}")
+
+
+def build_world(cfg: ConfigDict, backend: Backend | None = None
+                ) -> tuple[AgentWorld, list[OrchestrationTask], list[OrchestrationTask], SyntheticPool | None]:
+    """(world, train tasks, eval tasks, the synthetic pool when the world is synthetic)."""
+    w = cfg.world
+    pool = load_pool(tuple(cfg.pool_families))
+    if w.kind == "synthetic":
+        spool = SyntheticPool(pool)
+        make = lambda n, seed: synthetic_tasks(make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction,
+                                                          budget=w.budget, seed=seed))
+        return synthetic_world(spool), make(w.num_train, w.train_seed), make(w.num_eval, w.eval_seed), spool
+    if w.kind == "benchmark":
+        from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
+
+        sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
+        world = benchmark_world(BENCHMARKS[w.benchmark], pool, backend or build_backend(cfg.backend), sampling)
+        train = load_tasks(w.benchmark, "train", data_dir=w.data_dir or None)[: w.num_train]
+        test = load_tasks(w.benchmark, "test", data_dir=w.data_dir or None)[: w.num_eval]
+        return world, benchmark_tasks(train, w.budget), benchmark_tasks(test, w.budget), None
+    raise ValueError(f"world.kind must be 'synthetic' or 'benchmark', got {w.kind!r}")
+
+
+def build_encoder(name: str) -> SentenceEncoder:
+    if name == "minilm":
+        return MiniLMEncoder()
+    if name == "hashing":
+        return HashingEncoder()
+    raise ValueError(f"encoder must be 'minilm' or 'hashing', got {name!r}")
+
+
+def prior_config(cfg: ConfigDict) -> PriorConfig:
+    t = cfg.graphspec.temperature
+    return PriorConfig(gamma=cfg.graphspec.gamma, temperature=BudgetTemperature(t.base, t.reference, t.exponent),
+                       **cfg.prior.to_dict())
+
+
+def grpo_config(cfg: ConfigDict, **overrides: Any) -> GRPOConfig:
+    g = {k: v for k, v in cfg.grpo.to_dict().items() if k != "prior_kl_weight"} | overrides
+    constraint = Constraint(True, cfg.graphspec.edge_threshold)
+    return GRPOConfig(stop_floor=cfg.graphspec.stop_floor,
+                      rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint), **g)
+
+
+def policy_factory(cfg: ConfigDict, names: Sequence[str], embeddings: dict[str, np.ndarray]) -> Callable[[int], ActionPolicy]:
+    p = cfg.policy
+    if p.kind == "head":
+        return lambda seed: head_policy(embeddings, len(names), cfg.rollout.max_steps, hidden=p.hidden, seed=seed)
+    if p.kind == "lm":
+        return lm_factory(p.lm, names)
+    raise ValueError(f"policy.kind must be 'head' or 'lm', got {p.kind!r}")
+
+
+def lm_factory(cfg: ConfigDict, names: Sequence[str]) -> Callable[[int], ActionPolicy]:
+    """LM policies: a Hugging Face folder (model_path) or a tiny Qwen3 built in-process."""
+    if cfg.model_path:
+        from transformers import AutoTokenizer
+
+        from porch_jax.models import from_pretrained
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
+        return lambda seed: lm_policy(from_pretrained(cfg.model_path), tokenizer, names,
+                                      max_task_words=cfg.max_task_words or None, uniform_offset=False)
+    _, tokenizer = tiny_lm(0, **cfg.overrides.to_dict())  # the tokenizer is the same for every seed
+    return lambda seed: lm_policy(tiny_lm(seed, **cfg.overrides.to_dict())[0], tokenizer, names,
+                                  max_task_words=cfg.max_task_words or None, uniform_offset=True)
+
+
+@dataclasses.dataclass
+class Setup:
+    study: analysis.Study
+    spool: SyntheticPool | None
+    best: np.ndarray | None  # per eval task
+    timings: dict[str, float]
+    prior_stats: dict[str, Any]
+
+
+def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
+    """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    world, train, evals, spool = build_world(cfg, backend)
+    encoder = build_encoder(cfg.encoder)
+    agent_embs = encoder.encode([a.profile for a in world.pool])
+    ctx_train = encoder.encode([context_text(t.prompt, t.budget) for t in train])
+    ctx_eval = encoder.encode([context_text(t.prompt, t.budget) for t in evals])
+    timings["encode_s"] = time.perf_counter() - t0
+    pcfg = prior_config(cfg)
+    q_train = relevance_scores(ctx_train, agent_embs, [t.budget for t in train], pcfg.temperature)
+    q_eval = relevance_scores(ctx_eval, agent_embs, [t.budget for t in evals], pcfg.temperature)
+    t0 = time.perf_counter()
+    mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed)
+    timings["prior_s"] = time.perf_counter() - t0
+    log(f"prior learned in {timings['prior_s']:.0f} s: {prior_stats}")
+    embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
+    eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
+                                 constraint=Constraint(True, cfg.graphspec.edge_threshold))
+    study = analysis.Study(world, train, evals, q_train, edge_probs(mlp, agent_embs, ctx_train), q_eval,
+                           edge_probs(mlp, agent_embs, ctx_eval), policy_factory(cfg, world.pool.names, embeddings),
+                           grpo_config(cfg), cfg.graphspec.gamma, eval_rollout)
+    best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
+    return Setup(study, spool, best, timings, prior_stats)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The experiment.
+# ---------------------------------------------------------------------------------------------------
+
+
+def variant(cfg: ConfigDict, name: str, **changes: Any) -> Variant:
+    """A Table 3 variant with the config's lambda (unconstrained GRPO keeps lambda = 0)."""
+    v = VARIANTS[name]
+    if name != "grpo":
+        v = dataclasses.replace(v, prior_kl_weight=cfg.grpo.prior_kl_weight)
+    return dataclasses.replace(v, **changes)
+
+
+def _row(name: str, evals: Sequence[analysis.Evaluation], best: float | None, **extra: Any) -> dict[str, Any]:
+    row = {"system": name, **analysis.mean_summary(evals), **extra}
+    row["top2_mass"] = float(np.mean([analysis.top2_mass(e.episodes) for e in evals]))
+    if best is not None:
+        row["of_best"] = row["expected_accuracy"] / best
+    return row
+
+
+def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
+                ) -> tuple[list[dict[str, Any]], dict[str, analysis.Evaluation], dict[str, list]]:
+    """Every configured system over every seed; the first seed's evaluation and history per system."""
+    best = float(setup.best.mean()) if setup.best is not None else None
+    rows, first, histories = [], {}, {}
+    for name in cfg.systems:
+        evals, start = [], time.perf_counter()
+        for seed in cfg.seeds:
+            ckpt = run_dir / "checkpoints" / name if name == "maca" and seed == cfg.seeds[0] else None
+            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed, checkpoint_dir=ckpt)
+            evals.append(evaluation)
+            if seed == cfg.seeds[0]:
+                first[name], histories[name] = evaluation, history
+        rows.append(_row(name, evals, best, seconds=time.perf_counter() - start))
+        log(f"{name}: {_brief(rows[-1])}")
+    return rows, first, histories
+
+
+def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]) -> list[dict]:
+    """MACA with one parameter varied (gamma: the relevance gate; prior_kl_weight: lambda)."""
+    best = float(setup.best.mean()) if setup.best is not None else None
+    rows = []
+    for value in values:
+        evals = []
+        for seed in cfg.sweep_seeds:
+            if param == "gamma":
+                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca"), seed=seed, gamma=value)
+            else:
+                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca", prior_kl_weight=value), seed=seed)
+            evals.append(evaluation)
+        rows.append(_row("maca", evals, best, **{param: value}))
+        log(f"{param}={value}: {_brief(rows[-1])}")
+    return rows
+
+
+def _brief(row: dict[str, Any]) -> str:
+    keys = ("expected_accuracy", "accuracy", "avg_cost", "avg_calls", "of_best")
+    return ", ".join(f"{k} {row[k]:.3f}" for k in keys if k in row)
+
+
+def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
+    """MACA with the LM policy on the reduced setting: held-out accuracy before and after training, and the
+    measured seconds per iteration (the full sweep uses the head)."""
+    lc = cfg.lm_check
+    study = setup.study
+    keep = lambda tasks: [i for i, t in enumerate(tasks) if t.family in tuple(lc.families)]
+    tr, ev = keep(study.train_tasks)[: lc.num_train], keep(study.eval_tasks)[: lc.num_eval]
+    grpo = grpo_config(cfg, iterations=lc.iterations, tasks_per_iteration=lc.tasks_per_iteration,
+                       learning_rate=lc.learning_rate, epochs=lc.epochs)
+    reduced = dataclasses.replace(
+        study, train_tasks=[study.train_tasks[i] for i in tr], eval_tasks=[study.eval_tasks[i] for i in ev],
+        q_train=study.q_train[tr], p_train=study.p_train[tr], q_eval=study.q_eval[ev], p_eval=study.p_eval[ev],
+        make_policy=lm_factory(lc.lm, study.world.pool.names), grpo=grpo)
+    maca = variant(cfg, "maca")
+    _, eval_specs = reduced.specs(maca)
+    before = analysis.evaluate("lm_init", reduced.make_policy(cfg.seed), reduced.eval_tasks, reduced.world, eval_specs,
+                               reduced.eval_rollout, seed=cfg.seed)
+    start = time.perf_counter()
+    after, history = analysis.run_variant(reduced, maca, seed=cfg.seed)
+    seconds = time.perf_counter() - start
+    best = None if setup.best is None else float(setup.best[ev].mean())
+    out = {"families": list(lc.families), "train_tasks": len(tr), "eval_tasks": len(ev), "iterations": lc.iterations,
+           "episodes_per_iteration": lc.tasks_per_iteration * grpo.group_size, "seconds": seconds,
+           "seconds_per_iteration": seconds / max(lc.iterations, 1), "before": before.summary, "after": after.summary,
+           "best_achievable": best, "train_accuracy": [h["accuracy"] for h in history]}
+    log(f"LM policy ({lc.iterations} iterations, {seconds:.0f} s): before {_brief(before.summary)}; "
+        f"after {_brief(after.summary)}")
+    return out
+
+
+def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The whole experiment; returns what results.json holds."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    setup = build_setup(cfg, backend, log)
+    names = setup.study.world.pool.names
+    results: dict[str, Any] = {"config": json.loads(cfg.to_json()), "prior": setup.prior_stats}
+    if setup.best is not None:
+        results["best_achievable"] = float(setup.best.mean())
+        log(f"best achievable expected accuracy (exact): {results['best_achievable']:.4f}")
+    rows, first, histories = run_systems(cfg, setup, run_dir, log)
+    results["systems"] = rows
+    results["transitions"] = _transitions(first, names, run_dir)
+    analysis.plot_training(histories, run_dir / "training.png")
+    results["sweeps"] = {}
+    main = next((r for r in rows if r["system"] == "maca"), None)
+    for param, values in cfg.sweeps.items():
+        if values:
+            sweep = run_sweep(cfg, setup, param, values, log)
+            if main is not None and tuple(cfg.sweep_seeds) == tuple(cfg.seeds):  # the main run is a sweep point
+                sweep.append(main | {param: cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight})
+            sweep.sort(key=lambda r: r[param])
+            results["sweeps"][param] = sweep
+            analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=results.get("best_achievable"))
+    if cfg.lm_check.enabled:
+        results["lm_check"] = run_lm_check(cfg, setup, log)
+    results["timings"] = setup.timings | {"total_s": time.perf_counter() - start}
+    analysis.write_json(run_dir / "results.json", results)
+    (run_dir / "tables.md").write_text(tables(results))
+    return results
+
+
+def _transitions(first: dict[str, analysis.Evaluation], names: Sequence[str], run_dir: Path) -> dict[str, Any]:
+    """Per family: transition heatmaps and top-2 mass with the prior (maca) and without it (no_graphspec)."""
+    out: dict[str, Any] = {}
+    for name in ("maca", "no_graphspec"):
+        if name not in first:
+            continue
+        for family in sorted({e.task.family for e in first[name].episodes}):
+            episodes = [e for e in first[name].episodes if e.task.family == family]
+            matrix = analysis.transition_matrix(episodes, len(names))
+            analysis.plot_transitions(matrix, names, run_dir / f"transitions_{name}_{family}.png",
+                                      f"{name}, {family}: P(next | current)")
+            out.setdefault(family, {})[name] = {"top2_mass": analysis.top2_mass(episodes),
+                                                "matrix": np.round(matrix, 4).tolist()}
+    return out
+
+
+def tables(results: dict[str, Any]) -> str:
+    cols = ["system", "expected_accuracy", "expected_accuracy_sd", "accuracy", "avg_cost", "avg_cost_sd", "avg_calls",
+            "of_best", "top2_mass", "invalid_action_rate"]
+    parts = ["# MACA results", ""]
+    if "best_achievable" in results:
+        parts += [f"Best achievable expected accuracy (exact, synthetic pool): {results['best_achievable']:.4f}", ""]
+    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols), ""]
+    top2 = [{"family": f, **{k: v["top2_mass"] for k, v in d.items()}} for f, d in results["transitions"].items()]
+    if top2:
+        parts += ["## Top-2 transition mass (mean over decisions)", "",
+                  analysis.markdown_table(top2, ["family", "maca", "no_graphspec"]), ""]
+    for param, rows in results["sweeps"].items():
+        parts += [f"## Sensitivity: {param}", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
+    if "lm_check" in results:
+        lc = results["lm_check"]
+        rows = [{"policy": "LM, untrained", **lc["before"]}, {"policy": "LM, MACA-trained", **lc["after"]}]
+        heading = (f"## LM policy (families {lc['families']}, {lc['iterations']} iterations, "
+                   f"{lc['seconds_per_iteration']:.1f} s/iteration)")
+        parts += [heading, "",
+                  analysis.markdown_table(rows, ["policy", "expected_accuracy", "accuracy", "avg_cost", "avg_calls",
+                                                 "invalid_action_rate"]), ""]
+    parts += [f"Timings: {json.dumps({k: round(v, 1) for k, v in results['timings'].items()})}", ""]
+    return "\n".join(parts)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    cfg = _CONFIG.value
+    if cfg is None:
+        raise app.UsageError("--config=experiments/maca_*.py is required")
+    results = run(cfg)
+    print(tables(results))
+
+
+if __name__ == "__main__":
+    app.run(main)

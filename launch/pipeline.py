@@ -1,0 +1,212 @@
+"""The whole OPOD loop in one run directory, resumable, with progress:
+
+    python -m launch.pipeline --config=experiments/quickstart.py [--config.run_dir=runs/qs2]
+
+expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orchestrator from scratch
+(expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
+hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights ->
+evaluation of every exported checkpoint on held-out seeded tasks -> results table and plots.
+
+Every stage leaves files in the run directory and is skipped when they are complete; a stage
+interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
+their newest checkpoint). Rerunning a finished run only rebuilds the report.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from absl import app
+from ml_collections import ConfigDict, config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/quickstart.py).",
+                                          lock_config=True)
+
+
+class Run:
+    """Paths and the stage log of one run directory."""
+
+    def __init__(self, cfg: ConfigDict):
+        self.cfg, self.dir, self.t0 = cfg, Path(cfg.run_dir), time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.dir / name
+
+    def stage(self, name: str, done: bool) -> bool:
+        """Announces a stage; True when it still has work to do."""
+        state = "done, skipped" if done else "running"
+        print(f"\n=== [{time.monotonic() - self.t0:6.0f}s] {name}: {state}", flush=True)
+        return not done
+
+
+def trainer_cfg(cfg: ConfigDict, section: str) -> ConfigDict:
+    """The shared optimizer settings overlaid with one method's section."""
+    return ConfigDict({**cfg.optimizer.to_dict(), **cfg[section].to_dict()})
+
+
+def rollouts(run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str,
+             temperature: float) -> list[Any]:
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import run_policy
+    from porch_jax.rollout import run_episodes
+    from porch_jax.trajectories import TrajectoryStore
+
+    cfg = run.cfg
+    tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
+    with TrajectoryStore(run / store_name) as store:
+        if policy_or_none is None:
+            engine = suite_lib.expert_engine(cfg.suite)
+            asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
+        else:
+            asyncio.run(run_policy(policy_or_none, tasks, store, cfg.suite, name=name, temperature=temperature,
+                                   max_tokens=int(cfg.policy.max_new_tokens), concurrency=int(cfg.eval.concurrency),
+                                   seed=int(cfg.seed)))
+    return TrajectoryStore(run / store_name).read()
+
+
+def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], str]:
+    """Runs (or resumes) the attribution job with the scripted judge; returns the hints (FLAG=true)."""
+    from porch_jax.attribution.job import AttributionStore, attribute_store
+    from porch_jax.attribution.judge import ScriptedJudge
+    from porch_jax.backends import ScriptedBackend
+    from porch_jax.train.data import hint_table
+    from porch_jax.trajectories import TrajectoryStore
+
+    with AttributionStore(run / out) as store:
+        summary = asyncio.run(attribute_store(TrajectoryStore(run / trajectories), ScriptedBackend(ScriptedJudge()),
+                                              store, progress=False))
+    rows = AttributionStore(run / out).read()
+    print(f"attribution: {len(rows)} decisions, {sum(r['attributable'] for r in rows)} attributable, "
+          f"{sum(r['status'] == 'error' for r in rows)} errors ({summary.judged} judged now)", flush=True)
+    return hint_table(rows)
+
+
+def init_model(run: Run) -> Path:
+    from porch_jax.models.tiny import make_tiny_model
+    from porch_jax.train.opod import POLICY_FILE
+
+    folder = run / "init"
+    if not (folder / POLICY_FILE).is_file():
+        m = run.cfg.model
+        make_tiny_model(folder, seed=int(m.seed), vocab_size=int(m.vocab_size), **m.hf.to_dict())
+        (folder / POLICY_FILE).write_text(json.dumps({"view": run.cfg.policy.view}))
+    return folder
+
+
+def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False) -> Path:
+    """A PolicyTrainer run in RUN/name unless its export exists; returns the export folder."""
+    from porch_jax.train.opod import POLICY_FILE, PolicyTrainer
+
+    export = run / name / "export"
+    if run.stage(f"train {name}", (export / POLICY_FILE).is_file()):
+        trainer = PolicyTrainer(init, run / name, trainer_cfg(run.cfg, name), teacher=teacher)
+        trainer.run(batch_fn_of(trainer), name=name)
+    return export
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    cfg = _CONFIG.value
+    import jax
+
+    run = Run(cfg)
+    jax.config.update("jax_compilation_cache_dir", str((run / "jax_cache").absolute()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    (run / "config.json").write_text(cfg.to_json(indent=1))
+
+    from transformers import AutoTokenizer
+
+    from porch_jax.attribution.judge import follow_hint
+    from porch_jax.envs.workplace import TOOLS
+    from porch_jax.eval.policy import load_policy
+    from porch_jax.train import opod
+    from porch_jax.train import opod_data as od
+
+    view, buckets, max_len = cfg.policy.view, tuple(cfg.policy.buckets), max(cfg.policy.buckets)
+    sampler_len = int(cfg.policy.max_len)
+    run.stage("expert rollouts", False)
+    expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
+    print(f"expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
+    run.stage("attribution of expert decisions", False)
+    expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl")
+
+    init = init_model(run)
+    tok = AutoTokenizer.from_pretrained(str(init))
+    sft_rows = od.packed_rows(expert, tok, view, max_len)
+    hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
+    print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
+    sft = train(run, "sft", init, lambda t: opod.opod_batches(
+        opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None))
+
+    policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
+    run.stage("rollouts of the SFT policy", False)
+    data = rollouts(run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=float(cfg.rollouts.temperature))
+    print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
+    run.stage("attribution of SFT decisions", False)
+    hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
+
+    rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+    opd_rows = od.opd_rows(data, hints, tok, view)
+    print(f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: {len(opd_rows)} attributable decisions",
+          flush=True)
+
+    def rwr_source(section: str) -> Any:
+        return opod.PackedSource(rwr_rows, int(cfg[section].batch), buckets, int(cfg[section].seed)) if rwr_rows else None
+
+    def opd_source(section: str, rows: list[Any]) -> Any:
+        return opod.OpdSource(rows, tok, cfg[section].opd, buckets) if rows else None
+
+    exports = {"sft": sft}
+    plans = {"rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
+             "opod": (lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
+                      bool(rwr_rows or opd_rows), True),
+             "opd_empty": (lambda: opod.opod_batches(rwr_source("opd_empty"), opd_source("opd_empty", od.opd_rows(
+                 data, dict.fromkeys(hints, ""), tok, view))), bool(rwr_rows or opd_rows), True),
+             "dagrpo": (lambda: opod.GroupSource(od.expert_contexts(expert, tok, view), tok, cfg.dagrpo.group, buckets,
+                                                 TOOLS), True, False)}
+    for name in cfg.methods:
+        if name == "sft":
+            continue
+        batches, has_data, teacher = plans[name]
+        if not has_data:
+            print(f"{name}: no training data (no successful rollouts and no attributable decisions); skipped",
+                  flush=True)
+            continue
+        exports[name] = train(run, name, sft, lambda t, b=batches: b(), teacher=teacher)
+    evaluate_and_report(run, policy, exports)
+
+
+def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None:
+    from porch_jax.eval import plots, report
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import evaluate
+
+    cfg = run.cfg
+    tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
+    records = {}
+    for name, folder in exports.items():
+        run.stage(f"evaluate {name} on {len(tasks)} held-out tasks", False)
+        records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{name}.jsonl", cfg.suite, cfg.eval, name)
+        print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
+    rows = report.summaries(records, reference="sft")
+    pairs = [(a, b) for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"),
+                                 ("opod", "dagrpo")) if a in records and b in records]
+    comparisons = [report.compare(records, a, b) for a, b in pairs]
+    table = (report.format_table(rows, records, comparisons) + "\n\nBlind-spot checks on held-out delegations:\n\n"
+             + report.format_blind_spots(records))
+    (run / "results.md").write_text(table + "\n")
+    report.write_results(rows, comparisons, run / "results.json")
+    from porch_jax.eval.plots import read_metrics
+
+    plots.plot_curves({n: read_metrics(run / n / "metrics.jsonl") for n in exports}, run / "curves.png")
+    plots.plot_success(rows, run / "success.png")
+    print(f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
+          f"({time.monotonic() - run.t0:.0f} s)", flush=True)
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,113 @@
+"""Train an orchestrator policy: sft | rwr | opod | grpo, on one device, a mesh, or several hosts.
+
+    python -m launch.train --config=experiments/sft_tiny.py
+    python -m launch.train --config=experiments/sft_tiny.py --config.train.learning_rate=1e-5 \\
+        --config.method=rwr --cpu_devices=8 --config.mesh.shape="(2,2,2)"
+    # two processes (each: its own --process_id; or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
+    # JAX_PROCESS_ID in the environment)
+    python -m launch.train --config=... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
+
+A rerun with the same workdir resumes from its newest readable checkpoint.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from absl import app, flags, logging
+from ml_collections import ConfigDict, config_flags
+
+_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config()).", lock_config=True)
+flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
+flags.DEFINE_integer("num_processes", None, "Number of processes (default: environment, else 1).")
+flags.DEFINE_integer("process_id", None, "This process's index (default: environment).")
+flags.DEFINE_integer("init_timeout_s", 300, "Seconds to wait for all processes to join.")
+flags.DEFINE_integer("cpu_devices", None, "Fake CPU device count per process (local tests).")
+FLAGS = flags.FLAGS
+
+METHODS = ("sft", "rwr", "opod", "grpo")
+
+
+def build_model(cfg: ConfigDict, vocab_size: int):
+    """The initial model: a Hugging Face folder (model.init_from) or a fresh init from model.hf."""
+    import jax.numpy as jnp
+
+    from porch_jax.models import ModelConfig, from_pretrained, init_model
+
+    dtype = jnp.dtype(cfg.compute_dtype)
+    if cfg.init_from:
+        return from_pretrained(cfg.init_from, dtype=dtype, param_dtype=jnp.float32, remat=cfg.remat)
+    hf = {"vocab_size": vocab_size} | dict(cfg.hf)
+    return init_model(ModelConfig.from_hf(hf), seed=cfg.seed, dtype=dtype, param_dtype=jnp.float32, remat=cfg.remat)
+
+
+def _jsonl(path: str) -> list[dict]:
+    with open(path) as f:
+        rows = []
+        for i, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{i}: not valid JSON: {e}") from None
+        return rows
+
+
+def build_examples(config: ConfigDict, tokenizer):
+    """Training examples of config.method from the configured record files."""
+    from porch_jax.train import data
+    from porch_jax.trajectories import TrajectoryStore
+
+    method = config.method
+    if method == "grpo":
+        return data.grpo_examples(_jsonl(config.data.groups), tokenizer)
+    episodes = TrajectoryStore(config.data.trajectories).read()
+    if method == "sft":
+        return data.sft_examples(episodes, tokenizer)
+    if method == "rwr":
+        return data.rwr_examples(episodes, tokenizer)
+    hints = data.hint_table(_jsonl(config.data.hints)) if config.data.hints else {}
+    if not hints:
+        logging.warning("OPOD without hints: only the RWR part will train")
+    return data.opod_examples(episodes, tokenizer, hints)
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    config = _CONFIG.value
+    if config.method not in METHODS:
+        raise app.UsageError(f"--config.method must be one of {METHODS}, got {config.method!r}")
+
+    from porch_jax.train import distributed
+
+    distributed.initialize(
+        distributed.DistributedConfig(
+            coordinator_address=FLAGS.coordinator_address,
+            num_processes=FLAGS.num_processes,
+            process_id=FLAGS.process_id,
+            timeout_s=FLAGS.init_timeout_s,
+            cpu_devices=FLAGS.cpu_devices,
+        )
+    )
+    from transformers import AutoTokenizer
+
+    from porch_jax.train.trainer import SamplerHook, Trainer
+
+    tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.model.init_from)
+    hook = None
+    with config.unlocked():
+        config.data.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.data.pad_id
+        if config.method == "opod" and config.opd.on_policy:
+            config.data.target_reserve = max(config.data.target_reserve, config.opd.max_new_tokens)
+            hook = SamplerHook(
+                tokenizer, max_new_tokens=config.opd.max_new_tokens, temperature=config.opd.temperature,
+                top_p=config.opd.top_p, seed=config.opd.seed, max_len=config.opd.max_len,
+            )
+    model = build_model(config.model, len(tokenizer))
+    examples = build_examples(config, tokenizer)
+    logging.info("%d %s examples; workdir %s", len(examples), config.method, Path(config.workdir).absolute())
+    Trainer(config, model, examples, tokenizer=tokenizer, on_policy=hook).run()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,69 @@
+"""Checkpoint-based evaluation: an exported policy folder runs held-out seeded tasks through the
+engine (our sampler as the orchestrator, scripted sub-agents), into a resumable trajectory store.
+
+Only the folder is read (weights, tokenizer, policy view), so evaluation gives the same records in
+a fresh process as in the pipeline's own:
+
+    python -m porch_jax.eval.evaluate --policy=RUN/opod/export --config=experiments/quickstart.py \\
+        --out=RUN/eval/opod.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import runpy
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from porch_jax.backends import Sampling
+from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.policy import Policy, load_policy
+from porch_jax.rollout import RunSummary, run_episodes
+from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
+
+
+async def run_policy(policy: Policy, tasks: Sequence[Any], store: TrajectoryStore, suite: Mapping[str, Any], *,
+                     name: str, temperature: float, max_tokens: int, concurrency: int, seed: int = 0,
+                     progress: bool = True) -> RunSummary:
+    """Roll the policy out on ``tasks`` (those not yet in ``store``); episode ids are ``name/task_id``."""
+    engine = suite_lib.engine(policy.backend(seed), suite, name=name,
+                              sampling=Sampling(temperature=temperature, max_tokens=max_tokens))
+
+    async def episode(task: Any) -> EpisodeRecord:
+        return await engine.run(task, episode_id=f"{name}/{task.task_id}")
+
+    return await run_episodes(tasks, episode, store, concurrency, progress,
+                              key=lambda t: f"{name}/{t.task_id}")
+
+
+def evaluate(policy: Policy, tasks: Sequence[Any], out: str | Path, suite: Mapping[str, Any],
+             eval_cfg: Mapping[str, Any], name: str) -> list[EpisodeRecord]:
+    """Greedy (or ``eval_cfg.temperature``) rollouts of ``policy`` on ``tasks``, stored in ``out``."""
+    with TrajectoryStore(out) as store:
+        asyncio.run(run_policy(policy, tasks, store, suite, name=name, temperature=float(eval_cfg["temperature"]),
+                               max_tokens=int(eval_cfg["max_tokens"]), concurrency=int(eval_cfg["concurrency"]),
+                               seed=int(eval_cfg.get("seed", 0))))
+    return TrajectoryStore(out).read()
+
+
+def load_config(path: str | Path) -> Any:
+    """``get_config()`` of an experiment file."""
+    return runpy.run_path(str(path))["get_config"]()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", required=True, help="exported policy folder (config.json, weights, tokenizer)")
+    parser.add_argument("--config", required=True, help="experiment file with get_config() (suite and eval sections)")
+    parser.add_argument("--out", required=True, help="trajectory store to write (resumed if it exists)")
+    parser.add_argument("--name", default="eval", help="episode id prefix")
+    args = parser.parse_args(argv)
+    cfg = load_config(args.config)
+    policy = load_policy(args.policy, max_len=int(cfg.policy.max_len), prompt_buckets=tuple(cfg.policy.buckets))
+    records = evaluate(policy, suite_lib.task_set(cfg.eval.tasks, cfg.suite), args.out, cfg.suite, cfg.eval, args.name)
+    print(f"{sum(r.outcome.success for r in records)}/{len(records)} succeeded; records in {args.out}")
+
+
+if __name__ == "__main__":
+    main()

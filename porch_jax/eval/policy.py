@@ -1,0 +1,78 @@
+"""An orchestrator policy loaded from an exported Hugging Face folder, served by our JAX sampler.
+
+Evaluation reads weights from disk only (never a trainer's live state): the folder's config,
+weights, tokenizer and ``policy.json`` (the context view the policy was trained with). One
+``Policy`` can swap in another folder's weights of the same architecture: the sampler keeps its
+compiled programs, so evaluating several checkpoints compiles once.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flax import nnx
+
+from porch_jax.backends import Backend, ChatRequest, ChatResult
+from porch_jax.models import ModelConfig, from_pretrained
+from porch_jax.models.sampler import Sampler
+from porch_jax.train.opod import POLICY_FILE
+from porch_jax.train.opod_data import policy_view
+
+
+class ViewBackend:
+    """Shows the inner backend the policy's view of each request's messages."""
+
+    def __init__(self, inner: Backend, view: str):
+        self.inner, self.view = inner, view
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        return await self.inner.chat(dataclasses.replace(request, messages=policy_view(request.messages, self.view)))
+
+
+def folder_view(folder: str | Path) -> str:
+    path = Path(folder) / POLICY_FILE
+    return json.loads(path.read_text())["view"] if path.is_file() else "full"
+
+
+@dataclass
+class Policy:
+    folder: Path
+    model: nnx.Module
+    tokenizer: Any
+    sampler: Sampler
+
+    def backend(self, seed: int = 0) -> Backend:
+        """Our sampler behind the policy's view (requests without a seed draw seeds from ``seed`` on)."""
+        from porch_jax.backends.embedded import EmbeddedBackend
+
+        return ViewBackend(EmbeddedBackend(self.sampler, seed=seed), folder_view(self.folder))
+
+    def load(self, folder: str | Path) -> Policy:
+        """Replace the weights with those of ``folder`` (same architecture); returns self."""
+        folder = Path(folder)
+        if ModelConfig.from_pretrained(folder) != self.model.config or folder_view(folder) != folder_view(self.folder):
+            raise ValueError(f"{folder} holds a different architecture or view than {self.folder}")
+        nnx.update(self.model, nnx.state(from_pretrained(folder), nnx.Param))
+        self.folder = folder
+        return self
+
+
+def load_policy(folder: str | Path, *, max_len: int = 2048, prompt_buckets: Sequence[int] | None = None,
+                batch_buckets: Sequence[int] = (1, 4, 16, 64)) -> Policy:
+    """The model and tokenizer saved in ``folder`` (``save_pretrained`` with a tokenizer) and a sampler.
+
+    Few buckets keep compilations few: a rollout's batch size varies with the episodes in flight.
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not an exported model folder (no config.json)")
+    model = from_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    sampler = Sampler(model, tokenizer, max_len=max_len, prompt_buckets=prompt_buckets, batch_buckets=batch_buckets)
+    return Policy(folder, model, tokenizer, sampler)

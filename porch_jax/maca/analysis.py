@@ -1,0 +1,276 @@
+"""Evaluation and analyses of MACA runs: held-out accuracy and token cost, the exact best achievable
+accuracy of the synthetic pool, agent transition matrices (Fig. 5) and the top-2 transition mass with and
+without the prior (Fig. 3), the Table 3 ablations and the gamma / lambda sensitivity sweeps (Fig. 7).
+Tables are written as markdown and JSON, figures as PNG, into the run directory.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+import numpy as np
+
+from porch_jax.maca.graphspec import GraphSpec
+from porch_jax.maca.lm_policy import ActionPolicy
+from porch_jax.maca.orchestrator import (
+    ActionScorer,
+    AgentWorld,
+    Episode,
+    OrchestrationTask,
+    RolloutConfig,
+    rollout,
+)
+from porch_jax.maca.synthetic import SyntheticPool
+from porch_jax.maca.train import (
+    GRPOConfig,
+    PriorPolicy,
+    Variant,
+    graphspecs,
+    train_grpo,
+)
+
+matplotlib.use("Agg")  # files only
+import matplotlib.pyplot as plt
+
+# ---------------------------------------------------------------------------------------------------
+# Evaluation.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    name: str
+    episodes: tuple[Episode, ...]
+    summary: dict[str, float]
+
+
+def summarize(episodes: Sequence[Episode], world: AgentWorld) -> dict[str, float]:
+    """Accuracy (drawn outcomes), expected accuracy (exact, where the judge knows p), mean token cost and
+    calls per task, and the invalid-action rate (chosen actions outside the allowed set: 0 by construction)."""
+    steps = [s for e in episodes for s in e.steps]
+    out = {
+        "accuracy": float(np.mean([e.correct for e in episodes])),
+        "avg_cost": float(np.mean([e.cost for e in episodes])),
+        "avg_calls": float(np.mean([len(e.path) for e in episodes])),
+        "invalid_action_rate": float(np.mean([not s.mask[s.action] for s in steps])) if steps else 0.0,
+    }
+    probability = getattr(world.judge, "probability", None)
+    if probability is not None:
+        out["expected_accuracy"] = float(np.mean([probability(e.task, e.path) for e in episodes]))
+    return out
+
+
+def evaluate(name: str, policy: ActionScorer, tasks: Sequence[OrchestrationTask], world: AgentWorld,
+             specs: Mapping[str, GraphSpec] | None, rollout_cfg: RolloutConfig, *, seed: int = 0) -> Evaluation:
+    """One episode per held-out task under `rollout_cfg` (greedy or sampled)."""
+    spec_list = None if specs is None else [specs[t.task_id] for t in tasks]
+    episodes = asyncio.run(rollout(tasks, policy, world, spec_list, rollout_cfg, np.random.default_rng(seed)))
+    return Evaluation(name, tuple(episodes), summarize(episodes, world))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The synthetic pool's best achievable accuracy, exactly.
+# ---------------------------------------------------------------------------------------------------
+
+
+def best_achievable(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int) -> np.ndarray:
+    """Per task, the highest success probability of any agent sequence the rollout could run (at most
+    `max_steps` calls, each started while tokens remain), knowing the task's hidden difficulty: an upper
+    bound for any policy. Exhaustive search, once per (family, difficulty, budget) class; agents without
+    a role in the family are skipped (they never raise p)."""
+    classes: dict[tuple, list[int]] = {}
+    for m, t in enumerate(tasks):
+        classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
+    best = np.zeros(len(tasks))
+    for members in classes.values():
+        best[members] = _class_best(world, [tasks[m].source for m in members], max_steps)
+    return best
+
+
+def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int) -> np.ndarray:
+    """Depth-first search shared by tasks that differ only in prompt length T. A call's prompt is the task
+    plus every earlier completion, so k calls spend k * T + G, G = sum over calls of the completions so far."""
+    src, budget = sources[0], sources[0].budget
+    prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in sources])
+    useful = [i for i in range(len(world.pool)) if world.competence(i, src.family).role != "none"]
+    completion = {i: world.run(src, (i,), _RNG).completion_tokens[0] for i in useful}
+    found = np.zeros(len(sources))
+    stack: list[tuple[tuple[int, ...], int, int]] = [((), 0, 0)]  # (path, completions so far, G)
+    while stack:
+        path, history, spent = stack.pop()
+        if path:
+            before_last = (len(path) - 1) * prompt + spent - history  # what was spent when the last call started
+            found = np.where(before_last < budget, np.maximum(found, world.success_probability(src, path)), found)
+        if len(path) < max_steps and (not path or len(path) * prompt.min() + spent < budget):
+            stack.extend(((*path, a), history + completion[a], spent + history + completion[a]) for a in useful)
+    return found
+
+
+_RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token counts are used here
+
+
+# ---------------------------------------------------------------------------------------------------
+# Transitions.
+# ---------------------------------------------------------------------------------------------------
+
+
+def transition_matrix(episodes: Sequence[Episode], n_agents: int) -> np.ndarray:
+    """Empirical P(next | current) [N + 1, N + 1]: rows START + agents, columns agents + STOP (an episode
+    the budget ended has no STOP step). Rows never visited are zero."""
+    counts = np.zeros((n_agents + 1, n_agents + 1))
+    for e in episodes:
+        for s in e.steps:
+            counts[s.state.prev + 1, s.action] += 1
+    totals = counts.sum(1, keepdims=True)
+    return np.divide(counts, totals, out=np.zeros_like(counts), where=totals > 0)
+
+
+def top2_mass(episodes: Sequence[Episode]) -> float:
+    """Mean over decisions of the two largest probabilities of pi(. | s_t): how concentrated routing is."""
+    masses = [np.sort(np.exp(s.log_probs))[-2:].sum() for e in episodes for s in e.steps]
+    return float(np.mean(masses)) if masses else 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# Variants and sweeps.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """Everything a variant run needs: the world, task splits with their GraphSpec parts (q [M, N],
+    p [M, N, N]), a policy factory, the GRPO settings and the evaluation rollout."""
+
+    world: AgentWorld
+    train_tasks: Sequence[OrchestrationTask]
+    eval_tasks: Sequence[OrchestrationTask]
+    q_train: np.ndarray
+    p_train: np.ndarray
+    q_eval: np.ndarray
+    p_eval: np.ndarray
+    make_policy: Callable[[int], ActionPolicy]
+    grpo: GRPOConfig
+    gamma: float
+    eval_rollout: RolloutConfig
+
+    def specs(self, variant: Variant, gamma: float | None = None) -> tuple[dict | None, dict | None]:
+        g = self.gamma if gamma is None else gamma
+        train = graphspecs(self.q_train, self.p_train, variant.prior, g)
+        evals = graphspecs(self.q_eval, self.p_eval, variant.prior, g)
+        if train is None:
+            return None, None
+        return ({t.task_id: s for t, s in zip(self.train_tasks, train)},
+                {t.task_id: s for t, s in zip(self.eval_tasks, evals)})
+
+
+def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float | None = None,
+                checkpoint_dir: Path | None = None) -> tuple[Evaluation, list[dict[str, float]]]:
+    """Trains (unless the variant has no policy) and evaluates one variant; returns the evaluation and the
+    training history."""
+    train_specs, eval_specs = study.specs(variant, gamma)
+    constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
+    eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
+    if not variant.learn:
+        stop_floor = study.grpo.stop_floor
+        policy = PriorPolicy(eval_specs, stop_floor)
+        return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs,
+                        dataclasses.replace(eval_cfg, greedy=False), seed=seed), []
+    policy = study.make_policy(seed)
+    grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))
+    result = train_grpo(policy, study.train_tasks, study.world, train_specs, variant, grpo, seed=seed,
+                        checkpoint_dir=checkpoint_dir)
+    return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), result.history
+
+
+def mean_summary(evals: Sequence[Evaluation]) -> dict[str, float]:
+    """Mean of each metric over seeds, with `<metric>_sd` (sample sd, 0 for one seed)."""
+    keys = evals[0].summary.keys()
+    out: dict[str, float] = {}
+    for k in keys:
+        values = [e.summary[k] for e in evals]
+        out[k] = float(np.mean(values))
+        out[f"{k}_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Reports.
+# ---------------------------------------------------------------------------------------------------
+
+
+def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(r.get(c, "")) for c in columns) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def plot_transitions(matrix: np.ndarray, names: Sequence[str], path: Path, title: str) -> None:
+    """Heatmap of the visited rows / reached columns of a transition matrix."""
+    rows = [r for r in range(matrix.shape[0]) if matrix[r].sum() > 0]
+    cols = [c for c in range(matrix.shape[1]) if matrix[:, c].sum() > 0]
+    row_names, col_names = ["START", *names], [*names, "STOP"]
+    fig, ax = plt.subplots(figsize=(1.0 + 0.55 * len(cols), 1.0 + 0.45 * len(rows)))
+    image = ax.imshow(matrix[np.ix_(rows, cols)], cmap="Blues", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(cols)), [col_names[c] for c in cols], rotation=60, ha="right", fontsize=7)
+    ax.set_yticks(range(len(rows)), [row_names[r] for r in rows], fontsize=7)
+    for (i, r), (j, c) in itertools.product(enumerate(rows), enumerate(cols)):
+        if matrix[r, c] >= 0.005:
+            ax.text(j, i, f"{matrix[r, c]:.2f}", ha="center", va="center", fontsize=6,
+                    color="white" if matrix[r, c] > 0.6 else "black")
+    ax.set_xlabel("next")
+    ax.set_ylabel("current")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(image, ax=ax, fraction=0.03)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, best: float | None = None) -> None:
+    """Accuracy and token cost against one parameter (Fig. 7)."""
+    xs = [r[param] for r in rows]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    ax.errorbar(xs, [r["expected_accuracy"] for r in rows], yerr=[r.get("expected_accuracy_sd", 0.0) for r in rows],
+                marker="o", color="tab:blue", label="accuracy")
+    if best is not None:
+        ax.axhline(best, color="tab:blue", ls=":", lw=1, label="best achievable")
+    ax.set_xlabel(param)
+    ax.set_ylabel("expected accuracy", color="tab:blue")
+    twin = ax.twinx()
+    twin.plot(xs, [r["avg_cost"] for r in rows], marker="s", color="tab:red", label="tokens")
+    twin.set_ylabel("avg tokens per task", color="tab:red")
+    ax.set_title(f"sensitivity to {param}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_training(histories: Mapping[str, Sequence[Mapping[str, float]]], path: Path) -> None:
+    """Per-iteration training accuracy and cost of each run."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    for name, hist in histories.items():
+        if hist:
+            it = [h["iteration"] for h in hist]
+            a1.plot(it, [h["accuracy"] for h in hist], label=name, lw=1)
+            a2.plot(it, [h["cost"] for h in hist], label=name, lw=1)
+    a1.set_ylabel("train accuracy")
+    a2.set_ylabel("train tokens per episode")
+    for a in (a1, a2):
+        a.set_xlabel("iteration")
+    a1.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

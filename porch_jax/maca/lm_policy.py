@@ -1,0 +1,218 @@
+"""Orchestration policies pi_theta(a | s) over A = pool + {STOP}, as parametric scorers l(a | s) that Eq. 11
+masks and normalises over the allowed set (so an invalid action is never chosen).
+
+- `LMScorer`: our JAX causal LM reads the rendered state and scores each allowed action by the summed
+  log-probabilities of its name's tokens as the continuation. The state is encoded once with a KV cache
+  and every (state, allowed action) pair continues from it, so the prompt is not re-read per action.
+  A from-scratch LM gives every token about 1/V, so summed log-probs alone would rank actions by name
+  length; `uniform_offset` adds len(name) * log V (a constant per action: it moves the starting point to
+  about uniform over the allowed set and leaves every gradient unchanged). Turn it off for a pretrained LM.
+- `HeadScorer`: a small MLP over state features (the task's sentence embedding, the last agent, the
+  agents called, the remaining budget): the same policy interface, fast enough for CPU sweeps.
+
+`ActionPolicy` holds a scorer's parameters and is both the rollout's `ActionScorer` and, through the pure
+`log_probs(params, inputs, mask)`, what the GRPO loss differentiates.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from porch_jax.maca.orchestrator import STOP, State, bucket, render_state
+from porch_jax.maca.policy import masked_log_probs
+from porch_jax.models import KVCache, ModelConfig, init_model
+
+Inputs = dict[str, np.ndarray]
+Encoder = Callable[[Sequence[State], np.ndarray], Inputs]  # (states, masks padded to the batch bucket)
+
+
+def pad_masks(masks: np.ndarray, rows: int) -> np.ndarray:
+    """Masks padded to `rows`; padding rows allow only STOP, so their softmax stays finite."""
+    out = np.zeros((rows, masks.shape[1]), bool)
+    out[:, -1] = True
+    out[: len(masks)] = masks
+    return out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_probs(graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
+    return masked_log_probs(nnx.merge(graphdef, params)(inputs), mask)
+
+
+class ActionPolicy:
+    """A scorer module plus the host-side encoder of its inputs. Batches are padded to powers of two of
+    at least `min_rows` rows: every new shape costs a compilation, which for an LM is seconds."""
+
+    def __init__(self, module: nnx.Module, encode: Encoder, *, min_rows: int = 8):
+        self.graphdef, self.params = nnx.split(module)
+        self.encode = encode
+        self.min_rows = min_rows
+
+    def inputs(self, states: Sequence[State], masks: np.ndarray) -> tuple[Inputs, np.ndarray]:
+        """Encoded inputs and masks, both padded to the batch bucket of len(states)."""
+        padded = pad_masks(masks, bucket(len(states), self.min_rows))
+        return self.encode(states, padded), padded
+
+    def log_probs(self, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
+        """Eq. 11: log pi_masked(a | s) [B, A], differentiable in `params`."""
+        return masked_log_probs(nnx.merge(self.graphdef, params)(inputs), mask)
+
+    def scored(self, inputs: Inputs, masks: np.ndarray, params: nnx.State | None = None) -> jax.Array:
+        """Eq. 11 log-probs of encoded inputs (compiled once per padded shape), by default at `self.params`."""
+        return _log_probs(self.graphdef, self.params if params is None else params, inputs, masks)
+
+    def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
+        inputs, padded = self.inputs(states, masks)
+        return np.asarray(self.scored(inputs, padded))[: len(states)]
+
+
+# ---------------------------------------------------------------------------------------------------
+# The LM policy.
+# ---------------------------------------------------------------------------------------------------
+
+
+class LMScorer(nnx.Module):
+    """l(a | s) = sum of log p_LM(name_a tokens | rendered s) (+ the encoder's per-action offset)."""
+
+    def __init__(self, lm: nnx.Module):
+        self.lm = lm
+
+    def __call__(self, inputs: Mapping[str, jax.Array]) -> jax.Array:
+        prefix, prefix_mask = inputs["prefix"], inputs["prefix_mask"]
+        ids, ids_mask = inputs["action_ids"][inputs["pair_action"]], inputs["action_mask"][inputs["pair_action"]]
+        rows, t = prefix.shape
+        cache = KVCache.init(self.lm.config, rows, t + ids.shape[1])
+        hidden, cache = self.lm.hidden_states(prefix, attention_mask=prefix_mask, cache=cache, cache_index=0)
+        head = self.lm.lm_head_kernel()
+        first = jax.nn.log_softmax(hidden[:, -1] @ head, axis=-1)  # next-token log-probs after each state
+        s = inputs["pair_state"]
+        pair_cache = KVCache(k=cache.k[:, s], v=cache.v[:, s], mask=cache.mask[s])
+        cont, _ = self.lm.hidden_states(ids, attention_mask=ids_mask, cache=pair_cache, cache_index=t)
+        rest = jax.nn.log_softmax(cont[:, :-1] @ head, axis=-1)
+        rest = jnp.take_along_axis(rest, ids[:, 1:, None], axis=-1)[..., 0]
+        score = first[s, ids[:, 0]] + jnp.sum(jnp.where(ids_mask[:, 1:], rest, 0.0), axis=-1)
+        score = score + inputs["offset"][inputs["pair_action"]]
+        target = jnp.where(inputs["pair_valid"], s, rows)  # padding pairs fall off the end and are dropped
+        scores = jnp.zeros((rows, inputs["action_ids"].shape[0]), jnp.float32)
+        return scores.at[target, inputs["pair_action"]].set(score, mode="drop")
+
+
+@dataclasses.dataclass
+class LMEncoder:
+    """Renders states as text and lists the allowed (state, action) pairs the LM scorer continues."""
+
+    tokenizer: Any
+    names: Sequence[str]
+    vocab_size: int
+    max_task_words: int | None = None
+    uniform_offset: bool = True
+    length_multiple: int = 64  # prompt lengths are padded up to a multiple of this
+    min_pairs: int = 256  # (state, action) pairs are padded to a power of two at least this
+
+    def __post_init__(self) -> None:
+        ids = [self.tokenizer.encode(" " + a, add_special_tokens=False) for a in (*self.names, STOP)]
+        width = max(map(len, ids))
+        self.action_ids = np.zeros((len(ids), width), np.int32)
+        self.action_mask = np.zeros((len(ids), width), bool)
+        for a, row in enumerate(ids):
+            self.action_ids[a, : len(row)] = row
+            self.action_mask[a, : len(row)] = True
+        lengths = self.action_mask.sum(-1).astype(np.float32)
+        self.offset = lengths * math.log(self.vocab_size) if self.uniform_offset else np.zeros_like(lengths)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+
+    def __call__(self, states: Sequence[State], masks: np.ndarray) -> Inputs:
+        texts = [render_state(s, self.names, max_task_words=self.max_task_words) for s in states]
+        encoded = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
+        rows = len(masks)
+        t = -(-max(map(len, encoded)) // self.length_multiple) * self.length_multiple
+        prefix = np.full((rows, t), self.pad_id, np.int32)
+        prefix_mask = np.zeros((rows, t), bool)
+        prefix_mask[:, -1] = True  # padding rows hold one token so their attention has a key
+        for r, ids in enumerate(encoded):  # left padding: every row ends at the same slot
+            prefix[r, t - len(ids):] = ids
+            prefix_mask[r, t - len(ids):] = True
+        state_idx, action_idx = np.nonzero(masks)
+        pairs = bucket(len(state_idx), self.min_pairs)
+        pad = pairs - len(state_idx)
+        return {
+            "prefix": prefix,
+            "prefix_mask": prefix_mask,
+            "action_ids": self.action_ids,
+            "action_mask": self.action_mask,
+            "offset": self.offset,
+            "pair_state": np.concatenate([state_idx, np.zeros(pad, np.int64)]).astype(np.int32),
+            "pair_action": np.concatenate([action_idx, np.zeros(pad, np.int64)]).astype(np.int32),
+            "pair_valid": np.arange(pairs) < len(state_idx),
+        }
+
+
+def tiny_lm(seed: int = 0, vocab_size: int = 1024, **overrides: Any) -> tuple[nnx.Module, Any]:
+    """A tiny random Qwen3 and its tokenizer, built in-process (what `make_tiny_model` writes to disk)."""
+    from porch_jax.models.tiny import _HF_CONFIGS, build_tokenizer
+
+    tokenizer = build_tokenizer(vocab_size)
+    hf = _HF_CONFIGS["qwen3"](tokenizer)
+    hf.update(overrides)
+    return init_model(ModelConfig.from_hf(hf), seed=seed), tokenizer
+
+
+def lm_policy(lm: nnx.Module, tokenizer: Any, names: Sequence[str], *, max_task_words: int | None = None,
+              uniform_offset: bool = True, min_rows: int = 32) -> ActionPolicy:
+    encoder = LMEncoder(tokenizer, names, lm.config.vocab_size, max_task_words, uniform_offset)
+    return ActionPolicy(LMScorer(lm), encoder, min_rows=min_rows)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The small head.
+# ---------------------------------------------------------------------------------------------------
+
+
+class HeadScorer(nnx.Module):
+    """An MLP from state features to l(a | s); the output layer starts at zero (a uniform policy)."""
+
+    def __init__(self, in_dim: int, n_actions: int, hidden: int = 128, *, rngs: nnx.Rngs):
+        self.hidden = nnx.Linear(in_dim, hidden, rngs=rngs)
+        self.out = nnx.Linear(hidden, n_actions, kernel_init=nnx.initializers.zeros, rngs=rngs)
+
+    def __call__(self, inputs: Mapping[str, jax.Array]) -> jax.Array:
+        return self.out(jnp.tanh(self.hidden(inputs["features"])))
+
+
+@dataclasses.dataclass
+class FeatureEncoder:
+    """[e(x, b), one-hot last agent (or none), agents called, remaining budget fraction, steps taken]."""
+
+    embeddings: Mapping[str, np.ndarray]  # task_id -> e(x, b)
+    n_agents: int
+    max_steps: int
+
+    @property
+    def dim(self) -> int:
+        return len(next(iter(self.embeddings.values()))) + 2 * self.n_agents + 3
+
+    def __call__(self, states: Sequence[State], masks: np.ndarray) -> Inputs:
+        n = self.n_agents
+        out = np.zeros((len(masks), self.dim), np.float32)
+        for r, s in enumerate(states):
+            e = self.embeddings[s.task.task_id]
+            out[r, : len(e)] = e
+            out[r, len(e) + s.prev + 1] = 1.0  # slot 0: no agent yet
+            out[r, len(e) + n + 1 + np.asarray(s.history, int)] = 1.0
+            out[r, -2] = max(s.remaining, 0) / s.task.budget
+            out[r, -1] = len(s.history) / self.max_steps
+        return {"features": out}
+
+
+def head_policy(embeddings: Mapping[str, np.ndarray], n_agents: int, max_steps: int, *, hidden: int = 128,
+                seed: int = 0) -> ActionPolicy:
+    encoder = FeatureEncoder(embeddings, n_agents, max_steps)
+    return ActionPolicy(HeadScorer(encoder.dim, n_agents + 1, hidden, rngs=nnx.Rngs(seed)), encoder)

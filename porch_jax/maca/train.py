@@ -1,0 +1,415 @@
+"""MACA training (Algorithm 1): the structural prior (GraphSpec, lines 3-7), then token-aware GRPO on the
+orchestration policy (lines 8-20), and the Table 3 variants that remove parts of either.
+
+GRPO here: each iteration samples tasks, rolls out a group of K = 8 episodes per task, pays each episode
+R = sum_t r_t (Eq. 12: accuracy once, minus beta * tokens per step), normalises R within the group (Eq. 9)
+and minimises the clipped surrogate (Eq. 10) over the episodes' decisions. Each decision is one "token" of
+`grpo_loss`: its log-prob is log pi_theta(a_t | s_t) under the Eq. 11 mask.
+
+Choices the paper leaves open, and why:
+- The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters; variants
+  without GraphSpec take pi_prior = pi_ref) enters as a loss term, lambda * KL(pi_theta || pi_mix) at every
+  decision, the way GRPO applies its KL penalty (Shao et al. 2024), rather than inside the return. In the
+  return (Eq. 12 literally, `kl_in_reward`) the KL charges every extra step while pi_theta is still far
+  from pi_mix, and on the synthetic pool the group ranking then learns to STOP after the first call.
+- Eq. 9's epsilon is 0.1, not ~0: when all K outcomes of a group agree, the returns differ only by
+  beta * tokens, and a tiny epsilon would blow those differences up to unit advantages (teaching "stop
+  early" whatever beta is). 0.1 keeps them at the scale of beta's cost.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import functools
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from ml_collections import ConfigDict
+
+from porch_jax.maca.edges import (
+    EdgeMLP,
+    EdgePolicy,
+    SuccessBuffer,
+    prior_learning_round,
+    train_edge_mlp,
+)
+from porch_jax.maca.graphspec import (
+    DEFAULT_GAMMA,
+    BudgetTemperature,
+    GraphSpec,
+    edge_prior,
+    gate,
+    relevance,
+)
+from porch_jax.maca.lm_policy import ActionPolicy, pad_masks
+from porch_jax.maca.orchestrator import (
+    AgentWorld,
+    Episode,
+    OrchestrationTask,
+    RolloutConfig,
+    State,
+    bucket,
+    pad_rows,
+    rollout,
+    run_path,
+)
+from porch_jax.maca.policy import (
+    PRIOR_KL_WEIGHT,
+    TOKEN_COST_WEIGHT,
+    kl_to_mix,
+    masked_log_probs,
+    mix_log_probs,
+    prior_action_probs,
+    step_rewards,
+    trajectory_return,
+)
+from porch_jax.maca.synthetic import walk
+from porch_jax.train import optim
+from porch_jax.train.checkpoint import Checkpointer
+from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
+
+PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Variants (Table 3) and the GraphSpec each one acts under.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+    """prior: what GraphSpec keeps ("full"; "no_relevance": Z_prior removed, q = z = 1; "no_edges": P_prior's
+    plausibility removed, p = 1; "none": no GraphSpec). mask: Eq. 11's hard constraint. learn: False acts by
+    pi_prior alone (the structure-centric "w/o pi_theta")."""
+
+    name: str
+    prior: str = "full"
+    mask: bool = True
+    prior_kl_weight: float = PRIOR_KL_WEIGHT
+    learn: bool = True
+
+    def __post_init__(self) -> None:
+        if self.prior not in PRIOR_KINDS:
+            raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
+        if self.prior == "none" and not self.learn:
+            raise ValueError("a variant without GraphSpec and without a policy has nothing to act by")
+
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant("maca"),
+    Variant("no_z_prior", prior="no_relevance"),
+    Variant("no_p_prior", prior="no_edges"),
+    Variant("no_graphspec", prior="none", mask=False),
+    Variant("no_policy", learn=False),
+    Variant("grpo", prior="none", mask=False, prior_kl_weight=0.0),  # unconstrained GRPO: no mask, no prior KL
+)}
+
+
+def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_GAMMA) -> list[GraphSpec] | None:
+    """GraphSpec per task (Eq. 4 and 7) from relevance q [M, N] and edge probabilities p [M, N, N]."""
+    if prior == "none":
+        return None
+    if prior == "no_relevance":
+        q = np.ones_like(q)
+    if prior == "no_edges":
+        p = np.broadcast_to(~np.eye(q.shape[1], dtype=bool), p.shape).astype(np.float32)
+    z, pp = np.asarray(gate(jnp.asarray(q), gamma)), np.asarray(edge_prior(jnp.asarray(p), jnp.asarray(q)))
+    return [GraphSpec(relevance=q[m], participation=z[m], edge_prior=pp[m]) for m in range(len(q))]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Structural prior learning (Algorithm 1, lines 3-7).
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorConfig:
+    gamma: float = DEFAULT_GAMMA
+    temperature: BudgetTemperature = dataclasses.field(default_factory=BudgetTemperature)
+    rounds: int = 3  # passes over the training tasks
+    samples: int = 8  # structures G^(k) per task
+    walk_steps: int = 4
+    sparsity: float = 0.3  # Eq. 5's lambda per agent (times N; see edges.py on why it is needed)
+    edge_learning_rate: float = 0.1
+    mlp_hidden: int = 128
+    mlp_steps: int = 300
+    mlp_batch: int = 32
+    mlp_learning_rate: float = 1e-3
+
+
+def relevance_scores(context_embs: np.ndarray, agent_embs: np.ndarray, budgets: Sequence[int],
+                     temperature: BudgetTemperature) -> np.ndarray:
+    """q [M, N] (Eq. 4 before the gate) for e(x, b) [M, d]."""
+    return np.stack([np.asarray(relevance(jnp.asarray(c), jnp.asarray(agent_embs), temperature(b)))
+                     for c, b in zip(context_embs, budgets)])
+
+
+def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], context_embs: np.ndarray,
+                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0) -> tuple[EdgeMLP, dict[str, Any]]:
+    """Samples structures from the Bernoulli edge policy (Eq. 5) among each task's gate-passing agents,
+    executes a walk on each through `world`, and fits the edge MLP (Eq. 6) on the successful walks.
+    The MLP reads e(x, b), the same embedding as the relevance score (one encoding per task)."""
+    rng = np.random.default_rng(seed)
+    allowed = np.asarray(gate(jnp.asarray(q), cfg.gamma)) > 0
+    n = agent_embs.shape[0]
+    edge_policy = EdgePolicy.create(n, sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate)
+    buffer = SuccessBuffer()
+
+    def execute(m: int, graph: np.ndarray) -> tuple[list[int], bool]:
+        path = walk(graph, allowed[m], rng, max_steps=cfg.walk_steps)
+        correct, _ = asyncio.run(run_path(world, tasks[m], path, rng))
+        return path, correct
+
+    key = jax.random.key(seed)
+    success = []
+    for _ in range(cfg.rounds):
+        key, sub = jax.random.split(key)
+        success.append(prior_learning_round(edge_policy, sub, context_embs, allowed, execute, buffer, samples=cfg.samples))
+    mlp = EdgeMLP(agent_embs.shape[1], cfg.mlp_hidden, rngs=nnx.Rngs(seed))
+    losses = train_edge_mlp(mlp, buffer, agent_embs, steps=cfg.mlp_steps, batch_size=cfg.mlp_batch,
+                            learning_rate=cfg.mlp_learning_rate, seed=seed)
+    return mlp, {"walk_success": success, "buffer": len(buffer), "mlp_loss": [losses[0], losses[-1]]}
+
+
+def edge_probs(mlp: EdgeMLP, agent_embs: np.ndarray, context_embs: np.ndarray) -> np.ndarray:
+    """p [M, N, N] from Eq. 6, self-loops zeroed (an agent does not hand off to itself; Eq. 5 samples none)."""
+    p = np.asarray(jax.nn.sigmoid(mlp.pair_logits(jnp.asarray(agent_embs), jnp.asarray(context_embs))))
+    return p * ~np.eye(agent_embs.shape[0], dtype=bool)
+
+
+# ---------------------------------------------------------------------------------------------------
+# pi_prior as a policy, and as the KL target.
+# ---------------------------------------------------------------------------------------------------
+
+
+@functools.partial(jax.jit, static_argnames="stop_floor")
+def _prior_probs(z, p, prev, mask, stop_floor: float):
+    return jax.vmap(functools.partial(prior_action_probs, stop_floor=stop_floor))(z, p, prev, mask)
+
+
+def prior_probs(states: Sequence[State], masks: np.ndarray, specs: Mapping[str, GraphSpec], stop_floor: float) -> np.ndarray:
+    """pi_prior [R, A] of each state under its task's GraphSpec, restricted to masks [R, A] (R >= len(states):
+    rows past the states are padding and put all mass on STOP)."""
+    rows = len(masks)
+    z = pad_rows(np.stack([specs[s.task.task_id].participation for s in states]), rows)
+    p = pad_rows(np.stack([specs[s.task.task_id].edge_prior for s in states]), rows)
+    prev = np.full(rows, -1, np.int32)
+    prev[: len(states)] = [s.prev for s in states]
+    return np.asarray(_prior_probs(z, p, prev, masks, float(stop_floor)))
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorPolicy:
+    """Acts by pi_prior alone: the "w/o pi_theta" ablation, a structure-centric system."""
+
+    specs: Mapping[str, GraphSpec]
+    stop_floor: float = 0.05
+
+    def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
+        probs = prior_probs(states, pad_masks(masks, bucket(len(states))), self.specs, self.stop_floor)
+        with np.errstate(divide="ignore"):
+            return np.log(probs[: len(states)])
+
+
+# ---------------------------------------------------------------------------------------------------
+# The GRPO objective (pure).
+# ---------------------------------------------------------------------------------------------------
+
+
+def maca_loss(log_probs: jax.Array, actions: jax.Array, old_logp: jax.Array, advantages: jax.Array, valid: jax.Array,
+              mix: jax.Array, *, clip_eps: float, prior_kl_weight: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """Eq. 10 over decisions [D] plus lambda * KL(pi_theta || pi_mix) (see the module docstring).
+
+    log_probs [D, A] (Eq. 11), actions/old_logp/advantages/valid [D], mix [D, A] = log pi_mix.
+    """
+    logp = jnp.take_along_axis(log_probs, actions[:, None], axis=-1)
+    total, count, metrics = grpo_loss(logp, old_logp[:, None], None, advantages, valid[:, None], clip_eps=clip_eps)
+    pg = safe_mean(total, count)
+    kl = safe_mean(jnp.sum(jnp.where(valid, kl_to_mix(log_probs, mix), 0.0)), count)
+    return pg + prior_kl_weight * kl, {"pg": pg, "kl_mix": kl, "clip_fraction": metrics["clip_fraction"]}
+
+
+@functools.partial(jax.jit, static_argnames=("groups", "token_cost_weight", "prior_kl_weight", "token_unit", "eps"))
+def group_targets(old: jax.Array, ref: jax.Array, prior: jax.Array, valid: jax.Array, episode: jax.Array, step: jax.Array,
+                  tokens: jax.Array, correct: jax.Array, step_mask: jax.Array, *, groups: int, token_cost_weight: float,
+                  prior_kl_weight: float, token_unit: float, eps: float) -> dict[str, jax.Array]:
+    """From the decisions' rollout log-probs, pi_ref log-probs and pi_prior ([R, A]; rows flagged by valid [R],
+    placed at (episode, step)) and the episodes' step tokens [E, T], outcomes [E] and step masks: log pi_mix,
+    KL_t per decision, R per episode (Eq. 8, 12; lambda weights the KL in the return) and the advantages
+    (Eq. 9, episodes grouped in `groups` consecutive runs) per episode and per decision."""
+    mix = mix_log_probs(ref, prior)
+    kl = jnp.where(valid, kl_to_mix(old, mix), 0.0)
+    kl_steps = jnp.zeros(tokens.shape, jnp.float32).at[episode, step].add(kl)
+    rewards = step_rewards(correct, tokens, kl_steps, step_mask, token_cost_weight=token_cost_weight,
+                           prior_kl_weight=prior_kl_weight, token_unit=token_unit)
+    returns = trajectory_return(rewards)
+    advantages = group_advantages(returns.reshape(groups, -1), eps=eps).reshape(-1)
+    return {"mix": mix, "kl": kl, "returns": returns, "advantages": advantages, "decision_advantages": advantages[episode]}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The trainer.
+# ---------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class GRPOConfig:
+    iterations: int = 60
+    tasks_per_iteration: int = 8
+    group_size: int = 8  # G (paper, App. D.3)
+    learning_rate: float = 3e-3  # the paper's 1e-5 is for an 8B model; these policies start from scratch
+    warmup_steps: int = 0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    clip_eps: float = 0.2
+    epochs: int = 1  # updates per batch of rollouts (ratios stay 1 at the first)
+    token_cost_weight: float = TOKEN_COST_WEIGHT
+    token_unit: float = 1000.0
+    kl_in_reward: bool = False  # True: also charge lambda * KL_t in the return (Eq. 12 literally)
+    advantage_eps: float = 0.1  # Eq. 9's epsilon (see group_targets)
+    stop_floor: float = 0.05
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+
+
+def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
+    """The trainers' AdamW (constant after warmup here: final_lr_ratio 1)."""
+    return _optimizer(cfg.learning_rate, cfg.warmup_steps, max(cfg.iterations, 1), cfg.weight_decay, cfg.max_grad_norm)
+
+
+@functools.cache
+def _optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
+               max_grad_norm: float) -> optax.GradientTransformation:
+    # cached: the same transformation object lets runs with equal settings share compiled update steps
+    return optim.make_optimizer(ConfigDict({
+        "learning_rate": learning_rate, "warmup_steps": warmup_steps, "total_steps": total_steps,
+        "final_lr_ratio": 1.0, "weight_decay": weight_decay, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+        "max_grad_norm": max_grad_norm}))
+
+
+@dataclasses.dataclass
+class TrainResult:
+    params: nnx.State
+    opt_state: optax.OptState
+    history: list[dict[str, float]]
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
+def _update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, clip_eps: float, prior_kl_weight: float,
+            params: nnx.State, opt_state: optax.OptState, inputs: Mapping[str, jax.Array], masks: jax.Array,
+            actions: jax.Array, old_logp: jax.Array, advantages: jax.Array, valid: jax.Array, mix: jax.Array):
+    def loss_fn(p):
+        log_probs = masked_log_probs(nnx.merge(graphdef, p)(inputs), masks)
+        return maca_loss(log_probs, actions, old_logp, advantages, valid, mix, clip_eps=clip_eps,
+                         prior_kl_weight=prior_kl_weight)
+
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+    updates, opt_state = tx.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
+
+
+@dataclasses.dataclass(frozen=True)
+class Decisions:
+    """An iteration's decisions, in episode order, and its episodes' per-step tokens [E, T] and step masks."""
+
+    states: list[State]
+    masks: np.ndarray
+    log_probs: np.ndarray
+    actions: np.ndarray
+    episode: np.ndarray
+    step: np.ndarray
+    tokens: np.ndarray
+    step_mask: np.ndarray
+
+
+def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
+    steps = [(i, t, s) for i, e in enumerate(episodes) for t, s in enumerate(e.steps)]
+    tokens = np.zeros((len(episodes), max_steps + 1), np.float32)  # at most max_steps calls and a STOP
+    for i, t, s in steps:
+        tokens[i, t] = s.tokens
+    step_mask = np.arange(max_steps + 1)[None, :] < np.array([len(e.steps) for e in episodes])[:, None]
+    return Decisions(
+        states=[s.state for _, _, s in steps],
+        masks=np.stack([s.mask for _, _, s in steps]),
+        log_probs=np.stack([s.log_probs for _, _, s in steps]),
+        actions=np.array([s.action for _, _, s in steps], np.int32),
+        episode=np.array([i for i, _, _ in steps], np.int32),
+        step=np.array([t for _, t, _ in steps], np.int32),
+        tokens=tokens,
+        step_mask=step_mask,
+    )
+
+
+def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: AgentWorld,
+               specs: Mapping[str, GraphSpec] | None, variant: Variant, cfg: GRPOConfig, *, seed: int = 0,
+               checkpoint_dir: str | Path | None = None) -> TrainResult:
+    """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
+    `specs` maps task ids to the variant's GraphSpec (None for variants without one)."""
+    if not variant.learn:
+        raise ValueError(f"variant {variant.name!r} has no policy to train")
+    rng = np.random.default_rng(seed)
+    tx = make_optimizer(cfg)
+    ref_params = jax.tree.map(jnp.copy, policy.params)
+    opt_state = tx.init(policy.params)
+    update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps, variant.prior_kl_weight)
+    rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
+    history = []
+    for it in range(cfg.iterations):
+        picked = rng.choice(len(tasks), size=min(cfg.tasks_per_iteration, len(tasks)), replace=False)
+        batch_tasks = [tasks[i] for i in picked for _ in range(cfg.group_size)]
+        spec_list = None if specs is None else [specs[t.task_id] for t in batch_tasks]
+        episodes = asyncio.run(rollout(batch_tasks, policy, world, spec_list, rollout_cfg, rng))
+        batch = _decisions(episodes, rollout_cfg.max_steps)
+        inputs, masks = policy.inputs(batch.states, batch.masks)
+        rows = len(masks)
+        old = np.where(masks, 0.0, -np.inf).astype(np.float32)  # padding rows: all mass on STOP, as their masks
+        old[: len(batch.states)] = batch.log_probs
+        ref = policy.scored(inputs, masks, ref_params)
+        prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
+        valid = np.arange(rows) < len(batch.states)
+        targets = group_targets(
+            old, ref, prior, valid, pad_rows(batch.episode, rows), pad_rows(batch.step, rows), batch.tokens,
+            np.array([e.correct for e in episodes], np.float32), batch.step_mask, groups=len(picked),
+            token_cost_weight=cfg.token_cost_weight, token_unit=cfg.token_unit, eps=cfg.advantage_eps,
+            prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0)
+        actions = pad_rows(batch.actions, rows)
+        old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
+        for _ in range(cfg.epochs):
+            policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
+                                                       targets["decision_advantages"], valid, targets["mix"])
+        returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
+        history.append({
+            "iteration": it, "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),
+            "cost": float(np.mean([e.cost for e in episodes])), "steps": float(np.mean([len(e.path) for e in episodes])),
+            "kl_mix_rollout": float(kl.mean()), **{k: float(v) for k, v in jax.device_get(metrics).items()}})
+    if checkpoint_dir is not None:
+        save_policy(checkpoint_dir, cfg.iterations, policy.params, opt_state, {"variant": dataclasses.asdict(variant)})
+    return TrainResult(policy.params, opt_state, history)
+
+
+def save_policy(directory: str | Path, step: int, params: nnx.State, opt_state: optax.OptState, config: dict[str, Any]) -> None:
+    """Orbax checkpoint of the policy's parameters and optimizer state (the trainers' Checkpointer)."""
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        ckpt.save(step, {"params": params, "opt_state": opt_state}, {"step": step}, config)
+    finally:
+        ckpt.close()
+
+
+def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.GradientTransformation) -> nnx.State:
+    """The latest checkpointed parameters, shaped like `policy.params`."""
+    target = {"params": policy.params, "opt_state": tx.init(policy.params)}
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
+    ckpt = Checkpointer(directory, async_save=False)
+    try:
+        restored = ckpt.restore_latest(abstract)
+    finally:
+        ckpt.close()
+    if restored is None:
+        raise FileNotFoundError(f"no checkpoint in {directory}")
+    return restored[1]["params"]

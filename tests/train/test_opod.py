@@ -1,0 +1,181 @@
+"""OPOD trainer: packing is exact, losses average within then across decisions, λ = 0 reproduces
+RWR, the teacher stays at the initial (SFT) weights while the student learns, a killed run resumes
+to the same weights, and DA-GRPO's reward weights."""
+from __future__ import annotations
+
+import asyncio
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from ml_collections import ConfigDict
+
+from porch_jax.attribution.judge import follow_hint
+from porch_jax.envs.workplace import TOOLS
+from porch_jax.eval import suite as suite_lib
+from porch_jax.models import from_pretrained
+from porch_jax.models.tiny import make_tiny_model
+from porch_jax.protocol import render_call
+from porch_jax.train import opod
+from porch_jax.train import opod_data as od
+from porch_jax.train.dagrpo import decision_reward
+from porch_jax.train.data import decision_target
+
+SUITE = {"mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change": 0.0, "p_distract": 0.0,
+                     "slack": (1, 3)}, "subagent": {}, "expert": {}, "max_decisions": 20, "max_evidence_chars": 160}
+TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=8, initializer_range=0.05)
+BUCKETS = (1024,)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    folder = make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", **TINY)
+    (folder / opod.POLICY_FILE).write_text(json.dumps({"view": "compact"}))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tok(model_dir):
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+@pytest.fixture(scope="module")
+def episodes():
+    engine = suite_lib.expert_engine(SUITE)
+    tasks = suite_lib.task_set({"num_tasks": 6, "seed_start": 0}, SUITE)
+
+    async def run():
+        return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+    return asyncio.run(run())
+
+
+def _logps(model, tokens):
+    logits = model(jnp.asarray([tokens], jnp.int32))[0]
+    return np.asarray(jax.nn.log_softmax(logits, axis=-1))
+
+
+def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model_dir):
+    """Each span's tokens and left context equal the decision's own prompt + target, and the
+    packed row's per-decision mean losses equal those of separate rows (full logits, no gather)."""
+    ep = episodes[0]
+    rows = od.pack_episode(ep, tok, "compact", 1.0, 1024)
+    valid = [d for d in ep.decisions if d.action is not None]
+    spans = [(r, s) for r in rows for s in r.spans]
+    assert len(spans) == len(valid) and len(rows) < len(valid)
+    model = from_pretrained(model_dir)
+    for (row, span), d in zip(spans, valid):
+        prompt = od.policy_prompt(tok, d.context, "compact")
+        target = decision_target(tok, d)
+        assert list(row.tokens[:span.start]) == prompt and list(row.tokens[span.start:span.start + span.length]) == target
+    row = rows[0]
+    lp = _logps(model, row.tokens)
+    for span, d in zip(row.spans, valid):
+        seq = od.policy_prompt(tok, d.context, "compact") + decision_target(tok, d)
+        alone = _logps(model, seq)
+        p = span.start
+        packed = [lp[p - 1 + j, row.tokens[p + j]] for j in range(span.length)]
+        single = [alone[p - 1 + j, seq[p + j]] for j in range(span.length)]
+        np.testing.assert_allclose(packed, single, rtol=2e-4, atol=2e-4)
+
+
+def test_losses_average_within_each_decision_then_across(tok, episodes, model_dir):
+    rows = od.packed_rows(episodes[:3], tok, "compact", 1024, weight=lambda ep: 1.0)
+    batch = od.seq_batch(rows, 1024, 512)
+    model = from_pretrained(model_dir)
+    parts, _ = opod.batch_parts(model, None, {"rwr": jax.tree.map(jnp.asarray, batch)})
+    total, count = map(float, parts["rwr"])
+    means = []
+    for row in rows:
+        lp = _logps(model, row.tokens)
+        means += [-np.mean([lp[s.start - 1 + j, row.tokens[s.start + j]] for j in range(s.length)]) for s in row.spans]
+    assert count == len(means) == sum(len(r.spans) for r in rows)
+    assert total / count == pytest.approx(np.mean(means), rel=1e-4)
+
+
+def _cfg(steps=3, **kw):
+    return ConfigDict({"steps": steps, "learning_rate": 1e-3, "warmup_steps": 1, "final_lr_ratio": 0.1,
+                       "weight_decay": 0.0, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0,
+                       "checkpoint_every": 2, "log_every": 100, **kw})
+
+
+def _opd_cfg():
+    return ConfigDict({"batch": 2, "max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": 5})
+
+
+def _hints(episodes):
+    return {(ep.episode_id, d.index): "add archive to tools" for ep in episodes for d in ep.decisions[:2]
+            if d.action is not None}
+
+
+def _params(trainer):
+    return jax.tree.map(np.asarray, trainer.state["params"])
+
+
+def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
+    rows = od.packed_rows(episodes, tok, "compact", 1024)
+    rwr = opod.PolicyTrainer(model_dir, tmp_path / "rwr", _cfg())
+    rwr.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), None))
+    zero = opod.PolicyTrainer(model_dir, tmp_path / "opod0", _cfg(opd_weight=0.0), teacher=True)
+    source = opod.OpdSource(od.opd_rows(episodes, _hints(episodes), tok, "compact"), tok, _opd_cfg(), BUCKETS)
+    history = zero.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), source))
+    assert all(m["opd"] > 0 and m["opd_count"] == 2 for m in history)  # OPD was computed, with weight 0
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), _params(rwr), _params(zero))
+    assert (tmp_path / "opod0" / "export" / opod.POLICY_FILE).is_file()
+
+
+def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_it(tmp_path, tok, episodes, model_dir):
+    initial = jax.tree.map(np.asarray, nnx.state(from_pretrained(model_dir), nnx.Param))
+    trainer = opod.PolicyTrainer(model_dir, tmp_path / "opd", _cfg(steps=4, learning_rate=3e-3, opd_weight=1.0),
+                                 teacher=True)
+    rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
+    history = trainer.run(opod.opod_batches(None, opod.OpdSource(rows, tok, _opd_cfg(), BUCKETS)))
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.teacher), initial)
+    moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), _params(trainer), initial)
+    assert max(jax.tree.leaves(moved)) > 0
+    assert all("rwr" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
+
+
+def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model_dir):
+    rows = od.packed_rows(episodes, tok, "compact", 1024)
+    source = opod.PackedSource(rows, 2, BUCKETS, 7)
+    full = opod.PolicyTrainer(model_dir, tmp_path / "full", _cfg(steps=4))
+    full.run(opod.opod_batches(source, None))
+
+    def dies_at_3(step, student):
+        if step == 3:
+            raise KeyboardInterrupt
+        return {"rwr": source(step)}, {}
+    with pytest.raises(KeyboardInterrupt):
+        opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4)).run(dies_at_3)
+    resumed = opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4))
+    assert resumed.start_step == 2
+    resumed.run(opod.opod_batches(source, None))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), _params(full), _params(resumed))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_hint_following_rows_put_the_corrected_action_after_the_hint(tok, episodes):
+    hints = _hints(episodes)
+    rows = od.hint_following_rows(episodes, hints, tok, "compact", follow_hint)
+    assert rows
+    text = tok.decode(list(rows[0].tokens))
+    assert "Hint: add archive to tools" in text and '"archive"' in tok.decode(
+        list(rows[0].tokens[rows[0].spans[0].start:]))
+
+
+def test_dagrpo_reward_weights():
+    ref = {"name": "delegate", "arguments": {"subgoal": "find x", "context": [], "tools": ["search"], "budget": 4}}
+    assert decision_reward(render_call(ref), ref, TOOLS)["reward"] == pytest.approx(1.0)
+    near = {"name": "delegate", "arguments": {**ref["arguments"], "budget": 2}}
+    assert decision_reward(render_call(near), ref, TOOLS)["reward"] == pytest.approx(0.4 + 0.6 * (3.5 / 4))
+    other = {"name": "finish", "arguments": {"answer": "done"}}
+    assert decision_reward(render_call(other), ref, TOOLS)["reward"] == pytest.approx(0.2)
+    bad_tool = {"name": "delegate", "arguments": {**ref["arguments"], "tools": ["teleport"]}}
+    assert decision_reward(render_call(bad_tool), ref, TOOLS)["validity"] == 0.0
+    assert decision_reward("<tool_call>{not json", ref, TOOLS)["reward"] == 0.0

@@ -1,0 +1,197 @@
+"""Each method's step against a plain reference: full [B, T, V] logits from the model's own
+__call__, targets located from the examples' prompt/target lengths (not the batch's index
+arrays), losses written out here. Gradients are read back through SGD with learning rate 1."""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+import tiny_data
+from flax import nnx
+
+from porch_jax.train import data as D
+from porch_jax.train import mesh as mesh_lib
+from porch_jax.train import step as S
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return tiny_data.tokenizer()
+
+
+@pytest.fixture(scope="module")
+def eps(tok):
+    return tiny_data.episodes(12, tok=tok)
+
+
+def _batch(exs, views, scalars=(), accum=1, t=128, k=32):
+    rows = len(exs) // accum
+    parts = [D.collate(exs[i * rows:(i + 1) * rows], views, scalars, t, k, pad_id=0) for i in range(accum)]
+    return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *parts)
+
+
+def _grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1, 1)):
+    """(metrics, grads) of one step: with SGD(1) and no clipping, grads = params_before - params_after."""
+    mesh = mesh_lib.make_mesh(mesh_shape)
+    tx = optax.sgd(1.0)
+    graphdef, state, shardings = S.init_train_state(model, tx, mesh)
+    before = jax.tree.map(np.asarray, state["params"])
+    step = S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings)
+    frozen = None if frozen_model is None else jax.device_put(nnx.state(frozen_model, nnx.Param), shardings["params"], may_alias=False)
+    state, metrics = step(state, batch, *(() if frozen is None else (frozen,)))
+    grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
+    return {k: float(v) for k, v in metrics.items()}, grads
+
+
+def _target_logps(model, view_list, t=128):
+    """Per example: log p(target_j | prompt, target_<j) from full logits, located by lengths."""
+    tokens = np.zeros((len(view_list), t), np.int32)
+    mask = np.zeros((len(view_list), t), bool)
+    for i, v in enumerate(view_list):
+        seq = v.prompt + v.target
+        tokens[i, :len(seq)], mask[i, :len(seq)] = seq, True
+    logits = model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    out = []
+    for i, v in enumerate(view_list):
+        p, n = len(v.prompt), len(v.target)
+        out.append((logp[i, p - 1:p - 1 + n], jnp.asarray(v.target)))
+    return out
+
+
+def _ce_per_decision(model, views):
+    return [-jnp.take_along_axis(lp, tgt[:, None], axis=1)[:, 0] for lp, tgt in _target_logps(model, views)]
+
+
+def _assert_grads_close(got, want, rtol=2e-4, atol=2e-6):
+    jax.tree.map(lambda g, w: np.testing.assert_allclose(g, np.asarray(w), rtol=rtol, atol=atol), got, want)
+
+
+def _ref(model, loss_of_model, has_aux=False):
+    """(value, grads) of a reference loss ((value, aux), grads with has_aux), jitted: op by op it takes minutes."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    fn = jax.value_and_grad(lambda p: loss_of_model(nnx.merge(graphdef, p)), has_aux=has_aux)
+    value, grads = jax.jit(fn)(params)
+    return value, grads
+
+
+@pytest.mark.parametrize("aggregation", ["token", "decision"])
+def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
+    exs = D.sft_examples(eps, tok)[:8]
+    views = [e.views["policy"] for e in exs]
+    model = tiny_data.model()
+
+    def ref(m):
+        ce = _ce_per_decision(m, views)
+        if aggregation == "token":
+            return jnp.sum(jnp.concatenate(ce)) / sum(len(c) for c in ce)
+        return jnp.mean(jnp.stack([c.mean() for c in ce]))
+
+    metrics, grads = _grads_via_sgd("sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation))
+    want, want_grads = _ref(model, ref)
+    assert metrics["ce"] == pytest.approx(float(want), rel=1e-5)
+    assert metrics["ce_count"] == (sum(len(v.target) for v in views) if aggregation == "token" else 8)
+    _assert_grads_close(grads, want_grads)
+
+
+def test_gradient_accumulation_is_exact(tok, eps):
+    exs = D.sft_examples(eps, tok)[:8]
+    cfg = S.LossConfig(aggregation="decision")
+    whole, g1 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=1), cfg)
+    split, g4 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=4), cfg)
+    assert split["ce"] == pytest.approx(whole["ce"], rel=1e-6) and split["ce_count"] == whole["ce_count"] == 8
+    _assert_grads_close(g4, g1, rtol=1e-5, atol=1e-7)
+
+
+def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(tok, eps):
+    exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    assert any("rwr" not in e.views for e in exs) and any("teacher" not in e.views for e in exs)
+    student, teacher = tiny_data.model(seed=0), tiny_data.model(seed=1)
+    lam = 0.7
+    rwr_views = [e.views["rwr"] for e in exs if "rwr" in e.views]
+    opd = [e for e in exs if "teacher" in e.views]
+
+    def parts(m):
+        rwr = jnp.mean(jnp.stack([c.mean() for c in _ce_per_decision(m, rwr_views)]))
+        s_lp = _target_logps(m, [e.views["student"] for e in opd])
+        t_lp = _target_logps(teacher, [e.views["teacher"] for e in opd])
+        kls = []
+        for (ls, _), (lt, _) in zip(s_lp, t_lp):
+            ls_full = ls  # already log-probs over the vocabulary at each target position
+            kl = jnp.sum(jnp.exp(ls_full) * (ls_full - jax.lax.stop_gradient(lt)), axis=-1)
+            kls.append(kl.mean())
+        return rwr, jnp.mean(jnp.stack(kls))
+
+    cfg = S.LossConfig(aggregation="decision", opd_weight=lam)
+    teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
+    metrics, grads = _grads_via_sgd("opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher)
+    def ref(m):
+        rwr, kl = parts(m)
+        return rwr + lam * kl, (rwr, kl)
+
+    (loss, (rwr, kl)), want_grads = _ref(student, ref, has_aux=True)
+    assert metrics["rwr"] == pytest.approx(float(rwr), rel=1e-5)
+    assert metrics["opd"] == pytest.approx(float(kl), rel=1e-4) and metrics["kl"] == metrics["opd"] > 0
+    assert metrics["loss"] == pytest.approx(float(loss), rel=1e-5)
+    assert metrics["rwr_count"] == len(rwr_views) and metrics["opd_count"] == len(opd)
+    _assert_grads_close(grads, want_grads)
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param)), teacher_before)
+
+
+def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
+    ctx = [{"role": "user", "content": "choose the next agent"}]
+    rng = np.random.default_rng(0)
+    groups = [{"key": f"g{g}", "context": ctx + [{"role": "user", "content": f"round {g}"}], "samples": [
+        {"token_ids": rng.integers(10, 500, n).tolist(), "logprobs": (-rng.uniform(3, 9, n)).tolist(), "reward": float(r)}
+        for n, r in zip((5, 9, 3, 7), (1, 0, 0, 1))]} for g in range(2)]
+    exs = D.grpo_examples(groups, tok)
+    model = tiny_data.model()
+    cfg = S.LossConfig(grpo_clip_eps=0.2)
+
+    def ref(m):
+        total, count = 0.0, 0
+        for (lp, tgt), ex in zip(_target_logps(m, [e.views["policy"] for e in exs], t=64), exs):
+            new = jnp.take_along_axis(lp, tgt[:, None], axis=1)[:, 0]
+            ratio = jnp.exp(new - jnp.asarray(ex.views["policy"].logprobs))
+            adv = ex.scalars["advantage"]
+            total += jnp.sum(-jnp.minimum(ratio * adv, jnp.clip(ratio, 0.8, 1.2) * adv))
+            count += len(tgt)
+        return total / count
+
+    metrics, grads = _grads_via_sgd("grpo", model, _batch(exs, ("policy",), ("advantage",), t=64, k=16), cfg)
+    want, want_grads = _ref(model, ref)
+    assert metrics["pg"] == pytest.approx(float(want), rel=1e-5, abs=1e-7)
+    assert metrics["clip_fraction"] > 0
+    _assert_grads_close(grads, want_grads)
+
+
+def test_sampler_hook_resamples_opd_targets_and_the_logprob_gap_is_small(tok, eps):
+    from porch_jax.train.trainer import SamplerHook
+
+    exs = [e for e in D.opod_examples(eps, tok, tiny_data.hints(eps)) if "teacher" in e.views][:4]
+    model = tiny_data.model()
+    host = D.HostBatch([exs], (128, 32))
+    hook = SamplerHook(tok, max_new_tokens=8, temperature=1.0, seed=0, max_len=512)
+    new = hook(host, model, step=1)
+    for old, ex in zip(exs, new.rows[0]):
+        s = ex.views["student"]
+        assert s.target == ex.views["teacher"].target != old.views["student"].target
+        assert len(s.logprobs) == len(s.target) <= 8 and s.prompt == old.views["student"].prompt
+    batch = _batch(new.rows[0], ("rwr", "student", "teacher"))
+    metrics, _ = _grads_via_sgd("opod", model, batch, S.LossConfig(), frozen_model=model)
+    # Same weights in the sampler and the trainer: only numerics separate their log-probs.
+    assert metrics["sampled_tokens"] > 0 and metrics["logprob_gap"] < 1e-3
+
+
+def test_bf16_compute_keeps_fp32_master_params(tok, eps):
+    from porch_jax.models import ModelConfig, init_model
+
+    exs = D.sft_examples(eps, tok)[:8]
+    config = ModelConfig.from_hf(tiny_data.TINY_HF | {"vocab_size": len(tok)})
+    f32, _ = _grads_via_sgd("sft", init_model(config, seed=0), _batch(exs, ("policy",)), S.LossConfig())
+    bf16_model = init_model(config, seed=0, dtype=jnp.bfloat16, param_dtype=jnp.float32)
+    bf16, grads = _grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), S.LossConfig())
+    assert {x.dtype for x in jax.tree.leaves(grads)} == {np.dtype("float32")}
+    assert bf16["ce"] == pytest.approx(f32["ce"], rel=2e-2)

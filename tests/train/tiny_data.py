@@ -1,0 +1,153 @@
+"""A small fixed orchestration dataset, tokenizer, model and run config shared by the train tests.
+
+Episodes are synthetic but shaped like the rollout engine's: a system + user context (plus a
+feedback turn for later decisions) and a Hermes tool-call action; some decisions carry sampled
+token ids (which the data pipeline must use verbatim), some only text.
+"""
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import jax
+import numpy as np
+from ml_collections import ConfigDict
+
+from porch_jax.trajectories import (
+    DecisionRecord,
+    EpisodeRecord,
+    Outcome,
+    TrajectoryStore,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+# XLA:CPU spends seconds compiling each step, and many tests build the same step (same config,
+# mesh and bucket) in a fresh jit. A persistent compilation cache, keyed by the compiled program,
+# lets them (and the launch subprocesses) compile it once per session.
+XLA_CACHE = Path(tempfile.mkdtemp(prefix="porch_train_xla_cache_"))
+atexit.register(shutil.rmtree, XLA_CACHE, ignore_errors=True)
+jax.config.update("jax_compilation_cache_dir", str(XLA_CACHE))
+TINY_HF = {  # hidden 32, 2 layers: compiles fast, still every part of Qwen3
+    "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True,
+    "max_position_embeddings": 512, "initializer_range": 0.05,
+}
+TOOLS = ("search_email", "read_file", "calendar", "contacts")
+
+
+@functools.lru_cache(maxsize=1)
+def tokenizer():
+    from porch_jax.models.tiny import build_tokenizer
+
+    return build_tokenizer(1024)
+
+
+def _action(rng: np.random.Generator) -> str:
+    args = {"tool": TOOLS[rng.integers(len(TOOLS))], "budget": int(rng.integers(2, 9))}
+    return '<tool_call>{"name": "delegate", "arguments": ' + json.dumps(args) + "}</tool_call>"
+
+
+def episodes(n: int = 12, seed: int = 0, tok=None) -> list[EpisodeRecord]:
+    """n episodes of 1-2 decisions; half succeed; every third decision stores sampled token ids."""
+    rng = np.random.default_rng(seed)
+    tok = tok or tokenizer()
+    out = []
+    for e in range(n):
+        context = [
+            {"role": "system", "content": "Delegate or finish."},
+            {"role": "user", "content": f"Task {e}: client {rng.integers(50)}."},
+        ]
+        decisions = []
+        for i in range(int(rng.integers(1, 3))):
+            text = _action(rng)
+            sampled = (e + i) % 3 == 0
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id] if sampled else []
+            decisions.append(DecisionRecord(
+                index=i, context=[dict(m) for m in context], action_text=text, action_token_ids=ids,
+                action_logprobs=[-0.5] * len(ids), action={"name": "delegate", "arguments": {}},
+                feedback=f"partial {rng.integers(10)}", agent_id=i,
+            ))
+            context += [{"role": "assistant", "content": text}, {"role": "user", "content": decisions[-1].feedback}]
+        out.append(EpisodeRecord(
+            episode_id=f"ep{e}", task_id=f"t{e}", env="synthetic", system="proactive", config_hash="x", seed=e,
+            outcome=Outcome(success=e % 2 == 0, score=float(e % 2 == 0), reason=""), decisions=decisions,
+        ))
+    return out
+
+
+def hints(eps: list[EpisodeRecord]) -> dict[tuple[str, int], str]:
+    """A hint for every other decision (FLAG = true), as the attribution step would give."""
+    return {
+        (ep.episode_id, d.index): f"Use {TOOLS[d.index % 4]}."
+        for ep in eps for d in ep.decisions if (d.index + int(ep.episode_id[2:])) % 2 == 0
+    }
+
+
+def write_run_inputs(root: Path, n: int = 12) -> tuple[Path, Path]:
+    """A tokenizer + tiny-model folder and a trajectory store on disk, for launch/train.py runs."""
+    from porch_jax.models import ModelConfig, init_model, save_pretrained
+
+    model_dir, store_path = root / "model", root / "trajectories.jsonl"
+    tok = tokenizer()
+    save_pretrained(init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tok)}), seed=0), model_dir, tokenizer=tok)
+    with TrajectoryStore(store_path) as store:
+        store.append_many(episodes(n))
+    return model_dir, store_path
+
+
+def config(workdir: Path, *, steps: int = 20, mesh=(1, 1, 1), method: str = "sft") -> ConfigDict:
+    """experiments/sft_tiny.py scaled to the test dataset: 2 T buckets, 1 K bucket, batch 8."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("sft_tiny", REPO / "experiments" / "sft_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.method, c.workdir = method, str(workdir)
+    c.data.buckets, c.data.target_buckets = (80, 128), (32,)
+    c.data.pad_id = tokenizer().pad_token_id
+    # A fixed schedule length: runs that differ only in `steps` compile the same program.
+    c.train.update(steps=steps, total_steps=20, micro_batch=8, accum_steps=1, learning_rate=3e-3, warmup_steps=3)
+    c.mesh.shape = tuple(mesh)
+    c.checkpoint.update(every=5, keep=3)
+    c.log.update(every=5, tensorboard=False)
+    return c
+
+
+def write_config(config: ConfigDict, path: Path) -> Path:
+    """A config file for `launch/train.py --config=PATH` holding exactly `config`."""
+    path.write_text(
+        "from ml_collections import ConfigDict\n\n\ndef get_config():\n"
+        f"    return ConfigDict({json.loads(config.to_json())!r}, type_safe=False)\n"
+    )
+    return path
+
+
+def launch_command(config_path: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "launch.train", f"--config={config_path}", *flags]
+
+
+def launch_env() -> dict[str, str]:
+    """A clean environment for launch subprocesses (no fake device count), sharing the session's
+    compilation cache."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "JAX_"))}
+    env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(REPO), JAX_COMPILATION_CACHE_DIR=str(XLA_CACHE))
+    return env
+
+
+def read_safetensors(folder: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    return load_file(str(folder / "model.safetensors"))
+
+
+def model(seed: int = 0):
+    from porch_jax.models import ModelConfig, init_model
+
+    return init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tokenizer())}), seed=seed)
