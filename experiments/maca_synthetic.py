@@ -47,9 +47,11 @@ def get_config() -> ConfigDict:
     c.systems = SYSTEMS
     c.sweeps = ConfigDict({"gamma": (0.2, 0.3, 0.5, 0.6), "prior_kl_weight": (0.1, 0.3, 0.7)})  # + the main run
     c.lm_check = ConfigDict({
-        "enabled": True, "families": ("math",), "num_train": 32, "num_eval": 32, "iterations": 30,
-        "tasks_per_iteration": 4, "learning_rate": 1e-3, "epochs": 2,
-        "lm": {"model_path": "", "max_task_words": 24, "overrides": {}},
+        "enabled": True, "families": ("math",), "num_train": 32, "num_eval": 32, "iterations": 20,
+        "tasks_per_iteration": 4, "learning_rate": 3e-3, "epochs": 2,
+        "lm": {"model_path": "", "max_task_words": 12,  # a 1-layer, 32-wide Qwen3 (~40k parameters)
+               "overrides": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+                             "num_key_value_heads": 1, "num_hidden_layers": 1}},
     })
     c.backend = ConfigDict({"kind": "synthetic"})
     return c

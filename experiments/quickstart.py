@@ -43,7 +43,7 @@ def get_config() -> ConfigDict:
                    "blind_spots": BLIND_SPOTS, "budget_margin": 1, "file_budget": 4},
         "subagent": {"p_misread": 0.3, "p_detour": 0.3, "p_persist": 0.5, "slip_base": 0.01, "slip_tools": 0.5,
                      "slip_history": 0.2, "max_asks": 2},
-        "max_decisions": 14,
+        "max_decisions": 12,
         "max_evidence_chars": 160,
     })
     c.expert_rollouts = ConfigDict({"num_tasks": 400, "seed_start": 0, "prefix": "train"})
@@ -65,7 +65,7 @@ def get_config() -> ConfigDict:
     c.optimizer = ConfigDict({"learning_rate": 1e-3, "warmup_steps": 10, "final_lr_ratio": 0.1, "weight_decay": 0.01,
                               "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0, "checkpoint_every": 50,
                               "log_every": 10})
-    c.sft = _trainer(600, 8, 2e-3, 30, 1)
+    c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3)  # hint_rows: hint-following rows per episode row
     c.rwr = _trainer(80, 8, 3e-4, 5, 2)
     c.opod = _trainer(80, 8, 3e-4, 5, 2, opd_weight=1.0, opd=_opd(8, 3))
     c.opd_empty = _trainer(80, 8, 3e-4, 5, 2, opd_weight=1.0, opd=_opd(8, 3))

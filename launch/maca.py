@@ -187,10 +187,11 @@ def _row(name: str, evals: Sequence[analysis.Evaluation], best: float | None, **
 
 
 def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
-                ) -> tuple[list[dict[str, Any]], dict[str, analysis.Evaluation], dict[str, list]]:
-    """Every configured system over every seed; the first seed's evaluation and history per system."""
+                ) -> tuple[list[dict[str, Any]], dict[str, list[analysis.Evaluation]], dict[str, list]]:
+    """Every configured system over every seed: table rows, the evaluations per system (in seed order) and
+    the first seed's training history per system."""
     best = float(setup.best.mean()) if setup.best is not None else None
-    rows, first, histories = [], {}, {}
+    rows, evaluations, histories = [], {}, {}
     for name in cfg.systems:
         evals, start = [], time.perf_counter()
         for seed in cfg.seeds:
@@ -198,10 +199,11 @@ def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str
             evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed, checkpoint_dir=ckpt)
             evals.append(evaluation)
             if seed == cfg.seeds[0]:
-                first[name], histories[name] = evaluation, history
+                histories[name] = history
+        evaluations[name] = evals
         rows.append(_row(name, evals, best, seconds=time.perf_counter() - start))
         log(f"{name}: {_brief(rows[-1])}")
-    return rows, first, histories
+    return rows, evaluations, histories
 
 
 def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]) -> list[dict]:
@@ -267,20 +269,22 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     if setup.best is not None:
         results["best_achievable"] = float(setup.best.mean())
         log(f"best achievable expected accuracy (exact): {results['best_achievable']:.4f}")
-    rows, first, histories = run_systems(cfg, setup, run_dir, log)
+    rows, evaluations, histories = run_systems(cfg, setup, run_dir, log)
     results["systems"] = rows
-    results["transitions"] = _transitions(first, names, run_dir)
+    results["transitions"] = _transitions({k: v[0] for k, v in evaluations.items()}, names, run_dir)
     analysis.plot_training(histories, run_dir / "training.png")
     results["sweeps"] = {}
-    main = next((r for r in rows if r["system"] == "maca"), None)
+    main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ())) if s in tuple(cfg.sweep_seeds)]
+    best = results.get("best_achievable")
     for param, values in cfg.sweeps.items():
         if values:
             sweep = run_sweep(cfg, setup, param, values, log)
-            if main is not None and tuple(cfg.sweep_seeds) == tuple(cfg.seeds):  # the main run is a sweep point
-                sweep.append(main | {param: cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight})
+            if len(main) == len(cfg.sweep_seeds):  # the main runs on the sweep's seeds are its configured point
+                value = cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight
+                sweep.append(_row("maca", main, best, **{param: value}))
             sweep.sort(key=lambda r: r[param])
             results["sweeps"][param] = sweep
-            analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=results.get("best_achievable"))
+            analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=best)
     if cfg.lm_check.enabled:
         results["lm_check"] = run_lm_check(cfg, setup, log)
     results["timings"] = setup.timings | {"total_s": time.perf_counter() - start}
@@ -311,7 +315,10 @@ def tables(results: dict[str, Any]) -> str:
     parts = ["# MACA results", ""]
     if "best_achievable" in results:
         parts += [f"Best achievable expected accuracy (exact, synthetic pool): {results['best_achievable']:.4f}", ""]
-    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols), ""]
+    key = "expected_accuracy" if "best_achievable" in results else "accuracy"
+    order = " > ".join(r["system"] for r in sorted(results["systems"], key=lambda r: -r[key]))
+    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols), "",
+              f"Measured order by {key}: {order}", ""]
     top2 = [{"family": f, **{k: v["top2_mass"] for k, v in d.items()}} for f, d in results["transitions"].items()]
     if top2:
         parts += ["## Top-2 transition mass (mean over decisions)", "",

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from absl import app
+from absl import app, logging
 from ml_collections import ConfigDict, config_flags
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/quickstart.py).",
@@ -111,6 +111,7 @@ def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = 
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
+    logging.set_verbosity(logging.WARNING)  # keep the progress lines readable
     import jax
 
     run = Run(cfg)
@@ -138,6 +139,7 @@ def main(argv: list[str]) -> None:
     tok = AutoTokenizer.from_pretrained(str(init))
     sft_rows = od.packed_rows(expert, tok, view, max_len)
     hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
+    hint_rows = hint_rows[:int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
     print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
     sft = train(run, "sft", init, lambda t: opod.opod_batches(
         opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None))

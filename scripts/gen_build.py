@@ -35,6 +35,7 @@ RUNTIME_DEPS = [
     requirement("tqdm"),
     requirement("httpx2"),
     requirement("pyarrow"),
+    requirement("matplotlib"),
 ]
 
 TEST_DEPS = [

@@ -10,13 +10,12 @@ masks and normalises over the allowed set (so an invalid action is never chosen)
 - `HeadScorer`: a small MLP over state features (the task's sentence embedding, the last agent, the
   agents called, the remaining budget): the same policy interface, fast enough for CPU sweeps.
 
-`ActionPolicy` holds a scorer's parameters and is both the rollout's `ActionScorer` and, through the pure
-`log_probs(params, inputs, mask)`, what the GRPO loss differentiates.
+`ActionPolicy` holds a scorer's parameters and is the rollout's `ActionScorer`; `policy_log_probs` is the
+same distribution as a pure function of the parameters, which the GRPO loss differentiates.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -42,9 +41,12 @@ def pad_masks(masks: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
-@functools.partial(jax.jit, static_argnums=0)
-def _log_probs(graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
+def policy_log_probs(graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
+    """Eq. 11: log pi_masked(a | s) [B, A] of a scorer's parameters, pure (what the GRPO loss differentiates)."""
     return masked_log_probs(nnx.merge(graphdef, params)(inputs), mask)
+
+
+_log_probs = jax.jit(policy_log_probs, static_argnums=0)
 
 
 class ActionPolicy:
@@ -60,10 +62,6 @@ class ActionPolicy:
         """Encoded inputs and masks, both padded to the batch bucket of len(states)."""
         padded = pad_masks(masks, bucket(len(states), self.min_rows))
         return self.encode(states, padded), padded
-
-    def log_probs(self, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
-        """Eq. 11: log pi_masked(a | s) [B, A], differentiable in `params`."""
-        return masked_log_probs(nnx.merge(self.graphdef, params)(inputs), mask)
 
     def scored(self, inputs: Inputs, masks: np.ndarray, params: nnx.State | None = None) -> jax.Array:
         """Eq. 11 log-probs of encoded inputs (compiled once per padded shape), by default at `self.params`."""

@@ -242,10 +242,8 @@ async def rollout(
 
 def _finish(world: AgentWorld, task: OrchestrationTask, steps: tuple[Step, ...], transcript: list[str],
             rng: np.random.Generator) -> Episode:
-    answer = "\n\n".join(transcript)
-    n = len(world.pool)
-    path = tuple(s.action for s in steps if s.action != n)
-    return Episode(task, steps, answer, bool(world.judge(task, path, answer, rng)))
+    episode = Episode(task, steps, "\n\n".join(transcript))
+    return dataclasses.replace(episode, correct=bool(world.judge(task, episode.path, episode.answer, rng)))
 
 
 async def run_path(world: AgentWorld, task: OrchestrationTask, path: Sequence[int], rng: np.random.Generator) -> tuple[bool, int]:

@@ -47,7 +47,7 @@ from porch_jax.maca.graphspec import (
     gate,
     relevance,
 )
-from porch_jax.maca.lm_policy import ActionPolicy, pad_masks
+from porch_jax.maca.lm_policy import ActionPolicy, pad_masks, policy_log_probs
 from porch_jax.maca.orchestrator import (
     AgentWorld,
     Episode,
@@ -63,7 +63,6 @@ from porch_jax.maca.policy import (
     PRIOR_KL_WEIGHT,
     TOKEN_COST_WEIGHT,
     kl_to_mix,
-    masked_log_probs,
     mix_log_probs,
     prior_action_probs,
     step_rewards,
@@ -304,9 +303,8 @@ def _update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, clip_eps: 
             params: nnx.State, opt_state: optax.OptState, inputs: Mapping[str, jax.Array], masks: jax.Array,
             actions: jax.Array, old_logp: jax.Array, advantages: jax.Array, valid: jax.Array, mix: jax.Array):
     def loss_fn(p):
-        log_probs = masked_log_probs(nnx.merge(graphdef, p)(inputs), masks)
-        return maca_loss(log_probs, actions, old_logp, advantages, valid, mix, clip_eps=clip_eps,
-                         prior_kl_weight=prior_kl_weight)
+        return maca_loss(policy_log_probs(graphdef, p, inputs, masks), actions, old_logp, advantages, valid, mix,
+                         clip_eps=clip_eps, prior_kl_weight=prior_kl_weight)
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)

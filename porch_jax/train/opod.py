@@ -66,16 +66,17 @@ def batch_parts(model: nnx.Module, teacher: nnx.Module | None, batch: Batch, *, 
                 ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], dict[str, jax.Array]]:
     """(sum, count) of each loss part present in ``batch`` and extra metrics.
 
-    "rwr": packed rows, per-token weights (decision weight / its length), count = decisions.
+    "ce": packed rows (SFT; RWR when the rows hold successful episodes' decisions), per-token
+    weights (decision weight / its length), count = decisions.
     "student"/"teacher": one sampled action per row under s and s ⊕ H; reverse KL per decision.
     "group": one sampled action per row with its group-normalized "advantage"; GRPO per decision.
     """
     head, parts, extra = _head(model), {}, {}
-    if "rwr" in batch:
-        v = batch["rwr"]
+    if "ce" in batch:
+        v = batch["ce"]
         total, _ = losses.token_cross_entropy_from_hidden(
             _gathered(model, v), head, v["targets"], v["target_mask"], v["weight"], aggregation="token")
-        parts["rwr"] = (total, v["count"])
+        parts["ce"] = (total, v["count"])
     if "student" in batch:
         s, t = batch["student"], batch["teacher"]
         hs = _gathered(model, s)
@@ -97,7 +98,7 @@ def batch_parts(model: nnx.Module, teacher: nnx.Module | None, batch: Batch, *, 
 
 def combine(parts: Mapping[str, tuple[jax.Array, jax.Array]], opd_weight: float) -> jax.Array:
     """L = l_RWR + λ·l_OPD (+ l_PG): each part is its own mean; an empty part adds 0."""
-    coef = {"rwr": 1.0, "opd": opd_weight, "pg": 1.0}
+    coef = {"ce": 1.0, "opd": opd_weight, "pg": 1.0}
     return sum((coef[k] * losses.safe_mean(*v) for k, v in parts.items()), jnp.zeros((), jnp.float32))
 
 
@@ -283,17 +284,21 @@ class OpdSource:
         return {"student": student, "teacher": teacher}, stats
 
 
-def opod_batches(rwr: PackedSource | None, opd: OpdSource | None) -> BatchFn:
-    """OPOD's batch: a packed RWR batch and a freshly sampled OPD batch (either may be absent)."""
+def opod_batches(ce: Callable[[int], dict[str, np.ndarray]] | None, opd: OpdSource | None) -> BatchFn:
+    """OPOD's batch: a packed RWR (or SFT) batch and a freshly sampled OPD batch (either may be absent)."""
     def make(step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         batch, stats = {}, {}
-        if rwr is not None:
-            batch["rwr"] = rwr(step)
+        if ce is not None:
+            batch["ce"] = ce(step)
         if opd is not None:
             part, stats = opd(step, student)
             batch.update(part)
-        return batch, stats
+        return batch, stats | {"tokens": _tokens(batch)}
     return make
+
+
+def _tokens(batch: Batch) -> float:
+    return float(sum(np.sum(v["mask"]) for v in batch.values() if isinstance(v, dict)))
 
 
 class GroupSource:
@@ -326,4 +331,5 @@ class GroupSource:
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
         group["advantage"] = advantages.astype(np.float32)
-        return {"group": group}, {"reward": float(rewards.mean()), "reward_std": float(rewards.std())}
+        return {"group": group}, {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
+                                  "tokens": float(group["mask"].sum())}

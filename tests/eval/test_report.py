@@ -34,13 +34,13 @@ def test_table_intervals_and_paired_differences(tmp_path):
 
 
 def test_plots_are_written(tmp_path):
-    runs = {"rwr": [{"step": s, "rwr": 1.0 / s} for s in range(1, 20)],
-            "opod": [{"step": s, "rwr": 1.0 / s, "opd": 0.5 / s} for s in range(1, 20)]}
+    runs = {"rwr": [{"step": s, "ce": 1.0 / s} for s in range(1, 20)],
+            "opod": [{"step": s, "ce": 1.0 / s, "opd": 0.5 / s} for s in range(1, 20)]}
     assert plots.plot_curves(runs, tmp_path / "c.png").stat().st_size > 1000
     rows = report.summaries({"sft": _records([0, 1, 1]), "opod": _records([1, 1, 1])}, reference="sft")
     assert plots.plot_success(rows, tmp_path / "s.png").stat().st_size > 1000
-    (tmp_path / "m.jsonl").write_text('{"step": 1, "rwr": 2.0}\n')
-    assert plots.read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "rwr": 2.0}]
+    (tmp_path / "m.jsonl").write_text('{"step": 1, "ce": 2.0}\n')
+    assert plots.read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "ce": 2.0}]
     assert plots.read_metrics(tmp_path / "none.jsonl") == []
 
 

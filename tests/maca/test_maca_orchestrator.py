@@ -83,14 +83,17 @@ def test_lm_scores_are_summed_name_logprobs_normalised_over_the_allowed_set(spoo
     masks[1, 4:15] = False
     got = policy(states, masks)
 
-    def summed(state, action):  # a plain forward pass over prompt + name, no cache
+    def summed(state):  # plain forward passes over prompt + name (right-padded: causal, so harmless), no cache
         prompt = tokenizer.encode(render_state(state, names, max_task_words=12), add_special_tokens=False)
-        name = tokenizer.encode(" " + (*names, STOP)[action], add_special_tokens=False)
-        logp = jax.nn.log_softmax(lm(jnp.asarray([prompt + name]))[0], axis=-1)
-        return sum(float(logp[len(prompt) - 1 + k, t]) for k, t in enumerate(name))
+        seqs = [prompt + tokenizer.encode(" " + a, add_special_tokens=False) for a in (*names, STOP)]
+        ids = np.zeros((len(seqs), max(map(len, seqs))), np.int32)
+        for r, seq in enumerate(seqs):
+            ids[r, : len(seq)] = seq
+        logp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(lm(x), axis=-1))(jnp.asarray(ids)))
+        return np.array([sum(logp[r, k - 1, seq[k]] for k in range(len(prompt), len(seq))) for r, seq in enumerate(seqs)])
 
     for r, state in enumerate(states):
-        raw = np.array([summed(state, a) if masks[r, a] else -np.inf for a in range(len(names) + 1)])
+        raw = np.where(masks[r], summed(state), -np.inf)
         expected = raw - np.logaddexp.reduce(raw[masks[r]])
         np.testing.assert_allclose(got[r][masks[r]], expected[masks[r]], rtol=1e-4, atol=1e-4)
         assert np.all(np.isneginf(got[r][~masks[r]]))

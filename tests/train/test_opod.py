@@ -4,6 +4,7 @@ to the same weights, and DA-GRPO's reward weights."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 
 import jax
@@ -28,7 +29,7 @@ SUITE = {"mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change"
                      "slack": (1, 3)}, "subagent": {}, "expert": {}, "max_decisions": 20, "max_evidence_chars": 160}
 TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             head_dim=8, initializer_range=0.05)
-BUCKETS = (1024,)
+BUCKETS = (512,)
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +47,13 @@ def tok(model_dir):
 
 @pytest.fixture(scope="module")
 def episodes():
+    """Expert episodes cut to their first three decisions (rows within 512 tokens: quick to compile)."""
     engine = suite_lib.expert_engine(SUITE)
     tasks = suite_lib.task_set({"num_tasks": 6, "seed_start": 0}, SUITE)
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
-    return asyncio.run(run())
+    return [dataclasses.replace(ep, decisions=ep.decisions[:3]) for ep in asyncio.run(run())]
 
 
 def _logps(model, tokens):
@@ -63,7 +65,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
     """Each span's tokens and left context equal the decision's own prompt + target, and the
     packed row's per-decision mean losses equal those of separate rows (full logits, no gather)."""
     ep = episodes[0]
-    rows = od.pack_episode(ep, tok, "compact", 1.0, 1024)
+    rows = od.pack_episode(ep, tok, "compact", 1.0, 512)
     valid = [d for d in ep.decisions if d.action is not None]
     spans = [(r, s) for r in rows for s in r.spans]
     assert len(spans) == len(valid) and len(rows) < len(valid)
@@ -84,11 +86,11 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
 
 
 def test_losses_average_within_each_decision_then_across(tok, episodes, model_dir):
-    rows = od.packed_rows(episodes[:3], tok, "compact", 1024, weight=lambda ep: 1.0)
-    batch = od.seq_batch(rows, 1024, 512)
+    rows = od.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
+    batch = od.seq_batch(rows, 512, 256)
     model = from_pretrained(model_dir)
-    parts, _ = opod.batch_parts(model, None, {"rwr": jax.tree.map(jnp.asarray, batch)})
-    total, count = map(float, parts["rwr"])
+    parts, _ = opod.batch_parts(model, None, {"ce": jax.tree.map(jnp.asarray, batch)})
+    total, count = map(float, parts["ce"])
     means = []
     for row in rows:
         lp = _logps(model, row.tokens)
@@ -117,7 +119,7 @@ def _params(trainer):
 
 
 def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
-    rows = od.packed_rows(episodes, tok, "compact", 1024)
+    rows = od.packed_rows(episodes, tok, "compact", 512)
     rwr = opod.PolicyTrainer(model_dir, tmp_path / "rwr", _cfg())
     rwr.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), None))
     zero = opod.PolicyTrainer(model_dir, tmp_path / "opod0", _cfg(opd_weight=0.0), teacher=True)
@@ -137,11 +139,11 @@ def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_i
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.teacher), initial)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), _params(trainer), initial)
     assert max(jax.tree.leaves(moved)) > 0
-    assert all("rwr" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
+    assert all("ce" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model_dir):
-    rows = od.packed_rows(episodes, tok, "compact", 1024)
+    rows = od.packed_rows(episodes, tok, "compact", 512)
     source = opod.PackedSource(rows, 2, BUCKETS, 7)
     full = opod.PolicyTrainer(model_dir, tmp_path / "full", _cfg(steps=4))
     full.run(opod.opod_batches(source, None))
@@ -149,7 +151,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model
     def dies_at_3(step, student):
         if step == 3:
             raise KeyboardInterrupt
-        return {"rwr": source(step)}, {}
+        return {"ce": source(step)}, {}
     with pytest.raises(KeyboardInterrupt):
         opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4)).run(dies_at_3)
     resumed = opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4))

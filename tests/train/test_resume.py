@@ -8,7 +8,6 @@ import subprocess
 import time
 
 import numpy as np
-import pytest
 import tiny_data
 
 STEPS, KILL_AFTER = 20, 7
@@ -24,7 +23,6 @@ def _config(tmp_path, inputs, name):
     return tiny_data.write_config(c, tmp_path / f"{name}.py")
 
 
-@pytest.mark.slow
 def test_kill_9_and_resume_gives_the_uninterrupted_parameters(tmp_path):
     inputs = tiny_data.write_run_inputs(tmp_path / "inputs")
     env = tiny_data.launch_env()
