@@ -30,7 +30,13 @@ def get_config() -> ConfigDict:
         "stop_floor": 0.05,
         "temperature": {"base": 0.25, "reference": 2000.0, "exponent": 0.5},
     })
-    c.prior = ConfigDict({"rounds": 3, "samples": 8, "walk_steps": 4, "sparsity": 0.15, "edge_learning_rate": 0.1,
+    # Structural prior learning (Algorithm 1, lines 3-7; edges.py for each choice): one pi_phi per task family
+    # (the paper learns its prior per dataset), sparse initial structures (expected out-degree 1, so a walk's
+    # end is informative), Eq. 5 credited on the executed edges, the success buffer from the last 4 of 10
+    # rounds (trajectories of the learned pi_phi), and a START node for where successful work begins.
+    c.prior = ConfigDict({"rounds": 10, "samples": 8, "walk_steps": 6, "sparsity": 0.05, "edge_learning_rate": 0.1,
+                          "credit": "executed", "init_out_degree": 1.0, "per_family": True, "buffer_rounds": 4,
+                          "with_start": True,
                           "mlp_hidden": 64, "mlp_steps": 300, "mlp_batch": 32, "mlp_learning_rate": 1e-2})
     c.rollout = ConfigDict({"max_steps": 6})
     c.policy = ConfigDict({"kind": "head", "hidden": 128})
@@ -38,14 +44,13 @@ def get_config() -> ConfigDict:
         "iterations": 250, "tasks_per_iteration": 8, "group_size": 8,  # G = 8 (paper, App. D.3)
         "learning_rate": 3e-3, "epochs": 4, "clip_eps": 0.2, "max_grad_norm": 1.0,
         "token_cost_weight": 0.02, "token_unit": 1000.0,  # beta = 0.02 per 1000 tokens
-        # lambda: the paper's 0.7 holds this miniature's policy next to pi_mix = (uniform + a prior learned
-        # from random walks) / 2, which stops after the solver; chosen here, as the paper chose its own, by
-        # the sensitivity sweep below (which keeps 0.7).
-        "prior_kl_weight": 0.05,
-        "kl_in_reward": False, "advantage_eps": 0.1,
+        # lambda = 0.7 (paper, Sec. 3.6), charged as Eq. 12 writes it: in the return, each step paying
+        # lambda * (log pi(a_t) - log pi_mix(a_t)) at the action taken (train.py says why not the exact KL).
+        "prior_kl_weight": 0.7,
+        "kl_in_reward": True, "kl_sample": True, "kl_in_loss": False, "advantage_eps": 0.1,
     })
     c.systems = SYSTEMS
-    c.sweeps = ConfigDict({"gamma": (0.2, 0.3, 0.5, 0.6), "prior_kl_weight": (0.1, 0.3, 0.7)})  # + the main run
+    c.sweeps = ConfigDict({"gamma": (0.2, 0.3, 0.5, 0.6), "prior_kl_weight": (0.05, 0.1, 0.3)})  # + the main run
     c.lm_check = ConfigDict({
         "enabled": True, "families": ("math",), "num_train": 32, "num_eval": 32, "iterations": 20,
         "tasks_per_iteration": 4, "learning_rate": 3e-3, "epochs": 2,

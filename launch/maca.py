@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -158,8 +159,10 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
     eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
                                  constraint=Constraint(True, cfg.graphspec.edge_threshold))
-    study = analysis.Study(world, train, evals, q_train, edge_probs(mlp, agent_embs, ctx_train), q_eval,
-                           edge_probs(mlp, agent_embs, ctx_eval), policy_factory(cfg, world.pool.names, embeddings),
+    p_train = edge_probs(mlp, agent_embs, ctx_train, with_start=pcfg.with_start)
+    p_eval = edge_probs(mlp, agent_embs, ctx_eval, with_start=pcfg.with_start)
+    study = analysis.Study(world, train, evals, q_train, p_train, q_eval, p_eval,
+                           policy_factory(cfg, world.pool.names, embeddings),
                            grpo_config(cfg), cfg.graphspec.gamma, eval_rollout)
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     return Setup(study, spool, best, timings, prior_stats)
@@ -262,6 +265,7 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     """The whole experiment; returns what results.json holds."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # a rerun replaces the run (Orbax refuses a step twice)
     start = time.perf_counter()
     setup = build_setup(cfg, backend, log)
     names = setup.study.world.pool.names

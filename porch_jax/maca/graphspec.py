@@ -10,6 +10,8 @@ Paper ambiguities and how they are resolved here:
   ** exponent: a larger budget gives a softer sigmoid, so with gamma < 0.5 more agents pass the gate.
 - e(x, b) embeds the task text with the budget written after it (`context_text`).
 - Eq. 7 multiplies p_ij by q_j (the ungated score), as written; the gate acts through the action mask.
+- Where the edge MLP was fitted with a START node (edges.py), p carries an extra source row, p_START,j
+  (where successful coordination starts); Eq. 7 modulates it the same way: start_prior_j = p_START,j q_j.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ class GraphSpec:
     relevance: np.ndarray  # q [N]
     participation: np.ndarray  # z [N] (Z_prior)
     edge_prior: np.ndarray  # P_prior [N, N]
+    start_prior: np.ndarray | None = None  # p_START,j q_j [N], None without a START node
 
     @property
     def retained(self) -> np.ndarray:
@@ -85,11 +88,15 @@ def build_graphspec(
     temperature: BudgetTemperature = BudgetTemperature(),
     standardize: bool = True,
 ) -> GraphSpec:
-    """GraphSpec of one task from e(x, b) [d], the agents' e_i [N, d] and p [N, N] (Eq. 6 on e(x))."""
+    """GraphSpec of one task from e(x, b) [d], the agents' e_i [N, d] and p [N, N] (Eq. 6 on e(x)), or
+    [N + 1, N + 1] with the START node last."""
     q = relevance(jnp.asarray(context_emb), jnp.asarray(agent_embs), temperature(budget), standardize=standardize)
-    p = edge_probs
+    n = len(agent_embs)
+    p = np.asarray(edge_probs)
+    start = p[n, :n] if p.shape[-1] == n + 1 else None
     return GraphSpec(
         relevance=np.asarray(q),
         participation=np.asarray(gate(q, gamma)),
-        edge_prior=np.asarray(edge_prior(jnp.asarray(p), q)),
+        edge_prior=np.asarray(edge_prior(jnp.asarray(p[:n, :n]), q)),
+        start_prior=None if start is None else np.asarray(start * np.asarray(q)),
     )

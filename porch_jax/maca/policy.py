@@ -10,10 +10,16 @@ Paper ambiguities and how they are resolved here:
 - The mask H (Eq. 11) is not specified beyond "structurally implausible interactions". Here an agent is
   allowed iff it passed the relevance gate (z_j > 0) and, after agent i, P_prior[i, j] > edge_threshold;
   STOP is always allowed, so no state is left without an action.
-- pi_prior ("the prior action distribution induced by GraphSpec") is not defined. Here: before the first
-  call the agents are weighted by z_j; after agent i by P_prior[i, j]; STOP by
-  max(stop_floor, 1 - sum_j P_prior[i, j]) (the probability mass the edge prior leaves for ending),
-  stop_floor before the first call; restricted to H and normalised.
+- pi_prior ("the prior action distribution induced by GraphSpec") is not defined. Here it is the walk
+  that prior learning executes on a structure (edges.py), read off GraphSpec: before the first call the
+  agents share 1 - stop_floor in proportion to the START row of P_prior where GraphSpec has one (else
+  to z_j), STOP gets stop_floor (a successful trajectory never ends before its first call); after agent i, each allowed agent not yet called (a walk never revisits) by P_prior[i, j]
+  and STOP by clip(1 - sum of those weights, stop_floor, 1): the edge MLP is fitted on where successful
+  trajectories went next after v_i, a row with no next meaning "ended here", so the mass the row leaves
+  is its stopping probability. Restricted to H and normalised. (Summing the row over every agent, as
+  an earlier version did, counts mass on masked and already-called agents that the walk can never take,
+  and weighting the first call by z_j makes every gate-passing agent, bystanders included, an equally
+  likely opening.)
 - Eq. 12 gives a per-step r_t = R_acc - beta * C_t. Paying R_acc at every step would reward long
   trajectories, so the accuracy reward is paid once, at the last step, and every step pays for its own
   tokens: sum_t r_t = R_acc - beta * C_total. C is counted in units of `token_unit` tokens (default 1000),
@@ -45,13 +51,24 @@ def masked_log_probs(logits: jax.Array, mask: jax.Array) -> jax.Array:
 
 
 def prior_action_probs(
-    z: jax.Array, p_prior: jax.Array, prev: jax.Array, mask: jax.Array, *, stop_floor: float = 0.05
+    z: jax.Array,
+    p_prior: jax.Array,
+    prev: jax.Array,
+    mask: jax.Array,
+    *,
+    start: jax.Array | None = None,
+    visited: jax.Array | None = None,
+    stop_floor: float = 0.05,
 ) -> jax.Array:
-    """pi_prior [..., N + 1] (see the module docstring)."""
+    """pi_prior [..., N + 1] (see the module docstring). z [N], p_prior [N, N], prev [...] (-1: no agent
+    yet), mask bool [..., N + 1]; start [N] (GraphSpec's START row; None: use z), visited bool [..., N]."""
     started = (prev >= 0)[..., None]
-    row = p_prior[jnp.maximum(prev, 0)]
-    agent_w = jnp.where(started, row, z)
-    stop_w = jnp.where(started[..., 0], jnp.maximum(stop_floor, 1.0 - row.sum(-1)), stop_floor)
+    row = p_prior[jnp.maximum(prev, 0)]  # [..., N]
+    candidates = mask[..., :-1] & (True if visited is None else ~visited)
+    opening = (z if start is None else start) * candidates
+    opening = (1.0 - stop_floor) * opening / jnp.maximum(opening.sum(-1, keepdims=True), 1e-30)
+    agent_w = jnp.where(started, row * candidates, opening)
+    stop_w = jnp.where(started[..., 0], jnp.clip(1.0 - agent_w.sum(-1), stop_floor, 1.0), stop_floor)
     weights = jnp.concatenate([agent_w, stop_w[..., None]], axis=-1) * mask
     return weights / weights.sum(-1, keepdims=True)
 

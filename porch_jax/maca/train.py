@@ -7,11 +7,17 @@ and minimises the clipped surrogate (Eq. 10) over the episodes' decisions. Each 
 `grpo_loss`: its log-prob is log pi_theta(a_t | s_t) under the Eq. 11 mask.
 
 Choices the paper leaves open, and why:
-- The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters; variants
-  without GraphSpec take pi_prior = pi_ref) enters as a loss term, lambda * KL(pi_theta || pi_mix) at every
-  decision, the way GRPO applies its KL penalty (Shao et al. 2024), rather than inside the return. In the
-  return (Eq. 12 literally, `kl_in_reward`) the KL charges every extra step while pi_theta is still far
-  from pi_mix, and on the synthetic pool the group ranking then learns to STOP after the first call.
+- The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters, for the
+  head a uniform policy over the allowed set; variants without GraphSpec take pi_prior = pi_ref) can be
+  charged in the return (Eq. 12, `kl_in_reward`), as a loss term at every decision (`kl_in_loss`, the way
+  GRPO applies its KL penalty, Shao et al. 2024), or both. In the return, KL_t must be the one-sample
+  estimate at the action taken, log pi(a_t | s_t) - log pi_mix(a_t | s_t) (`kl_sample`; its expectation
+  is the exact KL, and summed over t it estimates KL between the trajectory distributions), not the exact
+  per-state KL: the exact KL does not depend on a_t, so as a reward it cannot say "take what the prior
+  favours"; it only charges every extra step, and the group ranking then learns to STOP after the first
+  call (synthetic pool, lambda 0.7: 1.7 calls, expected accuracy 0.53, against 2.4 calls and 0.72 with the
+  sample estimate). The experiment config uses Eq. 12 with the sample estimate and no loss KL (the paper's
+  Eq. 10 alpha-KL to pi_ref has no given value; alpha = 0 here).
 - Eq. 9's epsilon is 0.1, not ~0: when all K outcomes of a group agree, the returns differ only by
   beta * tokens, and a tiny epsilon would blow those differences up to unit advantages (teaching "stop
   early" whatever beta is). 0.1 keeps them at the scale of beta's cost.
@@ -38,6 +44,7 @@ from porch_jax.maca.edges import (
     SuccessBuffer,
     prior_learning_round,
     train_edge_mlp,
+    with_start_node,
 )
 from porch_jax.maca.graphspec import (
     DEFAULT_GAMMA,
@@ -111,15 +118,19 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 
 
 def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_GAMMA) -> list[GraphSpec] | None:
-    """GraphSpec per task (Eq. 4 and 7) from relevance q [M, N] and edge probabilities p [M, N, N]."""
+    """GraphSpec per task (Eq. 4 and 7) from relevance q [M, N] and edge probabilities p [M, N, N] (or
+    [M, N + 1, N + 1] with the START node last, see edges.py). Without P_prior every edge, START's
+    included, has p = 1, so pi_prior opens by relevance alone."""
     if prior == "none":
         return None
+    n = q.shape[1]
     if prior == "no_relevance":
         q = np.ones_like(q)
     if prior == "no_edges":
-        p = np.broadcast_to(~np.eye(q.shape[1], dtype=bool), p.shape).astype(np.float32)
-    z, pp = np.asarray(gate(jnp.asarray(q), gamma)), np.asarray(edge_prior(jnp.asarray(p), jnp.asarray(q)))
-    return [GraphSpec(relevance=q[m], participation=z[m], edge_prior=pp[m]) for m in range(len(q))]
+        p = np.broadcast_to(~np.eye(p.shape[-1], dtype=bool), p.shape).astype(np.float32)
+    z, pp = np.asarray(gate(jnp.asarray(q), gamma)), np.asarray(edge_prior(jnp.asarray(p[:, :n, :n]), jnp.asarray(q)))
+    start = p[:, n, :n] * q if p.shape[-1] == n + 1 else [None] * len(q)
+    return [GraphSpec(relevance=q[m], participation=z[m], edge_prior=pp[m], start_prior=start[m]) for m in range(len(q))]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,6 +147,11 @@ class PriorConfig:
     walk_steps: int = 4
     sparsity: float = 0.3  # Eq. 5's lambda per agent (times N; see edges.py on why it is needed)
     edge_learning_rate: float = 0.1
+    credit: str = "sampled"  # Eq. 5 on the sampled or the executed edges (edges.py)
+    init_out_degree: float | None = None  # pi_phi's initial expected out-degree among a task's agents (None: sigma = 0.5)
+    per_family: bool = False  # one pi_phi per task family (the paper learns its prior per dataset)
+    buffer_rounds: int | None = None  # fill the success buffer from the last rounds only (None: all)
+    with_start: bool = False  # learn where successful trajectories start (edges.py, START node)
     mlp_hidden: int = 128
     mlp_steps: int = 300
     mlp_batch: int = 32
@@ -157,29 +173,49 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
     rng = np.random.default_rng(seed)
     allowed = np.asarray(gate(jnp.asarray(q), cfg.gamma)) > 0
     n = agent_embs.shape[0]
-    edge_policy = EdgePolicy.create(n, sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate)
+    init_logit = 0.0
+    if cfg.init_out_degree is not None:  # sparse structures: a walk's end then says where success stopped
+        sigma = min(cfg.init_out_degree / max(allowed.sum(1).mean() - 1, 1.0), 0.5)
+        init_logit = float(np.log(sigma / (1 - sigma)))
+    groups = sorted({t.family for t in tasks}) if cfg.per_family else [None]
+    policies = {g: EdgePolicy.create(n, sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate,
+                                     init_logit=init_logit) for g in groups}
     buffer = SuccessBuffer()
-
-    def execute(m: int, graph: np.ndarray) -> tuple[list[int], bool]:
-        path = walk(graph, allowed[m], rng, max_steps=cfg.walk_steps)
-        correct, _ = asyncio.run(run_path(world, tasks[m], path, rng))
-        return path, correct
-
     key = jax.random.key(seed)
     success = []
-    for _ in range(cfg.rounds):
-        key, sub = jax.random.split(key)
-        success.append(prior_learning_round(edge_policy, sub, context_embs, allowed, execute, buffer, samples=cfg.samples))
+    for r in range(cfg.rounds):
+        keep = cfg.buffer_rounds is None or r >= cfg.rounds - cfg.buffer_rounds
+        hits, count = 0.0, 0
+        for g in groups:
+            idx = [m for m, t in enumerate(tasks) if g is None or t.family == g]
+
+            def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool]:
+                m = idx[k]
+                path = walk(graph, allowed[m], rng, max_steps=cfg.walk_steps)
+                correct, _ = asyncio.run(run_path(world, tasks[m], path, rng))
+                return path, correct
+
+            key, sub = jax.random.split(key)
+            rate = prior_learning_round(policies[g], sub, context_embs[idx], allowed[idx], execute, buffer,
+                                        samples=cfg.samples, credit=cfg.credit, keep=keep)
+            hits, count = hits + rate * len(idx), count + len(idx)
+        success.append(hits / count)
     mlp = EdgeMLP(agent_embs.shape[1], cfg.mlp_hidden, rngs=nnx.Rngs(seed))
     losses = train_edge_mlp(mlp, buffer, agent_embs, steps=cfg.mlp_steps, batch_size=cfg.mlp_batch,
-                            learning_rate=cfg.mlp_learning_rate, seed=seed)
-    return mlp, {"walk_success": success, "buffer": len(buffer), "mlp_loss": [losses[0], losses[-1]]}
+                            learning_rate=cfg.mlp_learning_rate, seed=seed, with_start=cfg.with_start)
+    return mlp, {"walk_success": success, "buffer": len(buffer), "mlp_loss": [losses[0], losses[-1]],
+                 "with_start": cfg.with_start}
 
 
-def edge_probs(mlp: EdgeMLP, agent_embs: np.ndarray, context_embs: np.ndarray) -> np.ndarray:
-    """p [M, N, N] from Eq. 6, self-loops zeroed (an agent does not hand off to itself; Eq. 5 samples none)."""
-    p = np.asarray(jax.nn.sigmoid(mlp.pair_logits(jnp.asarray(agent_embs), jnp.asarray(context_embs))))
-    return p * ~np.eye(agent_embs.shape[0], dtype=bool)
+def edge_probs(mlp: EdgeMLP, agent_embs: np.ndarray, context_embs: np.ndarray, *, with_start: bool = False) -> np.ndarray:
+    """p [M, N, N] from Eq. 6, self-loops zeroed (an agent does not hand off to itself; Eq. 5 samples none);
+    [M, N + 1, N + 1] `with_start`, START last, with nothing entering it."""
+    embs = with_start_node(agent_embs) if with_start else np.asarray(agent_embs)
+    p = np.asarray(jax.nn.sigmoid(mlp.pair_logits(jnp.asarray(embs), jnp.asarray(context_embs))))
+    allowed = ~np.eye(len(embs), dtype=bool)
+    if with_start:
+        allowed[:, -1] = False
+    return p * allowed
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -188,24 +224,34 @@ def edge_probs(mlp: EdgeMLP, agent_embs: np.ndarray, context_embs: np.ndarray) -
 
 
 @functools.partial(jax.jit, static_argnames="stop_floor")
-def _prior_probs(z, p, prev, mask, stop_floor: float):
-    return jax.vmap(functools.partial(prior_action_probs, stop_floor=stop_floor))(z, p, prev, mask)
+def _prior_probs(z, p, prev, mask, start, visited, stop_floor: float):
+    def one(z, p, prev, mask, start, visited):
+        return prior_action_probs(z, p, prev, mask, start=start, visited=visited, stop_floor=stop_floor)
+
+    return jax.vmap(one)(z, p, prev, mask, start, visited)
 
 
 def prior_probs(states: Sequence[State], masks: np.ndarray, specs: Mapping[str, GraphSpec], stop_floor: float) -> np.ndarray:
     """pi_prior [R, A] of each state under its task's GraphSpec, restricted to masks [R, A] (R >= len(states):
     rows past the states are padding and put all mass on STOP)."""
     rows = len(masks)
-    z = pad_rows(np.stack([specs[s.task.task_id].participation for s in states]), rows)
-    p = pad_rows(np.stack([specs[s.task.task_id].edge_prior for s in states]), rows)
+    spec = [specs[s.task.task_id] for s in states]
+    z = pad_rows(np.stack([g.participation for g in spec]), rows)
+    p = pad_rows(np.stack([g.edge_prior for g in spec]), rows)
+    start = pad_rows(np.stack([g.participation if g.start_prior is None else g.start_prior for g in spec]), rows)
+    visited = np.zeros(z.shape, bool)
+    for r, s in enumerate(states):
+        visited[r, list(s.history)] = True
     prev = np.full(rows, -1, np.int32)
     prev[: len(states)] = [s.prev for s in states]
-    return np.asarray(_prior_probs(z, p, prev, masks, float(stop_floor)))
+    return np.asarray(_prior_probs(z, p, prev, masks, start.astype(np.float32), visited, float(stop_floor)))
 
 
 @dataclasses.dataclass(frozen=True)
 class PriorPolicy:
-    """Acts by pi_prior alone: the "w/o pi_theta" ablation, a structure-centric system."""
+    """Acts by pi_prior alone: the "w/o pi_theta" ablation, a structure-centric system. Evaluated greedily
+    it executes GraphSpec's mode: the START row's favourite, then the most plausible allowed edge to an
+    agent not yet called, until the row's leftover (STOP) mass outweighs every edge."""
 
     specs: Mapping[str, GraphSpec]
     stop_floor: float = 0.05
@@ -237,13 +283,18 @@ def maca_loss(log_probs: jax.Array, actions: jax.Array, old_logp: jax.Array, adv
 @functools.partial(jax.jit, static_argnames=("groups", "token_cost_weight", "prior_kl_weight", "token_unit", "eps"))
 def group_targets(old: jax.Array, ref: jax.Array, prior: jax.Array, valid: jax.Array, episode: jax.Array, step: jax.Array,
                   tokens: jax.Array, correct: jax.Array, step_mask: jax.Array, *, groups: int, token_cost_weight: float,
-                  prior_kl_weight: float, token_unit: float, eps: float) -> dict[str, jax.Array]:
+                  prior_kl_weight: float, token_unit: float, eps: float, actions: jax.Array | None = None
+                  ) -> dict[str, jax.Array]:
     """From the decisions' rollout log-probs, pi_ref log-probs and pi_prior ([R, A]; rows flagged by valid [R],
     placed at (episode, step)) and the episodes' step tokens [E, T], outcomes [E] and step masks: log pi_mix,
     KL_t per decision, R per episode (Eq. 8, 12; lambda weights the KL in the return) and the advantages
     (Eq. 9, episodes grouped in `groups` consecutive runs) per episode and per decision."""
     mix = mix_log_probs(ref, prior)
-    kl = jnp.where(valid, kl_to_mix(old, mix), 0.0)
+    if actions is None:  # the exact KL of each state's distribution
+        kl = jnp.where(valid, kl_to_mix(old, mix), 0.0)
+    else:  # the one-sample estimate at the taken action, log pi(a_t | s_t) - log pi_mix(a_t | s_t)
+        taken = lambda x: jnp.take_along_axis(x, actions[:, None], axis=-1)[:, 0]
+        kl = jnp.where(valid, taken(old) - taken(mix), 0.0)
     kl_steps = jnp.zeros(tokens.shape, jnp.float32).at[episode, step].add(kl)
     rewards = step_rewards(correct, tokens, kl_steps, step_mask, token_cost_weight=token_cost_weight,
                            prior_kl_weight=prior_kl_weight, token_unit=token_unit)
@@ -271,6 +322,8 @@ class GRPOConfig:
     token_cost_weight: float = TOKEN_COST_WEIGHT
     token_unit: float = 1000.0
     kl_in_reward: bool = False  # True: also charge lambda * KL_t in the return (Eq. 12 literally)
+    kl_in_loss: bool = True  # lambda * KL(pi_theta || pi_mix) as a loss term at every decision
+    kl_sample: bool = False  # in the return: KL_t as log pi(a_t) - log pi_mix(a_t) at the taken action
     advantage_eps: float = 0.1  # Eq. 9's epsilon (see group_targets)
     stop_floor: float = 0.05
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
@@ -354,7 +407,8 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     tx = make_optimizer(cfg)
     ref_params = jax.tree.map(jnp.copy, policy.params)
     opt_state = tx.init(policy.params)
-    update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps, variant.prior_kl_weight)
+    update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
+                               variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
     rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
     history = []
     for it in range(cfg.iterations):
@@ -374,7 +428,8 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
             old, ref, prior, valid, pad_rows(batch.episode, rows), pad_rows(batch.step, rows), batch.tokens,
             np.array([e.correct for e in episodes], np.float32), batch.step_mask, groups=len(picked),
             token_cost_weight=cfg.token_cost_weight, token_unit=cfg.token_unit, eps=cfg.advantage_eps,
-            prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0)
+            prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0,
+            actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None)
         actions = pad_rows(batch.actions, rows)
         old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
         for _ in range(cfg.epochs):

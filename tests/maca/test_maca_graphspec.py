@@ -14,7 +14,9 @@ from porch_jax.maca.edges import (
     edge_policy_loss,
     edge_probabilities,
     path_labels,
+    prior_learning_round,
     sample_edges,
+    with_start_node,
 )
 from porch_jax.maca.graphspec import BudgetTemperature, build_graphspec, edge_prior, gate, relevance
 
@@ -141,3 +143,37 @@ def test_path_labels_and_buffer_keep_only_successes():
         buffer.add(np.ones(3), path, success=True)
     _, targets, _ = buffer.arrays(3)
     assert len(buffer) == 2 and targets.shape == (2, 3, 3) and targets[-1, 2, 0] == 1
+
+
+def test_start_node_labels_the_first_agent_and_nothing_enters_it():
+    targets, mask = path_labels([2, 0, 3], 4, with_start=True)
+    assert targets.shape == (5, 5) and targets[4, 2] == 1 and targets[2, 0] == targets[0, 3] == 1 and targets.sum() == 3
+    np.testing.assert_array_equal(mask[:, 4], 0)  # START is never a target
+    np.testing.assert_array_equal(mask[4, :4], 1)  # its row is labelled over every agent
+    np.testing.assert_array_equal(mask.sum(1), [3, 0, 3, 3, 4])
+    np.testing.assert_array_equal(with_start_node(np.ones((4, 3)))[-1], 0)
+    spec = build_graphspec(np.ones(3), np.eye(4, 3) + 0.1, 2000.0, np.full((5, 5), 0.5))
+    np.testing.assert_allclose(spec.start_prior, 0.5 * spec.relevance)  # Eq. 7 modulates the START row too
+    assert spec.edge_prior.shape == (4, 4)
+
+
+@pytest.mark.parametrize("credit", ["sampled", "executed"])
+def test_prior_learning_round_credits_the_sampled_or_the_executed_edges(credit):
+    """The walk 0 -> 1 always succeeds: with executed credit only edge (0, 1) is pushed up, with the paper's
+    literal reading every edge of the sampled graph is (and the sparsity term is the only counterweight)."""
+    n = 4
+    policy = EdgePolicy.create(n, sparsity_weight=0.0, learning_rate=0.1)
+    buffer = SuccessBuffer()
+    allowed = np.ones((1, n), bool)
+    prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, graph: ([0, 1], True), buffer,
+                         samples=8, credit=credit)
+    moved = policy.probs > 0.5 + 1e-3
+    off = ~np.eye(n, dtype=bool)
+    if credit == "executed":
+        assert moved[0, 1] and moved.sum() == 1
+    else:
+        assert moved[off].sum() > 1
+    assert len(buffer) == 8
+    with pytest.raises(ValueError):
+        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, g: ([0], True), buffer,
+                             credit="all")

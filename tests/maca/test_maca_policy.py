@@ -52,13 +52,18 @@ def test_masked_policy_matches_eq11():
     assert np.all(np.isneginf(np.asarray(log_probs)[~mask]))
 
 
-def _prior_numpy(z, p_prior, prev, mask, stop_floor):
+def _prior_numpy(z, p_prior, prev, mask, stop_floor, start=None, visited=None):
+    """pi_prior written out: the START row (or z) opens; after agent i the allowed, not yet called agents
+    weigh P_prior[i, j] and STOP takes what their weights leave (at least stop_floor)."""
     out = []
-    for i, m in zip(prev, mask):
+    for r, (i, m) in enumerate(zip(prev, mask)):
+        free = [m[j] and (visited is None or not visited[r][j]) for j in range(N)]
         if i < 0:
-            w = list(z) + [stop_floor]
+            agents = [(z if start is None else start)[j] * free[j] for j in range(N)]
+            w = [(1 - stop_floor) * a / sum(agents) for a in agents] + [stop_floor]
         else:
-            w = list(p_prior[i]) + [max(stop_floor, 1 - p_prior[i].sum())]
+            agents = [p_prior[i, j] * free[j] for j in range(N)]
+            w = agents + [min(1.0, max(stop_floor, 1 - sum(agents)))]
         w = np.array(w) * m
         out.append(w / w.sum())
     return np.array(out)
@@ -71,7 +76,30 @@ def test_prior_action_distribution():
     probs = prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask), stop_floor=0.05)
     expected = _prior_numpy(z, p_prior, prev, mask, 0.05)
     np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-7)
-    assert expected[3, N] > 0.3 and expected[0, N] < 0.05
+    assert expected[3, N] > 0.3 and np.isclose(expected[0, N], 0.05)
+    # STOP is what the row leaves over the agents the walk can still take: mass on masked agents does not
+    # count (the earlier reading, 1 - full row sum, left agent 0's row almost no STOP)
+    free = mask[1, :N]
+    assert p_prior[0].sum() > 1 and p_prior[0, free].sum() < 0.9
+    np.testing.assert_allclose(probs[1, N], 1 - p_prior[0, free].sum(), rtol=1e-5)
+
+
+def test_prior_opens_by_the_start_row_and_never_revisits():
+    _, z, p_prior, prev = _case(2)
+    mask = _mask_numpy(z, p_prior, prev, 0.0)
+    start = np.array([0.05, 0.0, 0.9, 0.1, 0.0])
+    visited = np.zeros((len(prev), N), bool)
+    visited[2, [0, 2]] = True  # a walk 0 -> 2: agent 0 is not proposed again after 2
+    probs = np.asarray(prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask),
+                                          start=jnp.asarray(start), visited=jnp.asarray(visited), stop_floor=0.05))
+    np.testing.assert_allclose(probs, _prior_numpy(z, p_prior, prev, mask, 0.05, start, visited), rtol=1e-5, atol=1e-7)
+    assert np.argmax(probs[0]) == 2  # the START row decides the opening (z alone would pick agent 3)
+    # a START row with little mass still opens with an agent: STOP before any call keeps only stop_floor
+    tiny = np.asarray(prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask),
+                                         start=jnp.asarray(start * 1e-3), stop_floor=0.05))
+    np.testing.assert_allclose(tiny[0], probs[0], rtol=1e-5)
+    assert probs[2, 0] == 0 and probs[2, 2] == 0 and probs[2, 3] > 0
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
 
 
 def test_kl_to_mix_and_rewards_match_eq12():

@@ -104,6 +104,29 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     np.testing.assert_allclose(out["returns"], correct - 0.02 * tokens.sum(1) / 1000 - 0.7 * kl * step_mask.sum(1), rtol=1e-4)
 
 
+def test_sampled_kl_in_the_return_rewards_following_the_prior():
+    """Eq. 12 with KL_t = log pi(a_t) - log pi_mix(a_t) at the taken action: a step that takes what pi_mix
+    favours pays less than one that takes what it disfavours, whereas the exact per-state KL charges both
+    the same (it does not depend on a_t), so in the return it can only teach shorter episodes."""
+    a = 3
+    policy = np.log(np.array([[0.4, 0.4, 0.2]] * 2, np.float32))
+    ref = np.log(np.full((2, a), 1 / a, np.float32))
+    prior = np.array([[0.9, 0.05, 0.05]] * 2, np.float32)
+    mix = np.log(0.5 * (1 / a + prior))
+    episode, step, valid = np.array([0, 1]), np.array([0, 0]), np.array([True, True])
+    tokens, step_mask, correct = np.zeros((2, 1), np.float32), np.ones((2, 1), bool), np.ones(2, np.float32)
+    kw = dict(groups=1, token_cost_weight=0.0, prior_kl_weight=0.7, token_unit=1000.0, eps=0.1)
+    actions = np.array([0, 1])  # episode 0 follows the prior, episode 1 does not
+    sampled = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, actions=actions, **kw)
+    np.testing.assert_allclose(sampled["kl"], policy[[0, 1], actions] - mix[[0, 1], actions], rtol=1e-5)
+    np.testing.assert_allclose(sampled["returns"], 1 - 0.7 * (policy[[0, 1], actions] - mix[[0, 1], actions]), rtol=1e-5)
+    assert sampled["returns"][0] > sampled["returns"][1]
+    exact = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, **kw)
+    np.testing.assert_allclose(exact["returns"][0], exact["returns"][1])
+    # the one-sample estimate is unbiased: its expectation under pi is the exact KL
+    np.testing.assert_allclose(np.sum(np.exp(policy[0]) * (policy[0] - mix[0])), exact["kl"][0], rtol=1e-5)
+
+
 def test_graphspec_ablations():
     rng = np.random.default_rng(0)
     q, p = rng.uniform(0.2, 1.0, (2, 5)), rng.uniform(0, 1, (2, 5, 5))
@@ -129,7 +152,8 @@ def small_study():
     agents = encoder.encode([a.profile for a in spool.pool])
     ctx_train = encoder.encode([context_text(t.prompt, t.budget) for t in train])
     ctx_eval = encoder.encode([context_text(t.prompt, t.budget) for t in evals])
-    cfg = PriorConfig(gamma=0.0, rounds=1, samples=4, mlp_hidden=32, mlp_steps=60, mlp_learning_rate=1e-2)
+    cfg = PriorConfig(gamma=0.0, rounds=2, samples=4, walk_steps=5, sparsity=0.05, credit="executed", init_out_degree=1.0,
+                      per_family=True, with_start=True, mlp_hidden=32, mlp_steps=60, mlp_learning_rate=1e-2)
     q_train = relevance_scores(ctx_train, agents, [t.budget for t in train], BudgetTemperature())
     q_eval = relevance_scores(ctx_eval, agents, [t.budget for t in evals], BudgetTemperature())
     mlp, stats = learn_edge_mlp(world, train, ctx_train, agents, q_train, cfg)
@@ -137,8 +161,10 @@ def small_study():
     embeddings = {t.task_id: e for t, e in zip(train + evals, np.concatenate([ctx_train, ctx_eval]))}
     rollout_cfg = RolloutConfig(max_steps=5, greedy=True, constraint=Constraint(True, 0.0))
     grpo = GRPOConfig(iterations=3, tasks_per_iteration=4, rollout=rollout_cfg)
-    return Study(world, train, evals, q_train, edge_probs(mlp, agents, ctx_train), q_eval,
-                 edge_probs(mlp, agents, ctx_eval), lambda seed: head_policy(embeddings, len(spool.pool), 5, seed=seed),
+    p_train, p_eval = (edge_probs(mlp, agents, c, with_start=True) for c in (ctx_train, ctx_eval))
+    assert p_train.shape[1:] == (len(agents) + 1,) * 2 and not p_train[:, :, -1].any()  # nothing enters START
+    return Study(world, train, evals, q_train, p_train, q_eval, p_eval,
+                 lambda seed: head_policy(embeddings, len(spool.pool), 5, seed=seed),
                  grpo, 0.0, rollout_cfg)
 
 
@@ -157,6 +183,15 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
     for name in ("grpo", "no_policy"):  # the unconstrained space and the prior-only system also run
         evaluation, _ = run_variant(study, VARIANTS[name])
         assert 0.0 <= evaluation.summary["expected_accuracy"] <= 1.0
+    # the structure-centric system acts by GraphSpec's mode: the same paths whatever the seed, opening with
+    # the START row's favourite among the allowed agents
+    a, _ = run_variant(study, VARIANTS["no_policy"], seed=0)
+    b, _ = run_variant(study, VARIANTS["no_policy"], seed=1)
+    assert [e.path for e in a.episodes] == [e.path for e in b.episodes]
+    _, specs = study.specs(VARIANTS["no_policy"])
+    for e in a.episodes:
+        spec = specs[e.task.task_id]
+        assert e.path and e.path[0] == int(np.argmax(np.where(spec.retained, spec.start_prior, -1.0)))
 
 
 @pytest.mark.slow
