@@ -4,6 +4,7 @@
 
 Model: Qwen3-style, hidden 512, 8 layers, 8 query / 4 kv heads of 64, MLP 1536, vocab 2048,
 tied embeddings; batch 4 x 512 tokens, loss on every next-token position, AdamW, float32.
+glibc malloc is tuned for XLA (porch_jax.runtime.tune_malloc) unless --no-malloc-tuning.
 
 FLOPs are counted analytically, per step (forward + backward = 3 x forward):
   6 * N * tokens, N = matmul parameters = layers * (q, k, v, o, gate, up, down) + LM head
@@ -49,6 +50,13 @@ def _time(fn) -> float:
     start = time.perf_counter()
     fn()
     return time.perf_counter() - start
+
+
+def _times(fn) -> tuple[float, float]:
+    """(wall, process CPU) seconds of one call: CPU time is the steadier figure on a shared machine."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def matmul_runner(n: int = 2048):
@@ -129,8 +137,14 @@ def main() -> None:
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--single-thread", action="store_true",
                         help="one thread for XLA and PyTorch: steadier numbers on a shared machine")
+    parser.add_argument("--no-malloc-tuning", action="store_true",
+                        help="keep glibc's default allocator settings (porch_jax.runtime.tune_malloc)")
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
+    if not args.no_malloc_tuning:  # both frameworks in this process; before the first computation
+        from porch_jax.runtime import tune_malloc
+
+        tune_malloc()
     if args.single_thread:  # before JAX starts its backend
         flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip()
@@ -145,9 +159,10 @@ def main() -> None:
     # ratios are medians of per-round ratios.
     rounds = []
     for _ in range(args.rounds):
-        r = {"matmul_s": statistics.median(_time(matmul) for _ in range(3)), "jax_s": _time(jax_step)}
+        r = {"matmul_s": statistics.median(_time(matmul) for _ in range(3))}
+        r["jax_s"], r["jax_cpu_s"] = _times(jax_step)
         if torch_step is not None:
-            r["torch_s"] = _time(torch_step)
+            r["torch_s"], r["torch_cpu_s"] = _times(torch_step)
         rounds.append(r)
     peak = matmul_flops / statistics.median(r["matmul_s"] for r in rounds)
     jax_time = statistics.median(r["jax_s"] for r in rounds)
@@ -155,7 +170,7 @@ def main() -> None:
 
     result = {
         "config": {**HF, "batch": args.batch, "seq": args.seq, "threads": threads},
-        "matmul_params": n, "step_flops": flops, "matmul_peak_flops": peak, "rounds": rounds,
+        "load_average_1min": os.getloadavg()[0], "matmul_params": n, "step_flops": flops, "matmul_peak_flops": peak, "rounds": rounds,
         "jax": {"step_s": jax_time, "first_step_s": first, "tokens_per_s": tokens / jax_time,
                 "flops_per_s": flops / jax_time, "fraction_of_matmul_peak": of_peak},
     }
@@ -167,11 +182,15 @@ def main() -> None:
         torch_time = statistics.median(r["torch_s"] for r in rounds)
         speedup = statistics.median(r["torch_s"] / r["jax_s"] for r in rounds)
         result["torch"] = {"step_s": torch_time, "tokens_per_s": tokens / torch_time, "flops_per_s": flops / torch_time}
+        cpu_speedup = statistics.median(r["torch_cpu_s"] / r["jax_cpu_s"] for r in rounds)
         result["speedup_vs_torch"] = speedup
+        result["cpu_speedup_vs_torch"] = cpu_speedup
         rows += [("PyTorch SFT step", f"{torch_time * 1e3:,.0f} ms", f"{tokens / torch_time:,.0f} tok/s"),
-                 ("JAX / PyTorch throughput", f"{speedup:.2f}x", "target > 1.5x")]
+                 ("JAX / PyTorch throughput", f"{speedup:.2f}x", "target > 1.5x"),
+                 ("PyTorch / JAX CPU time per step", f"{cpu_speedup:.2f}x", "")]
     print(f"SFT step, batch {args.batch} x seq {args.seq}, {n / 1e6:.1f} M matmul params, "
-          f"{flops / 1e9:,.1f} GFLOP per step, {threads} thread(s), medians of {args.rounds} rounds")
+          f"{flops / 1e9:,.1f} GFLOP per step, {threads} thread(s), medians of {args.rounds} rounds, "
+          f"load average {os.getloadavg()[0]:.1f}")
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:>18}  {note}")

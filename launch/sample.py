@@ -40,6 +40,10 @@ def main(argv: list[str]) -> None:
     del argv
     from transformers import AutoTokenizer
 
+    from porch_jax import runtime
+
+    runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
+
     from porch_jax.models import from_pretrained
     from porch_jax.models.sampler import Sampler, SamplingParams
     from porch_jax.models.tiny import make_tiny_model

@@ -78,7 +78,10 @@ def main(argv: list[str]) -> None:
     if config.method not in METHODS:
         raise app.UsageError(f"--config.method must be one of {METHODS}, got {config.method!r}")
 
+    from porch_jax import runtime
     from porch_jax.train import distributed
+
+    runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
 
     distributed.initialize(
         distributed.DistributedConfig(

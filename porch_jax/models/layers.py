@@ -222,18 +222,23 @@ def causal_attention(
     return jnp.transpose(out.reshape(b, kv, t, g, d), (0, 2, 1, 3, 4))
 
 
-def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, cache_index) -> jax.Array:
+def cached_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, cache_index, *, heads_major: bool = False
+) -> jax.Array:
     """Queries q [B, T, K, G, D] in cache slots [cache_index, cache_index + T) over all cache slots.
 
-    A query in slot s sees key slots <= s whose key_mask [B, S] is True. Dense: decoding has few
-    queries, and the cache length is fixed.
+    k, v: [B, S, K, D], or [B, K, S, D] with heads_major (KVCache's layout, which the batched
+    matmuls read as it is: from [B, S, K, D], XLA:CPU transposes the whole cache of every layer at
+    every decode step). A query in slot s sees key slots <= s whose key_mask [B, S] is True.
+    Dense: decoding has few queries, and the cache length is fixed.
     """
-    t, s = q.shape[1], k.shape[1]
+    t, s = q.shape[1], k.shape[2 if heads_major else 1]
     query_slots = cache_index + jnp.arange(t)
     visible = (jnp.arange(s)[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
-    scores = _einsum("bqkgd,bskd->bkgqs", q, k, q.dtype)
+    kv_spec = "bksd" if heads_major else "bskd"
+    scores = _einsum(f"bqkgd,{kv_spec}->bkgqs", q, k, q.dtype)
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, _MASKED), axis=-1)
-    return _einsum("bkgqs,bskd->bqkgd", probs, v, v.dtype).astype(q.dtype)
+    return _einsum(f"bkgqs,{kv_spec}->bqkgd", probs, v, v.dtype).astype(q.dtype)
 
 
 class Attention(nnx.Module):
@@ -260,7 +265,7 @@ class Attention(nnx.Module):
         segment_ids: jax.Array | None,
         kv_cache: tuple[jax.Array, jax.Array, int, jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, tuple[jax.Array, jax.Array] | None]:
-        """x [B, T, H]. kv_cache: (k, v [L, B, S, K, D] of all layers, this layer's index,
+        """x [B, T, H]. kv_cache: (k, v [L, B, K, S, D] of all layers, this layer's index,
         key_mask [B, S], cache_index) or None.
 
         Returns the output [B, T, H] and, with a cache, the updated all-layer (k, v): writing into
@@ -280,11 +285,11 @@ class Attention(nnx.Module):
             new_kv = None
         else:
             k_cache, v_cache, layer, key_mask, index = kv_cache
-            start = (layer, 0, index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
+            start = (layer, 0, 0, index, 0)  # KVCache is heads-major: [L, B, K, S, D]
+            k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
             keys, values = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
-            out = cached_attention(q, keys, values, key_mask, index)
+            out = cached_attention(q, keys, values, key_mask, index, heads_major=True)
             new_kv = (k_cache, v_cache)
         return dense(out.reshape(b, t, -1), self.o_proj[...].astype(self.dtype).reshape(-1, h)), new_kv
 
