@@ -14,91 +14,46 @@ the writer opens the file, and the reader ignores it, as ``trajectories.Trajecto
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from porch_jax.attribution.grm import AttributionUnit, GRMReplyError, grm_request, parse_reply
+from porch_jax.attribution.grm import (
+    AttributionUnit,
+    GRMReplyError,
+    grm_request,
+    parse_reply,
+)
 from porch_jax.backends import Backend, Sampling
 from porch_jax.protocol import DELEGATE, REVISE
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, TrajectoryStore
+from porch_jax.trajectories.jsonl import AppendOnlyJsonl
 
 log = logging.getLogger(__name__)
 Key = tuple[str, int]
 
 
-class AttributionStore:
+class AttributionStore(AppendOnlyJsonl):
     """Append-only JSONL of attribution rows; one writer at a time (``flock``)."""
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
-        self._fd: int | None = None
-
-    def _writer(self) -> int:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RuntimeError(f"{self.path} is being written by another attribution job") from None
-            self._drop_torn_tail(fd)
-            self._fd = fd
-        return self._fd
-
-    def _drop_torn_tail(self, fd: int) -> None:
-        data = self.path.read_bytes()
-        keep = data.rfind(b"\n") + 1
-        if keep == len(data):
-            return
-        with open(f"{self.path}.torn", "ab") as f:
-            f.write(data[keep:] + b"\n")
-        os.ftruncate(fd, keep)
-        os.fsync(fd)
-        log.warning("%s: removed a torn last line (%d bytes) left by an interrupted write", self.path, len(data) - keep)
+    writer_name = "another attribution job"
 
     def append_many(self, rows: Iterable[dict[str, Any]]) -> None:
-        data = b"".join(json.dumps(r, ensure_ascii=True, separators=(",", ":")).encode() + b"\n" for r in rows)
-        if data:
-            fd = self._writer()
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
-            os.fsync(fd)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self) -> AttributionStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.write_lines(b"".join(json.dumps(r, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
+                                  for r in rows))
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, 1):
-                if not raw.endswith(b"\n"):
-                    log.warning("%s:%d: ignoring a torn last line", self.path, lineno)
-                    return
-                try:
-                    row = json.loads(raw)
-                    str(row["episode_id"]), int(row["index"]), bool(row["attributable"]), str(row["hint"])
-                except (ValueError, KeyError, TypeError) as e:
-                    raise ValueError(f"{self.path}:{lineno}: bad attribution row ({e!r})") from None
-                yield row
+        for lineno, raw in self.raw_lines():
+            try:
+                row = json.loads(raw)
+                str(row["episode_id"]), int(row["index"]), bool(row["attributable"]), str(row["hint"])
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{self.path}:{lineno}: bad attribution row ({e!r})") from None
+            yield row
 
     def read(self) -> list[dict[str, Any]]:
         return list(self)

@@ -8,107 +8,32 @@ truncates them, so the next line starts clean. A complete (newline-terminated) l
 parse is corruption, not a crash artefact: readers raise ``RecordError`` with file, line and field.
 
 One writer per file: the writer holds an exclusive ``flock`` so two runs cannot interleave lines.
+(The file mechanics live in ``trajectories.jsonl``, shared with the attribution job.)
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import logging
-import os
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
+from porch_jax.trajectories.jsonl import AppendOnlyJsonl
 from porch_jax.trajectories.schema import EpisodeRecord, RecordError
 
-log = logging.getLogger(__name__)
 
-
-class TrajectoryStore:
+class TrajectoryStore(AppendOnlyJsonl):
     """``append`` / ``append_many`` (durable), ``read`` / iteration (validated), ``episode_ids``."""
 
-    def __init__(self, path: str | os.PathLike[str]):
-        self.path = Path(path)
-        self._fd: int | None = None
-
-    # ---- writing ---------------------------------------------------------------------------------
-    def _open_writer(self) -> int:
-        if self._fd is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RuntimeError(f"{self.path} is being written by another TrajectoryStore or process") from None
-            self._repair_torn_tail(fd)
-            self._fd = fd
-        return self._fd
-
-    def _repair_torn_tail(self, fd: int) -> None:
-        size = os.fstat(fd).st_size
-        if size == 0:
-            return
-        # Find the last newline by reading backwards in chunks.
-        end, chunk = size, 1 << 16
-        while end > 0:
-            start = max(0, end - chunk)
-            data = os.pread(fd, end - start, start)
-            nl = data.rfind(b"\n")
-            if nl >= 0:
-                keep = start + nl + 1
-                break
-            end = start
-        else:
-            keep = 0
-        if keep == size:
-            return
-        torn = os.pread(fd, size - keep, keep)
-        with open(f"{self.path}.torn", "ab") as f:
-            f.write(torn + b"\n")
-        os.ftruncate(fd, keep)
-        os.fsync(fd)
-        log.warning("%s: removed a torn last line (%d bytes, from an interrupted write); saved to %s.torn",
-                    self.path, len(torn), self.path)
+    writer_name = "another TrajectoryStore or process"
 
     def append(self, record: EpisodeRecord) -> None:
         self.append_many([record])
 
     def append_many(self, records: Iterable[EpisodeRecord]) -> None:
         """Validate all, then write them as complete lines in one write and fsync (one durability point)."""
-        data = b"".join(encode_record(r) for r in records)
-        if not data:
-            return
-        fd = self._open_writer()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
+        self.write_lines(b"".join(encode_record(r) for r in records))
 
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # also releases the flock
-            self._fd = None
-
-    def __enter__(self) -> TrajectoryStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def __del__(self) -> None:
-        self.close()
-
-    # ---- reading ---------------------------------------------------------------------------------
     def __iter__(self) -> Iterator[EpisodeRecord]:
-        if not self.path.exists():
-            return
-        with open(self.path, "rb") as f:
-            for lineno, raw in enumerate(f, start=1):
-                if not raw.endswith(b"\n"):
-                    log.warning("%s:%d: ignoring a torn last line (%d bytes, no newline): an interrupted write",
-                                self.path, lineno, len(raw))
-                    return
-                yield _decode(raw, str(self.path), lineno)
+        for lineno, raw in self.raw_lines():
+            yield _decode(raw, str(self.path), lineno)
 
     def read(self) -> list[EpisodeRecord]:
         return list(self)
