@@ -1,6 +1,8 @@
 """Qwen3 causal language model in Flax NNX, numerically matching transformers' Qwen3ForCausalLM."""
 from __future__ import annotations
 
+from typing import Any
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -71,7 +73,35 @@ def default_positions(
     return jnp.maximum(before + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
 
 
-class Qwen3ForCausalLM(nnx.Module):
+class CausalLM(nnx.Module):
+    """Logits from a subclass's `hidden_states` and `lm_head_kernel`: the one forward every model shares
+    (trainers call the two halves directly so full [tokens, vocab] logits never need to exist)."""
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        *,
+        positions: jax.Array | None = None,
+        attention_mask: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        cache: Any = None,
+        cache_index=None,
+    ) -> jax.Array | tuple[jax.Array, Any]:
+        """Logits [B, T, V] in float32 (and the updated cache when one is given)."""
+        out = self.hidden_states(
+            input_ids,
+            positions=positions,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            cache=cache,
+            cache_index=cache_index,
+        )
+        hidden, new_cache = out if cache is not None else (out, None)
+        logits = dense(hidden, self.lm_head_kernel().astype(self.dtype), jnp.float32)
+        return logits if cache is None else (logits, new_cache)
+
+
+class Qwen3ForCausalLM(CausalLM):
     """Decoder-only Qwen3. See docs/CONTRACTS.md for the call signature.
 
     dtype is the compute dtype, param_dtype the storage dtype; norms, softmax and logits are
@@ -153,26 +183,3 @@ class Qwen3ForCausalLM(nnx.Module):
             x, (k, v) = layer(x, rope, kv_cache=(k, v, i, key_mask, cache_index))
             x = constrain(x, ACTIVATION_AXES)
         return self.norm(x), KVCache(k=k, v=v, mask=key_mask)
-
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        *,
-        positions: jax.Array | None = None,
-        attention_mask: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        cache: KVCache | None = None,
-        cache_index=None,
-    ) -> jax.Array | tuple[jax.Array, KVCache]:
-        """Logits [B, T, V] in float32 (and the updated cache when one is given)."""
-        out = self.hidden_states(
-            input_ids,
-            positions=positions,
-            attention_mask=attention_mask,
-            segment_ids=segment_ids,
-            cache=cache,
-            cache_index=cache_index,
-        )
-        hidden, new_cache = out if cache is not None else (out, None)
-        logits = dense(hidden, self.lm_head_kernel().astype(self.dtype), jnp.float32)
-        return logits if cache is None else (logits, new_cache)

@@ -25,7 +25,12 @@ from porch_jax.models.layers import (
     rms_norm,
     rope_tables,
 )
-from porch_jax.models.qwen3 import ACTIVATION_AXES, REMAT_POLICIES, default_positions
+from porch_jax.models.qwen3 import (
+    ACTIVATION_AXES,
+    REMAT_POLICIES,
+    CausalLM,
+    default_positions,
+)
 from porch_jax.models.sharding import constrain
 
 FULL_ATTENTION, LINEAR_ATTENTION = "full_attention", "linear_attention"
@@ -230,7 +235,7 @@ def _run_layer(layer: DecoderLayer, x, rope, attention_mask, segment_ids):
     return layer(x, rope, attention_mask=attention_mask, segment_ids=segment_ids)[0]
 
 
-class Qwen3_5ForCausalLM(nnx.Module):
+class Qwen3_5ForCausalLM(CausalLM):
     """Decoder-only Qwen3.5 (text). Same constructor and call signature as Qwen3ForCausalLM
     (docs/CONTRACTS.md); its cache is a `HybridCache` from `init_cache`."""
 
@@ -330,26 +335,3 @@ class Qwen3_5ForCausalLM(nnx.Module):
                 conv, state = conv.at[slot].set(conv_n.astype(conv.dtype)), state.at[slot].set(state_n)
             x = constrain(x, ACTIVATION_AXES)
         return self.norm(x), HybridCache(k=k, v=v, mask=key_mask, conv=conv, state=state)
-
-    def __call__(
-        self,
-        input_ids: jax.Array,
-        *,
-        positions: jax.Array | None = None,
-        attention_mask: jax.Array | None = None,
-        segment_ids: jax.Array | None = None,
-        cache: HybridCache | None = None,
-        cache_index=None,
-    ) -> jax.Array | tuple[jax.Array, HybridCache]:
-        """Logits [B, T, V] in float32 (and the updated cache when one is given)."""
-        out = self.hidden_states(
-            input_ids,
-            positions=positions,
-            attention_mask=attention_mask,
-            segment_ids=segment_ids,
-            cache=cache,
-            cache_index=cache_index,
-        )
-        hidden, new_cache = out if cache is not None else (out, None)
-        logits = dense(hidden, self.lm_head_kernel().astype(self.dtype), jnp.float32)
-        return logits if cache is None else (logits, new_cache)
