@@ -11,8 +11,33 @@ The miniature (see DESIGN.md, "The miniature"):
   stay short, and the mechanism under test is blind-spot attribution.
 - Expert: rare random slips (imitation averages them away) and three systematic blind spots
   (handover_2back, archive, long_file) that imitation copies.
-- Policy: a ~1M-parameter Qwen3 trained from scratch with make_tiny_model's tokenizer, reading a
-  compact view of the context (no fixed system prompt, no quoted evidence).
+- Policy: a 0.45M-parameter Qwen3 (2 layers, 128 wide, tied embeddings) trained from scratch that reads and writes
+  the suite's compact action-and-state language (view "dsl", envs/workplace/codec.py), with a BPE
+  tokenizer built over that language. Decision (why): with Hermes JSON in 500-1000-token contexts
+  a 1M-parameter model trained for minutes reached 1/300 successes and the loop took 3-5x the time
+  budget; the failure was copying free text (names, values found earlier). In the compact language
+  the policy reads clauses as ids and kinds ("c1 history c2 web c3 compute steps 10"), feedback as
+  agent/event/steps, results as numbered refs, requests as codes and the clauses still without a
+  result ("a2 revise 1/2 req ctx+r1 todo=c3"),
+  and writes ~10-token actions with pointers instead of copies ("delegate c3 ctx=r1,r2
+  tools=code budget=3"). The action is decoded into the protocol's full tool call before the engine
+  parses it, so records, the judge and the evaluation see full actions; an action that does not
+  decode is an invalid action like any unparsable reply. Contexts are ~100-250 tokens, so
+  training, sampling and evaluation are ~10x cheaper. Names and values are not shown to the policy:
+  nothing it decides depends on them once actions point. The "full" view (vLLM path) is unchanged.
+  Why "todo": without it OPOD fixed the blind spots but then failed in the states its fixes lead
+  to (a clause done without a revision never occurs in the expert's data, so the tiny model kept
+  re-delegating instead of finishing: OPOD 0.585 vs SFT 0.715); with progress explicit in the
+  state the finish decision generalizes. OPOD's gain is not robust across seeds and tokenizers
+  (README, "OPOD quickstart results"): OPD fixes every flagged blind spot, but can also teach
+  malformed actions where the student's sampled prefix leaves what the tiny teacher has seen.
+- Hint following: the SFT data holds hint-following rows (expert contexts ⊕ the judge's hint, in
+  the same language: "hint tools+archive", "hint ctx+r1", "hint budget=7" -> the corrected action),
+  because a model trained from scratch follows a hint only if it has seen this; OPD's self-teacher
+  is these SFT weights reading s ⊕ H. The pipeline measures it (hint_following.json: greedy match
+  with the hinted action on flagged rollout decisions, student vs teacher vs empty hint).
+- After SFT, RWR, OPOD and OPD-with-empty-hints share steps, learning rate, RWR batch and seed, so
+  OPOD differs from RWR only by λ·OPD.
 - Held out: evaluation seeds (new worlds: names, values, pages, years) never seen in training,
   under a reweighted mixture and tighter slack.
 """
@@ -28,7 +53,7 @@ def _trainer(steps: int, batch: int, learning_rate: float, warmup: int, seed: in
 
 
 def _opd(batch: int, seed: int) -> ConfigDict:
-    return ConfigDict({"batch": batch, "max_new_tokens": 96, "temperature": 1.0, "top_p": 1.0, "seed": seed})
+    return ConfigDict({"batch": batch, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": seed})
 
 
 def get_config() -> ConfigDict:
@@ -52,23 +77,25 @@ def get_config() -> ConfigDict:
         "tasks": {"num_tasks": 200, "seed_start": 100_000, "prefix": "heldout",
                   "mixture": {"templates": {"history": 1.5, "mail_text": 1.0, "file_text": 1.0}, "p_change": 0.0,
                               "p_distract": 0.0, "slack": (1, 2), "spare_agents": 2}},
-        "temperature": 0.0, "max_tokens": 96, "concurrency": 64, "seed": 0,
+        "temperature": 0.0, "max_tokens": 24, "concurrency": 64, "seed": 0,
     })
 
-    c.model = ConfigDict({"seed": 0, "vocab_size": 1024, "hf": {
-        "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 4, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 2048, "rope_theta": 10_000.0,
+    c.model = ConfigDict({"seed": 0, "vocab_size": 512, "hf": {
+        "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512, "rope_theta": 10_000.0,
         "initializer_range": 0.02}})
     # buckets: padded prompt lengths (one compilation each); max_len: the sampler's cache (prompt + action).
-    c.policy = ConfigDict({"view": "compact", "max_new_tokens": 96, "buckets": (512, 768, 1024), "max_len": 1152})
+    c.policy = ConfigDict({"view": "dsl", "max_new_tokens": 24, "buckets": (128, 256), "max_len": 288})
 
     c.optimizer = ConfigDict({"learning_rate": 1e-3, "warmup_steps": 10, "final_lr_ratio": 0.1, "weight_decay": 0.01,
                               "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0, "checkpoint_every": 50,
                               "log_every": 10})
-    c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3)  # hint_rows: hint-following rows per episode row
-    c.rwr = _trainer(80, 8, 3e-4, 5, 2)
-    c.opod = _trainer(80, 8, 3e-4, 5, 2, opd_weight=1.0, opd=_opd(8, 3))
-    c.opd_empty = _trainer(80, 8, 3e-4, 5, 2, opd_weight=1.0, opd=_opd(8, 3))
-    c.dagrpo = _trainer(40, 0, 3e-4, 5, 4, clip_eps=0.2, group=ConfigDict({
-        "contexts_per_step": 4, "group_size": 4, "max_new_tokens": 96, "temperature": 1.0, "top_p": 1.0, "seed": 4}))
+    # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
+    c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3, empty_hint_rows=False)
+    # The methods after SFT share steps, learning rate, RWR batch and seed: OPOD differs from RWR only by λ·OPD.
+    c.rwr = _trainer(100, 8, 1e-3, 5, 2)
+    c.opod = _trainer(100, 8, 1e-3, 5, 2, opd_weight=1.0, opd=_opd(16, 3))
+    c.opd_empty = _trainer(100, 8, 1e-3, 5, 2, opd_weight=1.0, opd=_opd(16, 3))
+    c.dagrpo = _trainer(40, 0, 1e-3, 5, 4, clip_eps=0.2, group=ConfigDict({
+        "contexts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4}))
     return c

@@ -1,5 +1,7 @@
 """MACA end to end: GraphSpec prior learning, token-aware GRPO, evaluation, Table 3 ablations, the gamma /
-lambda sweeps, transition analyses and (synthetic config) the LM-policy check.
+lambda sweeps, transition analyses and (synthetic config) the LM-policy check. With `lambda_selection.enabled`
+lambda is first chosen for MACA on a validation split drawn from the training distribution (`select_lambda`)
+and used for MACA and every ablation that keeps the prior KL.
 
     python -m launch.maca --config=experiments/maca_synthetic.py
     python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.urls="('http://host:8000',)"
@@ -137,6 +139,7 @@ class Setup:
     best: np.ndarray | None  # per eval task
     timings: dict[str, float]
     prior_stats: dict[str, Any]
+    validation: analysis.Study | None = None  # the study with a validation split as its eval tasks (lambda selection)
 
 
 def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
@@ -157,6 +160,10 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     timings["prior_s"] = time.perf_counter() - t0
     log(f"prior learned in {timings['prior_s']:.0f} s: {prior_stats}")
     embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
+    val = validation_tasks(cfg)
+    if val:
+        ctx_val = encoder.encode([context_text(t.prompt, t.budget) for t in val])
+        embeddings |= {t.task_id: e for t, e in zip(val, ctx_val)}
     eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
                                  constraint=Constraint(True, cfg.graphspec.edge_threshold))
     p_train = edge_probs(mlp, agent_embs, ctx_train, with_start=pcfg.with_start)
@@ -165,7 +172,27 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
                            policy_factory(cfg, world.pool.names, embeddings),
                            grpo_config(cfg), cfg.graphspec.gamma, eval_rollout)
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
-    return Setup(study, spool, best, timings, prior_stats)
+    validation = None
+    if val:
+        validation = dataclasses.replace(
+            study, eval_tasks=val, q_eval=relevance_scores(ctx_val, agent_embs, [t.budget for t in val], pcfg.temperature),
+            p_eval=edge_probs(mlp, agent_embs, ctx_val, with_start=pcfg.with_start))
+    return Setup(study, spool, best, timings, prior_stats, validation)
+
+
+def validation_tasks(cfg: ConfigDict) -> list[OrchestrationTask]:
+    """The lambda-selection split: tasks from the training distribution (the world's families, hard fraction
+    and budget) on a seed of their own, so disjoint from the held-out eval tasks. [] when selection is off,
+    and for a benchmark world: no validation split is drawn there (each grid point would train the policy
+    against live agents), so it keeps the configured lambda (`run` records the selection as skipped)."""
+    sel = cfg.get("lambda_selection")
+    w = cfg.world
+    if sel is None or not sel.enabled or w.kind != "synthetic":
+        return []
+    if sel.task_seed in (w.train_seed, w.eval_seed):
+        raise ValueError(f"lambda_selection.task_seed {sel.task_seed} must differ from the train and eval seeds")
+    return synthetic_tasks(make_tasks(sel.num_tasks, families=tuple(w.families), hard_fraction=w.hard_fraction,
+                                      budget=w.budget, seed=sel.task_seed))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -231,6 +258,29 @@ def _brief(row: dict[str, Any]) -> str:
     return ", ".join(f"{k} {row[k]:.3f}" for k in keys if k in row)
 
 
+def select_lambda(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
+    """Chooses lambda (the prior-KL weight of Eq. 12) once, for MACA, on the validation split: MACA is trained
+    on the training tasks with each value of the grid and each selection seed, evaluated greedily on the
+    validation tasks, and the value with the highest mean validation reward (expected accuracy - beta *
+    tokens / token_unit: Eq. 12's r without the KL regulariser) is chosen. The held-out eval tasks are not
+    seen. The paper's lambda = 0.7 is in its reward units; ours weigh the KL term differently."""
+    sel = cfg.lambda_selection
+    g = cfg.grpo
+    rows = []
+    for value in sel.grid:
+        evals = [analysis.run_variant(setup.validation, variant(cfg, "maca", prior_kl_weight=value), seed=seed)[0]
+                 for seed in sel.seeds]
+        row = {"prior_kl_weight": value, **analysis.mean_summary(evals)}
+        row["reward"] = row["expected_accuracy"] - g.token_cost_weight * row["avg_cost"] / g.token_unit
+        rows.append(row)
+        log(f"lambda selection, prior_kl_weight={value}: validation reward {row['reward']:.4f}, {_brief(row)}")
+    chosen = max(rows, key=lambda r: r["reward"])["prior_kl_weight"]
+    log(f"lambda selection: chose prior_kl_weight={chosen}")
+    return {"chosen": chosen, "criterion": "expected_accuracy - token_cost_weight * avg_cost / token_unit",
+            "num_tasks": len(setup.validation.eval_tasks), "task_seed": sel.task_seed, "seeds": list(sel.seeds),
+            "rows": rows}
+
+
 def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
     """MACA with the LM policy on the reduced setting: held-out accuracy before and after training, and the
     measured seconds per iteration (the full sweep uses the head)."""
@@ -269,7 +319,20 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     start = time.perf_counter()
     setup = build_setup(cfg, backend, log)
     names = setup.study.world.pool.names
+    selection = None
+    if setup.validation is not None:  # lambda chosen on the validation split, for MACA and every KL-keeping ablation
+        t0 = time.perf_counter()
+        selection = select_lambda(cfg, setup, log)
+        setup.timings["lambda_selection_s"] = time.perf_counter() - t0
+        cfg = cfg.copy_and_resolve_references()
+        cfg.grpo.prior_kl_weight = selection["chosen"]
+    elif cfg.get("lambda_selection") is not None and cfg.lambda_selection.enabled:
+        selection = {"skipped": f"no validation split for a {cfg.world.kind} world; configured lambda kept",
+                     "chosen": cfg.grpo.prior_kl_weight}
+        log(f"lambda selection skipped: {selection['skipped']} ({cfg.grpo.prior_kl_weight})")
     results: dict[str, Any] = {"config": json.loads(cfg.to_json()), "prior": setup.prior_stats}
+    if selection is not None:
+        results["lambda_selection"] = selection
     if setup.best is not None:
         results["best_achievable"] = float(setup.best.mean())
         log(f"best achievable expected accuracy (exact): {results['best_achievable']:.4f}")
@@ -282,9 +345,10 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     best = results.get("best_achievable")
     for param, values in cfg.sweeps.items():
         if values:
-            sweep = run_sweep(cfg, setup, param, values, log)
-            if len(main) == len(cfg.sweep_seeds):  # the main runs on the sweep's seeds are its configured point
-                value = cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight
+            value = cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight
+            reuse = len(main) == len(cfg.sweep_seeds)  # the main runs on the sweep's seeds are its configured point
+            sweep = run_sweep(cfg, setup, param, [v for v in values if not (reuse and v == value)], log)
+            if reuse:
                 sweep.append(_row("maca", main, best, **{param: value}))
             sweep.sort(key=lambda r: r[param])
             results["sweeps"][param] = sweep
@@ -327,8 +391,16 @@ def tables(results: dict[str, Any]) -> str:
     if top2:
         parts += ["## Top-2 transition mass (mean over decisions)", "",
                   analysis.markdown_table(top2, ["family", "maca", "no_graphspec"]), ""]
+    if "rows" in results.get("lambda_selection", {}):
+        sel = results["lambda_selection"]
+        heading = (f"## lambda selection (validation split: {sel['num_tasks']} training-distribution tasks, seed "
+                   f"{sel['task_seed']}; MACA seeds {sel['seeds']})")
+        parts += [heading, "",
+                  analysis.markdown_table(sel["rows"], ["prior_kl_weight", "reward", "expected_accuracy",
+                                                         "expected_accuracy_sd", "avg_cost", "avg_calls"]), "",
+                  f"Chosen prior_kl_weight (max validation {sel['criterion']}): {sel['chosen']}", ""]
     for param, rows in results["sweeps"].items():
-        parts += [f"## Sensitivity: {param}", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
+        parts += [f"## Sensitivity: {param} (held-out eval tasks)", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
     if "lm_check" in results:
         lc = results["lm_check"]
         rows = [{"policy": "LM, untrained", **lc["before"]}, {"policy": "LM, MACA-trained", **lc["after"]}]

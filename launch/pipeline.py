@@ -92,7 +92,12 @@ def init_model(run: Run) -> Path:
     folder = run / "init"
     if not (folder / POLICY_FILE).is_file():
         m = run.cfg.model
-        make_tiny_model(folder, seed=int(m.seed), vocab_size=int(m.vocab_size), **m.hf.to_dict())
+        corpus = None
+        if run.cfg.policy.view == "dsl":  # a tokenizer built over the compact language
+            from porch_jax.envs.workplace.codec import corpus as dsl_corpus
+
+            corpus = dsl_corpus()
+        make_tiny_model(folder, seed=int(m.seed), vocab_size=int(m.vocab_size), corpus=corpus, **m.hf.to_dict())
         (folder / POLICY_FILE).write_text(json.dumps({"view": run.cfg.policy.view}))
     return folder
 
@@ -113,6 +118,10 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     logging.set_verbosity(logging.WARNING)  # keep the progress lines readable
     import jax
+
+    from porch_jax import runtime
+
+    runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
 
     run = Run(cfg)
     jax.config.update("jax_compilation_cache_dir", str((run / "jax_cache").absolute()))
@@ -140,6 +149,8 @@ def main(argv: list[str]) -> None:
     sft_rows = od.packed_rows(expert, tok, view, max_len)
     hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
     hint_rows = hint_rows[:int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
+    if cfg.sft.get("empty_hint_rows", False):  # the same decisions under an empty hint, action unchanged
+        hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[:len(hint_rows)]
     print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
     sft = train(run, "sft", init, lambda t: opod.opod_batches(
         opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None))
@@ -150,6 +161,14 @@ def main(argv: list[str]) -> None:
     print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
     run.stage("attribution of SFT decisions", False)
     hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
+
+    teacher_check = run / "hint_following.json"
+    if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
+        from porch_jax.eval.diagnostics import hint_following
+
+        teacher_check.write_text(json.dumps(hint_following(policy.sampler, data, hints, view, follow_hint,
+                                                           max_new_tokens=int(cfg.policy.max_new_tokens))))
+    print(f"hinted action matched on flagged decisions (greedy): {teacher_check.read_text()}", flush=True)
 
     rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
     opd_rows = od.opd_rows(data, hints, tok, view)
@@ -200,6 +219,9 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None
     comparisons = [report.compare(records, a, b) for a, b in pairs]
     table = (report.format_table(rows, records, comparisons) + "\n\nBlind-spot checks on held-out delegations:\n\n"
              + report.format_blind_spots(records))
+    if (run / "hint_following.json").is_file():
+        table += ("\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
+                  + (run / "hint_following.json").read_text())
     (run / "results.md").write_text(table + "\n")
     report.write_results(rows, comparisons, run / "results.json")
     from porch_jax.eval.plots import read_metrics

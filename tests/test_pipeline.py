@@ -25,7 +25,7 @@ CONFIG = textwrap.dedent("""
         c.eval.tasks.mixture = None
         c.eval.concurrency = 4
         c.policy.max_new_tokens = 24
-        c.policy.buckets = (1024,)
+        c.policy.buckets = (256,)
         c.model.hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=8)
         c.sft.update(steps=3, batch=2)
         c.optimizer.update(checkpoint_every=2, log_every=1)

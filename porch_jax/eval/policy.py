@@ -24,13 +24,21 @@ from porch_jax.train.opod_data import policy_view
 
 
 class ViewBackend:
-    """Shows the inner backend the policy's view of each request's messages."""
+    """Shows the inner backend the policy's view of each request's messages. In the "dsl" view the
+    reply is decoded into the full tool call against the request's context (the sampled tokens and
+    logprobs stay those of the compact form; a reply that does not decode reaches the engine as
+    written and is recorded as an invalid action)."""
 
     def __init__(self, inner: Backend, view: str):
         self.inner, self.view = inner, view
 
     async def chat(self, request: ChatRequest) -> ChatResult:
-        return await self.inner.chat(dataclasses.replace(request, messages=policy_view(request.messages, self.view)))
+        result = await self.inner.chat(dataclasses.replace(request, messages=policy_view(request.messages, self.view)))
+        if self.view == "dsl":
+            from porch_jax.envs.workplace.codec import decode_text
+
+            result = dataclasses.replace(result, text=decode_text(result.text, request.messages))
+        return result
 
 
 def folder_view(folder: str | Path) -> str:

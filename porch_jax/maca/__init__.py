@@ -24,7 +24,12 @@ from porch_jax.maca.edges import (
     train_edge_mlp,
     with_start_node,
 )
-from porch_jax.maca.encoder import EncoderUnavailable, HashingEncoder, MiniLMEncoder, SentenceEncoder
+from porch_jax.maca.encoder import (
+    EncoderUnavailable,
+    HashingEncoder,
+    MiniLMEncoder,
+    SentenceEncoder,
+)
 from porch_jax.maca.graphspec import (
     DEFAULT_GAMMA,
     BudgetTemperature,
@@ -61,7 +66,14 @@ from porch_jax.maca.policy import (
     structural_mask,
     trajectory_return,
 )
-from porch_jax.maca.pools import FAMILIES, TASK_FAMILIES, Agent, AgentPool, load_family, load_pool
+from porch_jax.maca.pools import (
+    FAMILIES,
+    TASK_FAMILIES,
+    Agent,
+    AgentPool,
+    load_family,
+    load_pool,
+)
 from porch_jax.maca.synthetic import SyntheticPool, SyntheticTask, make_tasks, walk
 from porch_jax.maca.train import (
     VARIANTS,
@@ -69,6 +81,7 @@ from porch_jax.maca.train import (
     PriorConfig,
     PriorPolicy,
     Variant,
+    committed_next,
     edge_probs,
     graphspecs,
     group_targets,
@@ -117,6 +130,7 @@ __all__ = [
     "benchmark_world",
     "best_achievable",
     "build_graphspec",
+    "committed_next",
     "context_text",
     "edge_policy_loss",
     "edge_prior",

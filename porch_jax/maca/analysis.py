@@ -176,8 +176,8 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
-    if not variant.learn:  # structure-centric: GraphSpec's mode at every step, as every system is evaluated
-        policy = PriorPolicy(eval_specs, study.grpo.stop_floor)
+    if not variant.learn:  # structure-centric: executes the structure GraphSpec commits to (PriorPolicy)
+        policy = PriorPolicy(eval_specs, constraint.edge_threshold)
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     policy = study.make_policy(seed)
     grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))

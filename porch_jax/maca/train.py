@@ -54,14 +54,13 @@ from porch_jax.maca.graphspec import (
     gate,
     relevance,
 )
-from porch_jax.maca.lm_policy import ActionPolicy, pad_masks, policy_log_probs
+from porch_jax.maca.lm_policy import ActionPolicy, policy_log_probs
 from porch_jax.maca.orchestrator import (
     AgentWorld,
     Episode,
     OrchestrationTask,
     RolloutConfig,
     State,
-    bucket,
     pad_rows,
     rollout,
     run_path,
@@ -92,7 +91,8 @@ PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 class Variant:
     """prior: what GraphSpec keeps ("full"; "no_relevance": Z_prior removed, q = z = 1; "no_edges": P_prior's
     plausibility removed, p = 1; "none": no GraphSpec). mask: Eq. 11's hard constraint. learn: False acts by
-    pi_prior alone (the structure-centric "w/o pi_theta")."""
+    executing the structure GraphSpec commits to, with no policy (the structure-centric "w/o pi_theta",
+    `PriorPolicy`)."""
 
     name: str
     prior: str = "full"
@@ -247,19 +247,51 @@ def prior_probs(states: Sequence[State], masks: np.ndarray, specs: Mapping[str, 
     return np.asarray(_prior_probs(z, p, prev, masks, start.astype(np.float32), visited, float(stop_floor)))
 
 
+def committed_next(spec: GraphSpec, history: Sequence[int], allowed: np.ndarray | None = None,
+                   edge_threshold: float = 0.0) -> int:
+    """The next agent of the structure GraphSpec commits to for a task (N = STOP), given the agents called
+    so far: the first call is the START row's strongest retained agent (z_j if GraphSpec has no START row),
+    each later one the strongest edge P_prior[prev, j] > edge_threshold from the agent called last to a
+    retained agent not yet called; STOP when no such agent remains. `allowed` (bool [N] or [N + 1]) further
+    restricts the agents (Eq. 11's H for the state). Ties go to the lower index, so it is deterministic."""
+    n = len(spec.participation)
+    candidates = spec.retained.copy()
+    if allowed is not None:
+        candidates &= np.asarray(allowed, bool)[:n]
+    candidates[list(history)] = False
+    if history:
+        weights = np.asarray(spec.edge_prior[history[-1]], np.float64)
+        candidates &= weights > edge_threshold
+    else:
+        weights = np.asarray(spec.participation if spec.start_prior is None else spec.start_prior, np.float64)
+    if not candidates.any():
+        return n
+    return int(np.argmax(np.where(candidates, weights, -np.inf)))
+
+
 @dataclasses.dataclass(frozen=True)
 class PriorPolicy:
-    """Acts by pi_prior alone: the "w/o pi_theta" ablation, a structure-centric system. Evaluated greedily
-    it executes GraphSpec's mode: the START row's favourite, then the most plausible allowed edge to an
-    agent not yet called, until the row's leftover (STOP) mass outweighs every edge."""
+    """The "w/o pi_theta" ablation, the structure-centric system ("the system commits to a query-conditioned
+    interaction structure prior to execution", MACA Sec. 1): no learned policy decides whether to go on; it
+    executes the structure GraphSpec infers for the task. That structure is the agents the gate of Eq. 4
+    retains (z_j > 0) connected by P_prior's edges above the mask's threshold (Eq. 11's H), and it is run in
+    the order of the prior's edges (`committed_next`): open with the START row's choice, then repeatedly
+    call the strongest edge from the agent called last to a retained agent not yet called, until no retained
+    agent with an edge above the threshold remains (or the rollout's max_steps / budget ends the episode),
+    then STOP. Deterministic: log-probs are 0 at that action and -inf elsewhere, so greedy and sampled
+    rollouts agree. (An earlier version acted greedily on pi_prior's mode, whose STOP mass after a row's
+    favourite edge ends most walks after ~2 calls: a stopping rule the committed structure does not have.)"""
 
     specs: Mapping[str, GraphSpec]
-    stop_floor: float = 0.05
+    edge_threshold: float = 0.0
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
-        probs = prior_probs(states, pad_masks(masks, bucket(len(states))), self.specs, self.stop_floor)
-        with np.errstate(divide="ignore"):
-            return np.log(probs[: len(states)])
+        masks = np.asarray(masks, bool)
+        out = np.full(masks.shape, -np.inf, np.float32)
+        for r, s in enumerate(states):
+            a = committed_next(self.specs[s.task.task_id], s.history, masks[r], self.edge_threshold)
+            out[r, a] = 0.0
+        return out
 
 
 # ---------------------------------------------------------------------------------------------------

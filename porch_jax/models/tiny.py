@@ -75,20 +75,22 @@ def make_tiny_model(
     model_type: str = "qwen3",
     seed: int = 0,
     vocab_size: int = 1024,
+    corpus: str | None = None,
     **overrides: Any,
 ) -> Path:
     """Writes tokenizer files, config.json and random safetensors weights to `out_dir`.
 
     `overrides` are config.json fields (hidden_size=256, num_hidden_layers=4, ...). The config's
     vocab_size is len(tokenizer), which equals `vocab_size` unless the corpus runs out of merges
-    (at about 2,700). The same arguments always give the same files.
+    (at about 2,700). The same arguments always give the same files. ``corpus``: text to train the
+    BPE on instead of the packaged corpus (a policy that reads a compact language).
     """
     if model_type not in _HF_CONFIGS:
         raise NotImplementedError(
             f"make_tiny_model: model_type {model_type!r} is not implemented (known: {', '.join(_HF_CONFIGS)})"
         )
     out = Path(out_dir)
-    tokenizer = build_tokenizer(vocab_size)
+    tokenizer = build_tokenizer(vocab_size, corpus)
     hf = _HF_CONFIGS[model_type](tokenizer)
     hf.update(overrides)
     config = ModelConfig.from_hf(hf)
@@ -96,8 +98,9 @@ def make_tiny_model(
     return out
 
 
-def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
-    """A byte-level BPE trained on the packaged corpus, with Qwen's special tokens and chat template."""
+def build_tokenizer(vocab_size: int = 1024, corpus: str | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level BPE trained on ``corpus`` (default: the packaged one), with Qwen's special tokens
+    and chat template."""
     added = len(CONTROL_TOKENS) + len(MARKUP_TOKENS)
     if vocab_size < 256 + added:
         raise ValueError(f"vocab_size must be at least {256 + added} (256 bytes + {added} added tokens)")
@@ -113,7 +116,8 @@ def build_tokenizer(vocab_size: int = 1024) -> PreTrainedTokenizerFast:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    corpus = resources.files("porch_jax.models").joinpath("tokenizer_corpus.txt").read_text(encoding="utf-8")
+    if corpus is None:
+        corpus = resources.files("porch_jax.models").joinpath("tokenizer_corpus.txt").read_text(encoding="utf-8")
     bpe.train_from_iterator(corpus.splitlines(keepends=True), trainer)
     bpe.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CONTROL_TOKENS])
     bpe.add_tokens([AddedToken(t, special=False, normalized=False) for t in MARKUP_TOKENS])

@@ -38,13 +38,19 @@ from ml_collections import ConfigDict
 from porch_jax.models import from_pretrained
 from porch_jax.models.sampler import Sampler, SamplingParams
 from porch_jax.train import checkpoint as ckpt_lib
-from porch_jax.train import losses
+from porch_jax.train import losses, optim
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import metrics as metrics_lib
-from porch_jax.train import optim
 from porch_jax.train import step as step_lib
 from porch_jax.train.dagrpo import decision_reward
-from porch_jax.train.opod_data import ExpertContext, OpdRow, SeqRow, bucket, scored_batch, seq_batch
+from porch_jax.train.opod_data import (
+    ExpertContext,
+    OpdRow,
+    SeqRow,
+    bucket,
+    scored_batch,
+    seq_batch,
+)
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
@@ -274,13 +280,17 @@ class OpdSource:
         rng = np.random.default_rng([int(self.cfg.seed), step])
         rows = [self.rows[i] for i in rng.choice(len(self.rows), min(int(self.cfg.batch), len(self.rows)), replace=False)]
         done = sample_actions(self.sampler, [r.student for r in rows], self.cfg, int(self.cfg.seed) * 1_000_003 + step)
-        actions = [c.token_ids for c in done]
+        # A sample that is no action at all is dropped (OpdRow says why): an empty action scores nothing.
+        keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done)]
+        actions = [c.token_ids if k else [] for c, k in zip(done, keep)]
         t_s = bucket(max(len(r.student) for r in rows), self.buckets) + self.k
         t_t = bucket(max(len(r.teacher) for r in rows), self.buckets) + self.k
-        student = scored_batch([r.student for r in rows], actions, t_s, self.k, [c.logprobs for c in done])
+        student = scored_batch([r.student for r in rows], actions, t_s, self.k,
+                               [c.logprobs if k else [] for c, k in zip(done, keep)])
         teacher = scored_batch([r.teacher for r in rows], actions, t_t, self.k)
-        stats = {"sampled_tokens": float(np.mean([len(a) for a in actions])),
-                 "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done]))}
+        stats = {"sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
+                 "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
+                 "sampled_not_action": 1.0 - float(np.mean(keep))}
         return {"student": student, "teacher": teacher}, stats
 
 
@@ -325,8 +335,9 @@ class GroupSource:
         chosen = [self.contexts[i] for i in rng.choice(len(self.contexts), int(cfg.contexts_per_step), replace=False)]
         prompts = [c.prompt for c in chosen for _ in range(g)]
         done = sample_actions(self.sampler, prompts, cfg, int(cfg.seed) * 1_000_003 + step)
-        rewards = np.asarray([decision_reward(d.text, c.reference, self.tools)["reward"]
-                              for c, d in zip([c for c in chosen for _ in range(g)], done)], np.float32)
+        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip([c for c in chosen for _ in range(g)], done)]
+        rewards = np.asarray([decision_reward(t, c.reference, self.tools)["reward"]
+                              for c, t in zip([c for c in chosen for _ in range(g)], texts)], np.float32)
         advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])

@@ -13,7 +13,10 @@ then across decisions".
 The policy reads contexts through a *view*. "full" is the rendered context itself. "compact" (the
 CPU miniature) drops what a tiny model cannot use and pays for on every token: the fixed system
 prompt (the same for every task of a suite) and the quoted evidence lines of feedback (the status
-and request lines stay). The same view is applied wherever the policy reads a context: training,
+and request lines stay). "dsl" (the CPU miniature since the compact language) reads and writes
+the workplace suite's compact action-and-state language (envs.workplace.codec): the policy's
+actions are short pointers decoded into full tool calls before the engine parses them, so records
+keep full actions while the policy is trained on, and samples, the compact form. The same view is applied wherever the policy reads a context: training,
 on-policy sampling, the teacher's s ⊕ H, rollouts and evaluation; records keep the exact context.
 """
 from __future__ import annotations
@@ -26,12 +29,13 @@ from typing import Any
 import numpy as np
 
 from porch_jax.attribution.grm import hint_message
+from porch_jax.envs.workplace import codec
 from porch_jax.protocol import render_call
 from porch_jax.train.data import DataError, decision_target, render_prompt
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord
 
 log = logging.getLogger(__name__)
-VIEWS = ("full", "compact")
+VIEWS = ("full", "compact", "dsl")
 Key = tuple[str, int]
 
 
@@ -39,6 +43,8 @@ def policy_view(context: Sequence[Mapping[str, Any]], view: str = "full") -> lis
     """The messages the policy reads for a stored context (see the module docstring)."""
     if view not in VIEWS:
         raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
+    if view == "dsl":
+        return codec.encode_context(context)
     messages = [dict(m) for m in context]
     if view == "full":
         return messages
@@ -55,9 +61,24 @@ def policy_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], view: st
     return render_prompt(tokenizer, policy_view(context, view))
 
 
+def action_tokens(tokenizer: Any, call: Mapping[str, Any], context: Sequence[Mapping[str, Any]],
+                  view: str) -> list[int]:
+    """A stored action as the policy writes it (then eos): the compact form in the "dsl" view."""
+    text = codec.encode_action(call, context) if view == "dsl" else render_call(call)
+    return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def policy_target(tokenizer: Any, decision: DecisionRecord, view: str) -> list[int]:
+    """The decision's target tokens: those sampled when a policy of this view sampled them (stored
+    ids), else the stored action as this view writes it."""
+    if view != "dsl" or decision.action_token_ids:
+        return decision_target(tokenizer, decision)
+    return action_tokens(tokenizer, decision.action, decision.context, view)
+
+
 def teacher_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], hint: str, view: str) -> list[int]:
-    """The self-teacher's prompt: the policy's view of s, then the hint turn (s ⊕ H)."""
-    return render_prompt(tokenizer, policy_view(context, view) + [hint_message(hint)])
+    """The self-teacher's prompt: the policy's view of s ⊕ H (the hint turn in the view's language)."""
+    return render_prompt(tokenizer, policy_view(list(context) + [hint_message(hint)], view))
 
 
 # ---- packed decision rows ---------------------------------------------------------------------------
@@ -91,7 +112,7 @@ def pack_episode(episode: EpisodeRecord, tokenizer: Any, view: str, weight: floa
     for d in episode.decisions:
         if not _valid(d):
             continue
-        prompt, target = policy_prompt(tokenizer, d.context, view), decision_target(tokenizer, d)
+        prompt, target = policy_prompt(tokenizer, d.context, view), policy_target(tokenizer, d, view)
         if len(prompt) + len(target) > max_len:
             log.warning("%s/%d: %d tokens exceed max_len %d; left out", episode.episode_id, d.index,
                         len(prompt) + len(target), max_len)
@@ -134,7 +155,25 @@ def hint_following_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, s
             if corrected is None:
                 continue
             prompt = teacher_prompt(tokenizer, d.context, hint, view)
-            target = tokenizer.encode(render_call(corrected), add_special_tokens=False) + [tokenizer.eos_token_id]
+            target = action_tokens(tokenizer, corrected, d.context, view)
+            rows.append(SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),)))
+    return rows
+
+
+def empty_hint_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str,
+                    follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None]) -> list[SeqRow]:
+    """The contrast to ``hint_following_rows`` on the same decisions (same order): context ⊕ empty
+    hint -> the decision as it was. A model that has only seen hint turns followed by corrections
+    reads any hint turn, even an empty one, as "fix the usual blind spot"; with these rows an empty
+    hint carries no information, as for a capable base model, and OPD's empty-hint control is clean."""
+    rows = []
+    for ep in episodes:
+        for d in ep.decisions:
+            hint = hints.get((ep.episode_id, d.index))
+            if not hint or not _valid(d) or follow(d.action, hint) is None:
+                continue
+            prompt = teacher_prompt(tokenizer, d.context, "", view)
+            target = action_tokens(tokenizer, d.action, d.context, view)
             rows.append(SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),)))
     return rows
 
@@ -143,18 +182,34 @@ def hint_following_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, s
 
 @dataclass(frozen=True)
 class OpdRow:
-    """A FLAG=true decision: the student's prompt (s) and the teacher's (s ⊕ H); the action is sampled."""
+    """A FLAG=true decision: the student's prompt (s) and the teacher's (s ⊕ H); the action is sampled.
+
+    ``is_action`` (dsl view): whether a sampled reply decodes into an action at all. OPD distils only
+    those: on a malformed reply's tokens a tiny teacher has no knowledge to give (its distribution there
+    is noise) and following it taught malformed actions."""
 
     key: Key
     student: tuple[int, ...]
     teacher: tuple[int, ...]
+    is_action: Callable[[str], bool] | None = None
 
 
 def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str) -> list[OpdRow]:
     """One row per attributable decision, of successful and failed episodes alike."""
     return [OpdRow((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)),
-                   tuple(teacher_prompt(tokenizer, d.context, hints[(ep.episode_id, d.index)], view)))
+                   tuple(teacher_prompt(tokenizer, d.context, hints[(ep.episode_id, d.index)], view)),
+                   _action_check(d.context) if view == "dsl" else None)
             for ep in episodes for d in ep.decisions if (ep.episode_id, d.index) in hints and _valid(d)]
+
+
+def _action_check(context: Sequence[Mapping[str, Any]]) -> Callable[[str], bool]:
+    def is_action(text: str) -> bool:
+        try:
+            codec.decode_call(text, codec.state_of(context))
+        except codec.CodecError:
+            return False
+        return True
+    return is_action
 
 
 @dataclass(frozen=True)
@@ -164,10 +219,15 @@ class ExpertContext:
     key: Key
     prompt: tuple[int, ...]
     reference: Mapping[str, Any]
+    decode: Callable[[str], str] | None = None  # a sampled reply as the engine would parse it (dsl view)
 
 
 def expert_contexts(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str) -> list[ExpertContext]:
-    return [ExpertContext((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)), d.action)
+    def decoder(context: Any) -> Callable[[str], str] | None:
+        return (lambda text: codec.decode_text(text, context)) if view == "dsl" else None
+
+    return [ExpertContext((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)), d.action,
+                          decoder(d.context))
             for ep in episodes for d in ep.decisions if _valid(d)]
 
 

@@ -18,7 +18,13 @@ from porch_jax.maca.edges import (
     sample_edges,
     with_start_node,
 )
-from porch_jax.maca.graphspec import BudgetTemperature, build_graphspec, edge_prior, gate, relevance
+from porch_jax.maca.graphspec import (
+    BudgetTemperature,
+    build_graphspec,
+    edge_prior,
+    gate,
+    relevance,
+)
 
 
 def _sigmoid(x):

@@ -13,11 +13,13 @@ import pytest
 
 from porch_jax.maca.analysis import Study, evaluate, run_variant
 from porch_jax.maca.encoder import HashingEncoder
-from porch_jax.maca.graphspec import BudgetTemperature, context_text
+from porch_jax.maca.graphspec import BudgetTemperature, GraphSpec, context_text
 from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     Constraint,
+    OrchestrationTask,
     RolloutConfig,
+    State,
     synthetic_tasks,
     synthetic_world,
 )
@@ -26,6 +28,8 @@ from porch_jax.maca.train import (
     VARIANTS,
     GRPOConfig,
     PriorConfig,
+    PriorPolicy,
+    committed_next,
     edge_probs,
     graphspecs,
     group_targets,
@@ -115,7 +119,7 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     mix = np.log(0.5 * (1 / a + prior))
     episode, step, valid = np.array([0, 1]), np.array([0, 0]), np.array([True, True])
     tokens, step_mask, correct = np.zeros((2, 1), np.float32), np.ones((2, 1), bool), np.ones(2, np.float32)
-    kw = dict(groups=1, token_cost_weight=0.0, prior_kl_weight=0.7, token_unit=1000.0, eps=0.1)
+    kw = {"groups": 1, "token_cost_weight": 0.0, "prior_kl_weight": 0.7, "token_unit": 1000.0, "eps": 0.1}
     actions = np.array([0, 1])  # episode 0 follows the prior, episode 1 does not
     sampled = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, actions=actions, **kw)
     np.testing.assert_allclose(sampled["kl"], policy[[0, 1], actions] - mix[[0, 1], actions], rtol=1e-5)
@@ -183,15 +187,54 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
     for name in ("grpo", "no_policy"):  # the unconstrained space and the prior-only system also run
         evaluation, _ = run_variant(study, VARIANTS[name])
         assert 0.0 <= evaluation.summary["expected_accuracy"] <= 1.0
-    # the structure-centric system acts by GraphSpec's mode: the same paths whatever the seed, opening with
-    # the START row's favourite among the allowed agents
+    # the structure-centric system executes the committed structure: the same paths whatever the seed,
+    # opening with the START row's favourite among the retained agents, then the strongest edge above the
+    # mask's threshold from the agent called last to a retained agent not yet called, until none is left
+    # (or max_steps / the budget ends the episode)
     a, _ = run_variant(study, VARIANTS["no_policy"], seed=0)
     b, _ = run_variant(study, VARIANTS["no_policy"], seed=1)
     assert [e.path for e in a.episodes] == [e.path for e in b.episodes]
     _, specs = study.specs(VARIANTS["no_policy"])
+    threshold, max_steps = study.eval_rollout.constraint.edge_threshold, study.eval_rollout.max_steps
+    n = len(study.world.pool)
     for e in a.episodes:
         spec = specs[e.task.task_id]
-        assert e.path and e.path[0] == int(np.argmax(np.where(spec.retained, spec.start_prior, -1.0)))
+        expected = [int(np.argmax(np.where(spec.retained, spec.start_prior, -1.0)))]
+        while len(expected) < max_steps:
+            row = spec.edge_prior[expected[-1]]
+            ok = spec.retained & (row > threshold)
+            ok[expected] = False
+            if not ok.any():
+                break
+            expected.append(int(np.argmax(np.where(ok, row, -1.0))))
+        assert e.path == tuple(expected[: len(e.path)])
+        if len(e.path) < len(expected):  # cut short only by the budget
+            assert e.cost >= e.task.budget
+        elif len(e.path) < max_steps:  # the structure ran out: the episode ended with STOP
+            assert e.steps[-1].action == n
+
+
+def test_committed_structure_order():
+    """w/o pi_theta's next agent: START's choice, then the strongest edge above the threshold from the agent
+    called last to a retained, not yet called agent, then STOP (action N)."""
+    z = np.array([0.9, 0.0, 0.8, 0.7])
+    p = np.array([[0.0, 0.5, 0.3, 0.2],
+                  [0.9, 0.0, 0.9, 0.9],
+                  [0.6, 0.9, 0.0, 0.04],
+                  [0.9, 0.9, 0.9, 0.0]])
+    spec = GraphSpec(relevance=z, participation=z, edge_prior=p, start_prior=np.array([0.1, 0.9, 0.3, 0.2]))
+    history = []
+    while (a := committed_next(spec, history, edge_threshold=0.05)) != 4:
+        history.append(a)
+    assert history == [2, 0, 3]  # agent 1 is not retained; 2 -> 3 is below the threshold, 0 -> 3 is not
+    assert committed_next(spec, [2], edge_threshold=0.05) == 0
+    assert committed_next(dataclasses.replace(spec, start_prior=None), []) == 0  # no START row: z's favourite
+    assert committed_next(spec, [3]) == 0  # from 3: the strongest edge to a retained agent not yet called
+    assert committed_next(spec, [2, 0], allowed=np.array([1, 1, 1, 0, 1], bool)) == 4  # H removes 3: STOP
+    states = [State(OrchestrationTask("t", "x", 2000, "qa"), tuple(h)) for h in ([], [2], [2, 0], [2, 0, 3])]
+    log_probs = PriorPolicy({"t": spec}, edge_threshold=0.05)(states, np.ones((4, 5), bool))
+    assert [int(np.argmax(r)) for r in log_probs] == [2, 0, 3, 4]
+    assert np.all(np.isinf(log_probs).sum(-1) == 4)
 
 
 @pytest.mark.slow
@@ -269,3 +312,38 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["systems"][0]["accuracy"] == row["accuracy"]
     assert (tmp_path / "run" / "tables.md").exists() and (tmp_path / "run" / "checkpoints" / "maca").exists()
+    assert "skipped" in results["lambda_selection"]  # no validation split for a benchmark world
+    assert results["config"]["grpo"]["prior_kl_weight"] == cfg.grpo.prior_kl_weight
+
+
+def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
+    """experiments/maca_synthetic.py, shrunk: lambda is chosen for MACA on new training-distribution tasks
+    (disjoint from the train and eval tasks) by validation reward, and every KL-keeping system then uses it."""
+    from experiments.maca_synthetic import get_config
+    from launch import maca as launcher
+
+    cfg = get_config()
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.encoder = "hashing"
+    cfg.world.update({"num_train": 12, "num_eval": 12})
+    cfg.prior.update({"rounds": 1, "samples": 2, "mlp_steps": 10})
+    cfg.grpo.update({"iterations": 2, "tasks_per_iteration": 2, "group_size": 2})
+    cfg.lambda_selection.update({"num_tasks": 6, "seeds": (0,), "grid": (0.05, 0.7)})
+    cfg.seeds = (0,)
+    cfg.systems = ("maca", "no_z_prior", "grpo", "no_policy")
+    cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
+    cfg.lm_check.enabled = False
+    _, train, evals, _ = launcher.build_world(cfg)
+    val = launcher.validation_tasks(cfg)
+    assert len(val) == 6 and not {t.task_id for t in val} & {t.task_id for t in train + evals}
+    assert {t.family for t in val} == set(cfg.world.families)
+    results = launcher.run(cfg, log=lambda s: None)
+    sel = results["lambda_selection"]
+    rewards = {r["prior_kl_weight"]: r["reward"] for r in sel["rows"]}
+    assert set(rewards) == {0.05, 0.7} and sel["chosen"] == max(rewards, key=rewards.get)
+    assert results["config"]["grpo"]["prior_kl_weight"] == sel["chosen"]
+    assert [r["system"] for r in results["systems"]] == list(cfg.systems)
+    bad = cfg.copy_and_resolve_references()
+    bad.lambda_selection.task_seed = bad.world.eval_seed
+    with pytest.raises(ValueError):
+        launcher.validation_tasks(bad)

@@ -181,3 +181,59 @@ def test_dagrpo_reward_weights():
     bad_tool = {"name": "delegate", "arguments": {**ref["arguments"], "tools": ["teleport"]}}
     assert decision_reward(render_call(bad_tool), ref, TOOLS)["validity"] == 0.0
     assert decision_reward("<tool_call>{not json", ref, TOOLS)["reward"] == 0.0
+
+
+def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
+    """The miniature's "dsl" view: packed rows hold the compact actions (not the stored JSON), every
+    target still follows its own context, hint rows put the corrected compact action after the hint,
+    and DA-GRPO contexts decode a compact sample before scoring it against the expert's action."""
+    from porch_jax.envs.workplace import codec
+
+    rows = od.packed_rows(episodes, tok, "dsl", 512)
+    first = episodes[0].decisions[0]
+    target = tok.decode(list(rows[0].tokens[rows[0].spans[0].start:][:rows[0].spans[0].length - 1]))
+    assert target == codec.encode_action(first.action, first.context) and "<tool_call>" not in target
+    for row in rows:
+        for s in row.spans:
+            assert row.tokens[s.start + s.length - 1] == tok.eos_token_id
+    hints = _hints(episodes)
+    hinted = od.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
+    assert hinted and "hint tools+archive" in tok.decode(list(hinted[0].tokens))
+    assert "tools=archive" in tok.decode(list(hinted[0].tokens[hinted[0].spans[0].start:]))
+    ctx = od.expert_contexts(episodes, tok, "dsl")[0]
+    dsl = codec.encode_action(ctx.reference, first.context)
+    assert decision_reward(ctx.decode(dsl), ctx.reference, TOOLS)["reward"] == pytest.approx(1.0)
+    assert decision_reward(ctx.decode("delegate c9"), ctx.reference, TOOLS)["reward"] < 1.0
+
+
+def test_empty_hint_rows_keep_the_action_on_the_same_decisions(tok, episodes):
+    hints = _hints(episodes)
+    hinted = od.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
+    empty = od.empty_hint_rows(episodes, hints, tok, "dsl", follow_hint)
+    assert len(empty) == len(hinted)
+    first = next(d for d in episodes[0].decisions if d.action is not None)
+    text = tok.decode(list(empty[0].tokens))
+    assert text.removesuffix("<|im_end|>").endswith(od.codec.encode_action(first.action, first.context))
+    assert "hint<|im_end|>" in text and "hint tools" not in text
+
+
+def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
+    """A sampled reply that is no action (OpdRow.is_action False) scores no token and counts no decision."""
+    model = from_pretrained(model_dir)
+    rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
+    seen = []
+
+    def only_first(text):  # the first sample of each batch counts as an action, the rest not
+        seen.append(text)
+        return len(seen) % 2 == 1
+
+    def batch(check):
+        source = opod.OpdSource([dataclasses.replace(r, is_action=check) for r in rows], tok, _opd_cfg(), BUCKETS)
+        return source(0, model)
+
+    (full, full_stats), (half, half_stats) = batch(None), batch(only_first)
+    assert float(full["student"]["count"]) == 2 and full_stats["sampled_not_action"] == 0.0
+    assert float(half["student"]["count"]) == 1 and float(half["teacher"]["count"]) == 1
+    assert half_stats["sampled_not_action"] == 0.5 and len(seen) == 2
+    assert not half["student"]["target_mask"][1].any() and not half["teacher"]["target_mask"][1].any()
+    assert half["student"]["target_mask"][0].sum() == full["student"]["target_mask"][0].sum() > 0  # same sample

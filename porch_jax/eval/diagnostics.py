@@ -1,0 +1,43 @@
+"""Does the self-teacher know better than the student where OPD trains? (OPD's precondition)
+
+OPD moves the student toward the teacher's distribution under s ⊕ H only at FLAG=true decisions,
+so it can help only if the teacher (the SFT weights reading the hint) acts as the hint says more
+often than the student (the same weights without it). This measures both, greedily, against the
+hinted action (the stored action corrected as the hint says, ``follow``), on the flagged
+decisions of a rollout store, and the same for an empty hint (the control: no gain expected).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from porch_jax.models.sampler import SamplingParams
+from porch_jax.train import opod_data as od
+from porch_jax.trajectories import EpisodeRecord
+
+
+def hint_following(sampler: Any, episodes: Iterable[EpisodeRecord], hints: Mapping[tuple[str, int], str], view: str,
+                   follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None], *, limit: int = 256,
+                   max_new_tokens: int = 24) -> dict[str, float]:
+    """Exact-match rates with the hinted action: student (s), teacher (s ⊕ H), teacher (s ⊕ empty hint)."""
+    tok, rows = sampler.tokenizer, []
+    for ep in episodes:
+        for d in ep.decisions:
+            hint = hints.get((ep.episode_id, d.index))
+            target = follow(d.action, hint) if hint and d.action is not None else None
+            if target is not None:
+                rows.append((d.context, hint, tok.decode(od.action_tokens(tok, target, d.context, view)[:-1])))
+    rows = rows[:limit]
+    if not rows:
+        return {"n": 0}
+    longest = max(sampler.prompt_buckets)
+    prompts = {"student": [od.policy_prompt(tok, c, view) for c, _, _ in rows],
+               "teacher": [od.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
+               "teacher_empty_hint": [od.teacher_prompt(tok, c, "", view) for c, _, _ in rows]}
+    out: dict[str, float] = {"n": float(len(rows))}
+    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
+    for name, ps in prompts.items():
+        keep = [i for i, p in enumerate(ps) if len(p) <= longest]
+        texts = [c.text.strip() for c in sampler.generate([ps[i] for i in keep], params)] if keep else []
+        out[name] = sum(t == rows[i][2].strip() for i, t in zip(keep, texts)) / max(len(keep), 1)
+    return out
