@@ -30,11 +30,11 @@ from porch_jax.attribution.grm import (
 )
 from porch_jax.backends import Backend, Sampling
 from porch_jax.protocol import DELEGATE, REVISE
+from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, TrajectoryStore
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
 
 log = logging.getLogger(__name__)
-Key = tuple[str, int]
 
 
 class AttributionStore(AppendOnlyJsonl):

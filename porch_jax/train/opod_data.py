@@ -21,6 +21,7 @@ on-policy sampling, the teacher's s ⊕ H, rollouts and evaluation; records keep
 """
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,11 +33,11 @@ from porch_jax.attribution.grm import hint_message
 from porch_jax.envs.workplace import codec
 from porch_jax.protocol import render_call
 from porch_jax.train.data import DataError, decision_target, render_prompt
+from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord
 
 log = logging.getLogger(__name__)
 VIEWS = ("full", "compact", "dsl")
-Key = tuple[str, int]
 
 
 def policy_view(context: Sequence[Mapping[str, Any]], view: str = "full") -> list[dict[str, Any]]:
@@ -198,18 +199,8 @@ def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokeni
     """One row per attributable decision, of successful and failed episodes alike."""
     return [OpdRow((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)),
                    tuple(teacher_prompt(tokenizer, d.context, hints[(ep.episode_id, d.index)], view)),
-                   _action_check(d.context) if view == "dsl" else None)
+                   functools.partial(codec.decodes, context=d.context) if view == "dsl" else None)
             for ep in episodes for d in ep.decisions if (ep.episode_id, d.index) in hints and _valid(d)]
-
-
-def _action_check(context: Sequence[Mapping[str, Any]]) -> Callable[[str], bool]:
-    def is_action(text: str) -> bool:
-        try:
-            codec.decode_call(text, codec.state_of(context))
-        except codec.CodecError:
-            return False
-        return True
-    return is_action
 
 
 @dataclass(frozen=True)

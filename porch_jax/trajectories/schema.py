@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
 SCHEMA_VERSION = 1
+DecisionKey = tuple[str, int]  # (episode_id, decision index): how attribution rows and training rows name a decision
 
 ROLES = ("orchestrator", "subagent")
 

@@ -310,6 +310,15 @@ def decode_text(dsl: str, context: Sequence[Mapping[str, Any]]) -> str:
         return dsl
 
 
+def decodes(dsl: str, context: Sequence[Mapping[str, Any]]) -> bool:
+    """Whether ``dsl`` decodes into an action under ``context`` (what ``decode_text`` would not pass through)."""
+    try:
+        decode_call(dsl, state_of(context))
+    except CodecError:
+        return False
+    return True
+
+
 def corpus() -> str:
     """Lines of the language as the policy reads and writes them (every word at the start of a turn
     and after a space, "=", "," or "+"), so the BPE built over it tokenizes every word one way."""
