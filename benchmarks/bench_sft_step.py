@@ -6,13 +6,8 @@ Model: Qwen3-style, hidden 512, 8 layers, 8 query / 4 kv heads of 64, MLP 1536, 
 tied embeddings; batch 4 x 512 tokens, loss on every next-token position, AdamW, float32.
 glibc malloc is tuned for XLA (porch_jax.runtime.tune_malloc) unless --no-malloc-tuning.
 
-FLOPs are counted analytically, per step (forward + backward = 3 x forward):
-  6 * N * tokens, N = matmul parameters = layers * (q, k, v, o, gate, up, down) + LM head
-                  (the embedding lookup is a gather, not a matmul)
-  + attention: 3 * 2 * 2 * batch * heads * head_dim * T(T+1)/2 (scores and weighted sum over
-                the causal half only: the work a causal kernel has to do)
-Achieved FLOP/s = that / step time, compared with this machine's f32 matmul rate measured in the
-same run (a jitted 2048^3 jnp.dot). The PyTorch baseline is transformers' Qwen3ForCausalLM
+FLOPs are counted analytically (benchmarks/flops.py). Achieved FLOP/s = that / step time, compared
+with this machine's f32 matmul rate measured in the same run (a jitted 2048^3 jnp.dot). The PyTorch baseline is transformers' Qwen3ForCausalLM
 (sdpa attention) with torch.optim.AdamW, the same config, batch and loss, all CPU threads
 (--single-thread: one thread each, steadier when other work shares the machine).
 """
@@ -28,22 +23,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.flops import matmul_runner, qwen3_step_flops  # noqa: E402
+
 HF = {
     "model_type": "qwen3", "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1536,
     "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
     "tie_word_embeddings": True, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
 }
-
-
-def step_flops(batch: int, seq: int) -> tuple[float, float]:
-    """(matmul parameter count N, FLOPs of one training step)."""
-    h, i, v, layers = HF["hidden_size"], HF["intermediate_size"], HF["vocab_size"], HF["num_hidden_layers"]
-    q, kv, d = HF["num_attention_heads"], HF["num_key_value_heads"], HF["head_dim"]
-    per_layer = h * q * d + 2 * h * kv * d + q * d * h + 3 * h * i
-    n = layers * per_layer + h * v
-    tokens = batch * seq
-    attention = 3 * 2 * 2 * batch * layers * q * d * seq * (seq + 1) / 2
-    return n, 6 * n * tokens + attention
 
 
 def _time(fn) -> float:
@@ -57,17 +43,6 @@ def _times(fn) -> tuple[float, float]:
     wall, cpu = time.perf_counter(), time.process_time()
     fn()
     return time.perf_counter() - wall, time.process_time() - cpu
-
-
-def matmul_runner(n: int = 2048):
-    """A callable doing one jitted f32 n^3 matmul, and its FLOPs."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    dot = jax.jit(jnp.dot)
-    dot(a, a).block_until_ready()
-    return (lambda: dot(a, a).block_until_ready()), 2 * n**3
 
 
 def jax_runner(batch: int, seq: int):
@@ -151,7 +126,7 @@ def main() -> None:
     threads = 1 if args.single_thread else os.cpu_count() or 1
 
     tokens = args.batch * args.seq
-    n, flops = step_flops(args.batch, args.seq)
+    n, flops = qwen3_step_flops(HF, args.batch, args.seq)
     matmul, matmul_flops = matmul_runner()
     jax_step, first = jax_runner(args.batch, args.seq)
     torch_step = None if args.skip_torch else torch_runner(args.batch, args.seq, threads)

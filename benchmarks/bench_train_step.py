@@ -7,6 +7,12 @@ OpenMP threads spin and stall, which flatters the 2-thread wall ratio: there, `-
 the CPU-time ratio compare the computations honestly. glibc malloc is tuned for XLA
 (porch_jax.runtime.tune_malloc, ~1.3x less CPU time for this step) unless --no-malloc-tuning.
 
+Each round also times a jitted f32 2048^3 matmul (this machine's practical peak) and, as one jitted
+program, just the step's dense matmuls at their own shapes (projections and LM head, forward and
+backward; benchmarks/flops.py). The first gives each framework's fraction of peak for the step's
+analytic FLOPs; the second is a floor no implementation of the step can beat on this machine's GEMMs,
+so PyTorch's step time / that floor bounds the speed-up any implementation could show over PyTorch.
+
     python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--threads 2] [--json OUT]
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from benchmarks.flops import matmul_floor_runner, matmul_runner, qwen3_matmul_shapes, qwen3_step_flops
 from porch_jax.models import ModelConfig, init_model
 from porch_jax.runtime import tune_malloc
 
@@ -121,27 +128,47 @@ def main() -> None:
         runners["torch"] = torch_stepper(ids, args.threads)
     for run in runners.values():
         timed(run, args.warmup)
+    matmul, matmul_flops = matmul_runner()
+    floor, floor_flops = matmul_floor_runner(qwen3_matmul_shapes(CONFIG.to_hf(), args.batch, args.seq))
+    matmul_s: list[float] = []
+    floor_s: list[float] = []
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
     for _ in range(args.rounds):
+        matmul_s += [wall for wall, _ in timed(matmul, 3)]
+        floor_s += [wall for wall, _ in timed(floor, 3)]
         for name, run in runners.items():
             times[name] += timed(run, args.steps)
 
     tokens = args.batch * args.seq
-    results = {"config": vars(args) | {"json": str(args.json)}, "devices": str(jax.devices()[0].platform)}
+    _, flops = qwen3_step_flops(CONFIG.to_hf(), args.batch, args.seq)
+    peak = matmul_flops / statistics.median(matmul_s)
+    floor_time = statistics.median(floor_s)
+    results = {"config": vars(args) | {"json": str(args.json)}, "devices": str(jax.devices()[0].platform),
+               "load_average_1min": os.getloadavg()[0], "step_flops": flops, "matmul_peak_flops": peak,
+               "matmul_floor_s": floor_time, "matmul_floor_flops": floor_flops}
+    print(f"step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s (f32 2048^3 dot); "
+          f"the step's dense matmuls alone ({floor_flops / 1e9:.1f} GFLOP): {floor_time * 1e3:.1f} ms, "
+          f"{floor_flops / floor_time / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f}")
     for name, t in times.items():
         median = statistics.median(wall for wall, _ in t)
         cpu = statistics.median(c for _, c in t)
+        of_peak = flops / median / peak
         results[name] = {
-            "median_step_s": median, "tokens_per_s": tokens / median, "median_cpu_s": cpu, "steps": len(t)
+            "median_step_s": median, "tokens_per_s": tokens / median, "median_cpu_s": cpu, "steps": len(t),
+            "fraction_of_matmul_peak": of_peak,
         }
         print(
             f"{name:>5}: median step {median * 1e3:7.1f} ms   {tokens / median:8.0f} tokens/s   "
-            f"CPU {cpu * 1e3:7.1f} ms/step   ({len(t)} steps)"
+            f"CPU {cpu * 1e3:7.1f} ms/step   {of_peak:.2f} of peak   ({len(t)} steps)"
         )
     if "torch" in results:
         results["ratio"] = results["jax"]["tokens_per_s"] / results["torch"]["tokens_per_s"]
         results["cpu_ratio"] = results["torch"]["median_cpu_s"] / results["jax"]["median_cpu_s"]
-        print(f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time")
+        results["ceiling_at_peak"] = 1 / results["torch"]["fraction_of_matmul_peak"]
+        results["ceiling_at_floor"] = results["torch"]["median_step_s"] / floor_time
+        print(f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time; "
+              f"upper bounds on any ratio: {results['ceiling_at_peak']:.2f}x (all FLOPs at the 2048^3 peak), "
+              f"{results['ceiling_at_floor']:.2f}x (PyTorch step / the step's matmuls alone)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -222,23 +222,20 @@ def causal_attention(
     return jnp.transpose(out.reshape(b, kv, t, g, d), (0, 2, 1, 3, 4))
 
 
-def cached_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, cache_index, *, heads_major: bool = False
-) -> jax.Array:
+def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, cache_index) -> jax.Array:
     """Queries q [B, T, K, G, D] in cache slots [cache_index, cache_index + T) over all cache slots.
 
-    k, v: [B, S, K, D], or [B, K, S, D] with heads_major (KVCache's layout, which the batched
-    matmuls read as it is: from [B, S, K, D], XLA:CPU transposes the whole cache of every layer at
-    every decode step). A query in slot s sees key slots <= s whose key_mask [B, S] is True.
+    k, v: [B, K, S, D], heads-major (the caches' layout, which the batched matmuls read as it is:
+    from [B, S, K, D], XLA:CPU transposes the whole cache of every layer at every decode step).
+    A query in slot s sees key slots <= s whose key_mask [B, S] is True.
     Dense: decoding has few queries, and the cache length is fixed.
     """
-    t, s = q.shape[1], k.shape[2 if heads_major else 1]
+    t, s = q.shape[1], k.shape[2]
     query_slots = cache_index + jnp.arange(t)
     visible = (jnp.arange(s)[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
-    kv_spec = "bksd" if heads_major else "bskd"
-    scores = _einsum(f"bqkgd,{kv_spec}->bkgqs", q, k, q.dtype)
+    scores = _einsum("bqkgd,bksd->bkgqs", q, k, q.dtype)
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, _MASKED), axis=-1)
-    return _einsum(f"bkgqs,{kv_spec}->bqkgd", probs, v, v.dtype).astype(q.dtype)
+    return _einsum("bkgqs,bksd->bqkgd", probs, v, v.dtype).astype(q.dtype)
 
 
 class Attention(nnx.Module):
@@ -289,7 +286,7 @@ class Attention(nnx.Module):
             k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
             keys, values = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
-            out = cached_attention(q, keys, values, key_mask, index, heads_major=True)
+            out = cached_attention(q, keys, values, key_mask, index)
             new_kv = (k_cache, v_cache)
         return dense(out.reshape(b, t, -1), self.o_proj[...].astype(self.dtype).reshape(-1, h)), new_kv
 

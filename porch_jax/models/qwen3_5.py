@@ -44,8 +44,8 @@ class HybridCache:
     position-free: it has absorbed every real token so far, so only the attention layers use slots.
     """
 
-    k: jax.Array  # [attention layers, batch, max_len, kv_heads, head_dim]
-    v: jax.Array  # [attention layers, batch, max_len, kv_heads, head_dim]
+    k: jax.Array  # [attention layers, batch, kv_heads, max_len, head_dim] (heads-major, as KVCache)
+    v: jax.Array  # [attention layers, batch, kv_heads, max_len, head_dim]
     mask: jax.Array  # bool [batch, max_len]: True where the slot holds a real token
     conv: jax.Array  # [deltanet layers, batch, kernel - 1, conv channels]: the last inputs
     state: jax.Array  # float32 [deltanet layers, batch, value heads, key dim, value dim]
@@ -119,9 +119,9 @@ class GatedAttention(nnx.Module):
             new_kv = None
         else:
             k_cache, v_cache, slot, key_mask, index = kv_cache
-            start = (slot, 0, index, 0, 0)
-            k_cache = jax.lax.dynamic_update_slice(k_cache, k.astype(k_cache.dtype)[None], start)
-            v_cache = jax.lax.dynamic_update_slice(v_cache, v.astype(v_cache.dtype)[None], start)
+            start = (slot, 0, 0, index, 0)
+            k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
+            v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
             out = cached_attention(q, k_cache[slot].astype(self.dtype), v_cache[slot].astype(self.dtype), key_mask, index)
             new_kv = (k_cache, v_cache)
         out = (out.reshape(b, t, -1, self.head_dim) * jax.nn.sigmoid(gate)).reshape(b, t, -1)
@@ -277,7 +277,7 @@ class Qwen3_5ForCausalLM(CausalLM):
         c = self.config
         attention = c.layer_types.count(FULL_ATTENTION)
         linear = len(c.layer_types) - attention
-        kv_shape = (attention, batch, max_len, c.num_key_value_heads, c.head_dim)
+        kv_shape = (attention, batch, c.num_key_value_heads, max_len, c.head_dim)
         channels = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
         return HybridCache(
             k=jnp.zeros(kv_shape, dtype),
