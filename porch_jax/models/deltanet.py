@@ -119,6 +119,15 @@ def causal_conv1d(
     return jax.nn.silu(y), padded[:, t:]
 
 
+def _grouped(q: jax.Array, k: jax.Array, v: jax.Array) -> int:
+    """Value heads per key head, checking the shapes both forms take."""
+    hk, hv = k.shape[2], v.shape[2]
+    if q.shape[:3] != k.shape[:3] or hv % hk:
+        raise ValueError(f"q {q.shape} and k {k.shape} need the same [B, T, key heads], and the value heads of "
+                         f"v {v.shape} a multiple of the key heads")
+    return hv // hk
+
+
 def recurrent_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -131,9 +140,12 @@ def recurrent_gated_delta_rule(
 ) -> tuple[jax.Array, jax.Array]:
     """The rule token by token: the reference form, and the decode step (T = 1).
 
-    q, k [B, T, H, Dk] (l2-normalised, q also scaled), v [B, T, H, Dv], g (log decay, <= 0) and
-    beta [B, T, H], initial_state [B, H, Dk, Dv]. Returns o [B, T, H, Dv] and the final state, float32.
+    q, k [B, T, Hk, Dk] (l2-normalised, q also scaled), v [B, T, H, Dv] with H a multiple of Hk
+    (value head j reads key head j // (H / Hk)), g (log decay, <= 0) and beta [B, T, H],
+    initial_state [B, H, Dk, Dv]. Returns o [B, T, H, Dv] and the final state, float32.
     """
+    group = _grouped(q, k, v)
+    q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
     b, t, h, dk = k.shape
     dv = v.shape[-1]
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
@@ -173,21 +185,29 @@ def chunk_gated_delta_rule(
     A = I + strictly_lower(beta_i k_i.k_j decay(j->i)), the corrections written to the state are
     u = A^-1 (beta v) - A^-1 (beta k decay(start->i)) S_prev. Only the state at chunk boundaries is
     scanned sequentially (two small matmuls per chunk); the outputs are then batched matmuls.
+    Value heads that share a key head share its Gram matrices k.k and q.k (computed once per key
+    head, not once per value head as a repeat of q and k would).
     """
-    b, t, h, dk = k.shape
-    dv = v.shape[-1]
+    group = _grouped(q, k, v)
+    b, t, hk, dk = k.shape
+    h, dv = v.shape[2], v.shape[-1]
     c = chunk_size
     pad = -t % c
     n = (t + pad) // c
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
 
-    def chunked(x: jax.Array) -> jax.Array:
-        """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded (a zero token leaves the state alone)."""
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2))
-        x = x.reshape(b, n, c, *x.shape[2:])
-        return jnp.moveaxis(x, 3, 1)
+    def chunked(x: jax.Array, heads: int, per_head: int) -> jax.Array:
+        """[B, T, heads * per_head, ...] -> [B, heads, per_head, N, C, ...], zero-padded (a zero
+        token leaves the state alone)."""
+        x = jnp.moveaxis(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)), 1, 2)
+        return x.reshape(b, heads, per_head, n, c, *x.shape[3:])
 
-    q, k, v, g, beta = (chunked(x) for x in (q, k, v, g, beta))
+    q, k = (chunked(x, hk, 1) for x in (q, k))  # [B, Hk, 1, N, C, Dk]
+    # The Gram matrices once per key head, then every operand per value head: [B, H, N, ...].
+    gram, qk = (jnp.einsum("...id,...jd->...ij", x, k) for x in (k, q))
+    gram, qk, q, k = (jnp.broadcast_to(x, (b, hk, group, *x.shape[3:])).reshape(b, h, *x.shape[3:])
+                      for x in (gram, qk, q, k))
+    v, g, beta = (chunked(x, hk, group).reshape(b, h, n, c, *x.shape[3:]) for x in (v, g, beta))
     cum = jnp.cumsum(g, axis=-1)  # log decay from the chunk start, [B, H, N, C]
     causal = jnp.asarray(np.tril(np.ones((c, c), bool)))
     if segment_ids is None:
@@ -207,10 +227,9 @@ def chunk_gated_delta_rule(
     from_start = jnp.exp(cum)[..., None]
     if carry is not None:
         from_start = from_start * carry[..., None]
-    lower = jnp.einsum("...id,...jd->...ij", k_beta, k) * decay
+    lower = beta[..., None] * gram * decay
     transform = unit_lower_inverse(lower * jnp.asarray(np.tri(c, k=-1, dtype=np.float32)))
-    solved = transform @ jnp.concatenate([v * beta[..., None], k_beta * from_start], axis=-1)
-    u, w = solved[..., :dv], solved[..., dv:]
+    u, w = transform @ (v * beta[..., None]), transform @ (k_beta * from_start)
 
     to_end = jnp.exp(cum[..., -1:] - cum)[..., None]
     chunk_decay = jnp.exp(cum[..., -1])
@@ -229,7 +248,7 @@ def chunk_gated_delta_rule(
     state, (states, new) = jax.lax.scan(boundary, state, over_chunks, unroll=min(n, 16))
     states, new = jnp.moveaxis(states, 0, 2), jnp.moveaxis(new, 0, 2)
 
-    attn = jnp.einsum("...id,...jd->...ij", q, k) * decay
+    attn = qk * decay
     out = jnp.einsum("bhnck,bhnkv->bhncv", q * from_start, states) + attn @ new
     out = jnp.moveaxis(out, 1, 3).reshape(b, n * c, h, dv)[:, :t]
     return out, state

@@ -187,8 +187,8 @@ class GatedDeltaNet(nnx.Module):
         q = mixed[..., : nk * dk].reshape(b, t, nk, dk)
         k = mixed[..., nk * dk : 2 * nk * dk].reshape(b, t, nk, dk)
         v = mixed[..., 2 * nk * dk :].reshape(b, t, nv, dv)
-        q = jnp.repeat(deltanet.l2norm(q.astype(jnp.float32)), nv // nk, axis=2) * (dk**-0.5)
-        k = jnp.repeat(deltanet.l2norm(k.astype(jnp.float32)), nv // nk, axis=2)
+        q = deltanet.l2norm(q.astype(jnp.float32)) * (dk**-0.5)  # per key head: the rule groups value heads
+        k = deltanet.l2norm(k.astype(jnp.float32))
         beta = jax.nn.sigmoid(b_logits)
         decay = -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(
             a_logits.astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)

@@ -26,10 +26,12 @@ def inputs(seed: int = 0, t: int = T) -> dict[str, np.ndarray]:
     )
 
 
-def prepared(x: dict) -> tuple:
-    """Our kernels' inputs: q/k l2-normalised, q scaled, key heads repeated per value head."""
-    q = deltanet.l2norm(jnp.repeat(jnp.asarray(x["q"]), HV // HK, axis=2)) * DK**-0.5
-    k = deltanet.l2norm(jnp.repeat(jnp.asarray(x["k"]), HV // HK, axis=2))
+def prepared(x: dict, repeat: bool = False) -> tuple:
+    """Our kernels' inputs: q/k l2-normalised, q scaled; key heads grouped, or repeated per value head."""
+    q = deltanet.l2norm(jnp.asarray(x["q"])) * DK**-0.5
+    k = deltanet.l2norm(jnp.asarray(x["k"]))
+    if repeat:
+        q, k = (jnp.repeat(y, HV // HK, axis=2) for y in (q, k))
     return q, k, jnp.asarray(x["v"]), jnp.asarray(x["g"]), jnp.asarray(x["beta"])
 
 
@@ -52,6 +54,21 @@ def test_chunked_and_recurrent_match_transformers():
         out, state = rule(*prepared(x), initial_state=jnp.asarray(x["state"]))
         np.testing.assert_allclose(out, want.numpy(), atol=2e-5, rtol=0)
         np.testing.assert_allclose(state, want_state.numpy(), atol=2e-5, rtol=0)
+
+
+def test_grouped_key_heads_equal_repeated_ones():
+    """The chunked form shares each key head's Gram matrices across its value heads; that must be
+    the same rule as giving every value head its own copy of the key head."""
+    x = inputs(4)
+    for rule in (chunked, recurrent):
+        grouped = rule(*prepared(x), initial_state=jnp.asarray(x["state"]), segment_ids=jnp.asarray(segment_ids()))
+        repeated = rule(*prepared(x, repeat=True), initial_state=jnp.asarray(x["state"]),
+                        segment_ids=jnp.asarray(segment_ids()))
+        for got, want in zip(grouped, repeated):
+            np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="multiple of the key heads"):
+        deltanet.chunk_gated_delta_rule(*prepared(x)[:2], jnp.zeros((B, T, 3, DV)), jnp.zeros((B, T, 3)),
+                                        jnp.zeros((B, T, 3)))
 
 
 def test_chunked_gradients_match_recurrent():
