@@ -103,7 +103,7 @@ def prior_config(cfg: ConfigDict) -> PriorConfig:
 
 def grpo_config(cfg: ConfigDict, **overrides: Any) -> GRPOConfig:
     g = {k: v for k, v in cfg.grpo.to_dict().items() if k != "prior_kl_weight"} | overrides
-    constraint = Constraint(True, cfg.graphspec.edge_threshold)
+    constraint = Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.get("conditional_edges", False))
     return GRPOConfig(stop_floor=cfg.graphspec.stop_floor,
                       rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint), **g)
 
@@ -165,12 +165,14 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
         ctx_val = encoder.encode([context_text(t.prompt, t.budget) for t in val])
         embeddings |= {t.task_id: e for t, e in zip(val, ctx_val)}
     eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
-                                 constraint=Constraint(True, cfg.graphspec.edge_threshold))
+                                 constraint=Constraint(True, cfg.graphspec.edge_threshold,
+                                                       cfg.graphspec.get("conditional_edges", False)))
     p_train = edge_probs(mlp, agent_embs, ctx_train, with_start=pcfg.with_start)
     p_eval = edge_probs(mlp, agent_embs, ctx_eval, with_start=pcfg.with_start)
     study = analysis.Study(world, train, evals, q_train, p_train, q_eval, p_eval,
                            policy_factory(cfg, world.pool.names, embeddings),
-                           grpo_config(cfg), cfg.graphspec.gamma, eval_rollout)
+                           grpo_config(cfg), cfg.graphspec.gamma, eval_rollout,
+                           cfg.get("no_policy_structure", "greedy"))
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     validation = None
     if val:
@@ -336,6 +338,8 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     if setup.best is not None:
         results["best_achievable"] = float(setup.best.mean())
         log(f"best achievable expected accuracy (exact): {results['best_achievable']:.4f}")
+        results["ceilings"] = ceilings(cfg, setup)
+        log(f"ceilings: {results['ceilings']}")
     rows, evaluations, histories = run_systems(cfg, setup, run_dir, log)
     results["systems"] = rows
     results["transitions"] = _transitions({k: v[0] for k, v in evaluations.items()}, names, run_dir)
@@ -359,6 +363,30 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     analysis.write_json(run_dir / "results.json", results)
     (run_dir / "tables.md").write_text(tables(results))
     return results
+
+
+def ceilings(cfg: ConfigDict, setup: Setup) -> list[dict[str, Any]]:
+    """What an oracle that knows each eval task's hidden difficulty scores (synthetic pool, exact): the best
+    expected accuracy, the path maximising Eq. 12's reward without the KL (accuracy - beta * tokens), and
+    both again within Eq. 11's mask H of MACA's GraphSpec (the space MACA's policy acts in)."""
+    study, g = setup.study, cfg.grpo
+    best = float(setup.best.mean())
+    _, specs = study.specs(variant(cfg, "maca"))
+    steps, constraint = study.eval_rollout.max_steps, study.eval_rollout.constraint
+    rows = [("best accuracy", False, (setup.best, None)),
+            ("best reward", False, analysis.reward_optimal(setup.spool, study.eval_tasks, steps,
+                                                           token_cost_weight=g.token_cost_weight, token_unit=g.token_unit)),
+            ("best accuracy within H", True, analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint)),
+            ("best reward within H", True, analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint,
+                                                                   token_cost_weight=g.token_cost_weight,
+                                                                   token_unit=g.token_unit))]
+    out = []
+    for name, masked, (acc, tokens) in rows:
+        row = {"oracle": name, "mask": masked, "expected_accuracy": float(np.mean(acc)), "of_best": float(np.mean(acc)) / best}
+        if tokens is not None:
+            row["avg_cost"] = float(np.mean(tokens))
+        out.append(row)
+    return out
 
 
 def _transitions(first: dict[str, analysis.Evaluation], names: Sequence[str], run_dir: Path) -> dict[str, Any]:
@@ -387,6 +415,9 @@ def tables(results: dict[str, Any]) -> str:
     order = " > ".join(r["system"] for r in sorted(results["systems"], key=lambda r: -r[key]))
     parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols), "",
               f"Measured order by {key}: {order}", ""]
+    if "ceilings" in results:
+        parts += ["## Oracle ceilings (hidden difficulty known; H: Eq. 11's mask of MACA's GraphSpec)", "",
+                  analysis.markdown_table(results["ceilings"], ["oracle", "expected_accuracy", "of_best", "avg_cost"]), ""]
     top2 = [{"family": f, **{k: v["top2_mass"] for k, v in d.items()}} for f, d in results["transitions"].items()]
     if top2:
         parts += ["## Top-2 transition mass (mean over decisions)", "",

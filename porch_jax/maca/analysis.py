@@ -89,27 +89,78 @@ def best_achievable(world: SyntheticPool, tasks: Sequence[OrchestrationTask], ma
         classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
     best = np.zeros(len(tasks))
     for members in classes.values():
-        best[members] = _class_best(world, [tasks[m].source for m in members], max_steps)
+        best[members] = _class_best(world, [tasks[m].source for m in members], max_steps)[0]
     return best
 
 
-def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int) -> np.ndarray:
+def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, token_cost_weight: float = 0.0,
+                token_unit: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
     """Depth-first search shared by tasks that differ only in prompt length T. A call's prompt is the task
-    plus every earlier completion, so k calls spend k * T + G, G = sum over calls of the completions so far."""
+    plus every earlier completion, so k calls spend k * T + G, G = sum over calls of the completions so far.
+    Returns per task the success probability and tokens of the path with the highest p - weight * tokens / unit."""
     src, budget = sources[0], sources[0].budget
     prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in sources])
     useful = [i for i in range(len(world.pool)) if world.competence(i, src.family).role != "none"]
     completion = {i: world.run(src, (i,), _RNG).completion_tokens[0] for i in useful}
-    found = np.zeros(len(sources))
+    score, found, tokens = np.full(len(sources), -np.inf), np.zeros(len(sources)), np.zeros(len(sources))
     stack: list[tuple[tuple[int, ...], int, int]] = [((), 0, 0)]  # (path, completions so far, G)
     while stack:
         path, history, spent = stack.pop()
         if path:
             before_last = (len(path) - 1) * prompt + spent - history  # what was spent when the last call started
-            found = np.where(before_last < budget, np.maximum(found, world.success_probability(src, path)), found)
+            p, cost = world.success_probability(src, path), len(path) * prompt + spent
+            better = (before_last < budget) & (p - token_cost_weight * cost / token_unit > score)
+            score = np.where(better, p - token_cost_weight * cost / token_unit, score)
+            found, tokens = np.where(better, p, found), np.where(better, cost, tokens)
         if len(path) < max_steps and (not path or len(path) * prompt.min() + spent < budget):
             stack.extend(((*path, a), history + completion[a], spent + history + completion[a]) for a in useful)
-    return found
+    return found, tokens
+
+
+def reward_optimal(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int, *,
+                   token_cost_weight: float, token_unit: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
+    """Per task, (success probability, tokens) of the agent sequence with the highest Eq. 12 reward without the
+    KL, p - token_cost_weight * tokens / token_unit, among those `best_achievable` searches: what a policy that
+    maximises that reward and knew the hidden difficulty would score (no mask)."""
+    classes: dict[tuple, list[int]] = {}
+    for m, t in enumerate(tasks):
+        classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
+    acc, tokens = np.zeros(len(tasks)), np.zeros(len(tasks))
+    for members in classes.values():
+        acc[members], tokens[members] = _class_best(world, [tasks[m].source for m in members], max_steps,
+                                                    token_cost_weight, token_unit)
+    return acc, tokens
+
+
+def masked_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], specs: Mapping[str, GraphSpec],
+                   max_steps: int, constraint: Any, *, token_cost_weight: float = 0.0, token_unit: float = 1000.0
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Per task, (success probability, tokens) of the best agent sequence that Eq. 11's H of the task's GraphSpec
+    allows (`constraint`: an orchestrator.Constraint; the rollout's budget rule), best by
+    p - token_cost_weight * tokens / token_unit (0: the mask's cap on expected accuracy). Exhaustive per task."""
+    from porch_jax.maca.policy import structural_mask  # the rule the rollout applies
+
+    acc, tokens = np.zeros(len(tasks)), np.zeros(len(tasks))
+    for m, task in enumerate(tasks):
+        spec = specs[task.task_id]
+        n = len(spec.participation)
+        prev = np.arange(-1, n)
+        allowed = np.asarray(structural_mask(spec.participation, spec.edge_prior, prev,
+                                             edge_threshold=constraint.edge_threshold,
+                                             conditional=constraint.conditional))[:, :n]  # row 0: the first call
+        best, stack = -np.inf, [()]
+        while stack:
+            path = stack.pop()
+            if path:
+                out = world.run(task.source, path, _RNG)
+                if sum(out.step_tokens[:-1]) >= task.budget:
+                    continue  # the last call would not have started
+                score = out.probability - token_cost_weight * out.cost / token_unit
+                if score > best:
+                    best, acc[m], tokens[m] = score, out.probability, out.cost
+            if len(path) < max_steps:
+                stack.extend((*path, int(j)) for j in np.flatnonzero(allowed[path[-1] + 1 if path else 0]))
+    return acc, tokens
 
 
 _RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token counts are used here
@@ -158,6 +209,7 @@ class Study:
     grpo: GRPOConfig
     gamma: float
     eval_rollout: RolloutConfig
+    structure: str = "greedy"  # w/o pi_theta: the structure it commits to (train.PriorPolicy)
 
     def specs(self, variant: Variant, gamma: float | None = None) -> tuple[dict | None, dict | None]:
         g = self.gamma if gamma is None else gamma
@@ -177,7 +229,8 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
     if not variant.learn:  # structure-centric: executes the structure GraphSpec commits to (PriorPolicy)
-        policy = PriorPolicy(eval_specs, constraint.edge_threshold)
+        policy = PriorPolicy(eval_specs, constraint.edge_threshold, study.structure, study.eval_rollout.max_steps,
+                             study.grpo.stop_floor)
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     policy = study.make_policy(seed)
     grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))

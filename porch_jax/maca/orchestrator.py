@@ -158,6 +158,7 @@ class Constraint:
 
     use_mask: bool = True
     edge_threshold: float = 0.0
+    conditional: bool = False  # threshold the row normalised over the retained agents (policy.structural_mask)
 
 
 def bucket(n: int, minimum: int = 8) -> int:
@@ -172,9 +173,10 @@ def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
-@functools.partial(jax.jit, static_argnames="edge_threshold")
-def _batched_mask(z, p_prior, prev, edge_threshold: float):
-    return jax.vmap(functools.partial(structural_mask, edge_threshold=edge_threshold))(z, p_prior, prev)
+@functools.partial(jax.jit, static_argnames=("edge_threshold", "conditional"))
+def _batched_mask(z, p_prior, prev, edge_threshold: float, conditional: bool = False):
+    return jax.vmap(functools.partial(structural_mask, edge_threshold=edge_threshold, conditional=conditional))(
+        z, p_prior, prev)
 
 
 def action_masks(states: Sequence[State], specs: Sequence[GraphSpec] | None, constraint: Constraint, n_agents: int) -> np.ndarray:
@@ -185,7 +187,7 @@ def action_masks(states: Sequence[State], specs: Sequence[GraphSpec] | None, con
     z = pad_rows(np.stack([s.participation for s in specs]), rows)
     p = pad_rows(np.stack([s.edge_prior for s in specs]), rows)
     prev = pad_rows(np.array([st.prev for st in states], np.int32), rows)
-    return np.asarray(_batched_mask(z, p, prev, float(constraint.edge_threshold)))[: len(states)]
+    return np.asarray(_batched_mask(z, p, prev, float(constraint.edge_threshold), bool(constraint.conditional)))[: len(states)]
 
 
 def choose(log_probs: np.ndarray, rng: np.random.Generator, *, greedy: bool) -> np.ndarray:

@@ -9,7 +9,13 @@ trainer turns `trajectory_return` into group advantages (Eq. 9) and the clipped 
 Paper ambiguities and how they are resolved here:
 - The mask H (Eq. 11) is not specified beyond "structurally implausible interactions". Here an agent is
   allowed iff it passed the relevance gate (z_j > 0) and, after agent i, P_prior[i, j] > edge_threshold;
-  STOP is always allowed, so no state is left without an action.
+  STOP is always allowed, so no state is left without an action. With `conditional` the threshold
+  applies to the row normalised over the retained agents, P_prior[i, j] / sum_k retained P_prior[i, k]:
+  P_prior[i, j] estimates P(next = v_j | v_i visited, success) (edges.py), which folds in how often
+  successful trajectories ended at v_i; a row that ends most of them (a checker's: every entry ~0.002 on
+  the synthetic pool) then forbids every continuation, so the mask would decide STOP, a decision that is
+  the token-aware policy's (pi_prior's STOP mass still pulls towards it through the KL). Normalised, the
+  row says which agent is plausible next if any is.
 - pi_prior ("the prior action distribution induced by GraphSpec") is not defined. Here it is the walk
   that prior learning executes on a structure (edges.py), read off GraphSpec: before the first call the
   agents share 1 - stop_floor in proportion to the START row of P_prior where GraphSpec has one (else
@@ -36,10 +42,15 @@ TOKEN_COST_WEIGHT = 0.02  # beta in Eq. 12 (paper, Appendix D.3)
 PRIOR_KL_WEIGHT = 0.7  # lambda in Eq. 12 (paper, Sec. 3.6)
 
 
-def structural_mask(z: jax.Array, p_prior: jax.Array, prev: jax.Array, *, edge_threshold: float = 0.0) -> jax.Array:
-    """H: bool [..., N + 1] for previous agents `prev` [...] (int, -1 = no agent yet)."""
+def structural_mask(z: jax.Array, p_prior: jax.Array, prev: jax.Array, *, edge_threshold: float = 0.0,
+                    conditional: bool = False) -> jax.Array:
+    """H: bool [..., N + 1] for previous agents `prev` [...] (int, -1 = no agent yet). `conditional`: the
+    threshold applies to P_prior's row normalised over the retained agents (see the module docstring)."""
     retained = z > 0
     row = p_prior[jnp.maximum(prev, 0)]  # [..., N]
+    if conditional:
+        row = row * retained
+        row = row / jnp.maximum(row.sum(-1, keepdims=True), 1e-30)
     plausible = jnp.where((prev >= 0)[..., None], row > edge_threshold, True)
     agents = retained & plausible
     return jnp.concatenate([agents, jnp.ones((*agents.shape[:-1], 1), bool)], axis=-1)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import heapq
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -72,6 +73,7 @@ from porch_jax.maca.policy import (
     mix_log_probs,
     prior_action_probs,
     step_rewards,
+    structural_mask,
     trajectory_return,
 )
 from porch_jax.maca.synthetic import walk
@@ -269,6 +271,49 @@ def committed_next(spec: GraphSpec, history: Sequence[int], allowed: np.ndarray 
     return int(np.argmax(np.where(candidates, weights, -np.inf)))
 
 
+def most_probable_path(spec: GraphSpec, *, max_steps: int, edge_threshold: float = 0.0,
+                       stop_floor: float = 0.05) -> tuple[int, ...]:
+    """The agent sequence pi_prior makes most probable for a task, STOP included: argmax over paths of
+    prod_t pi_prior(a_t | s_t), where a path ends at STOP or after `max_steps` calls (the rollout's limit,
+    no STOP factor then), each state restricted to Eq. 11's H (`structural_mask`) and to agents not yet called.
+    pi_prior depends on a state only through (agent called last, agents called), so this is Dijkstra on
+    -log pi_prior over those states: exact, and at most sum_k C(N, k) k states. Ties go to the lexicographically
+    smaller path."""
+    n = len(spec.participation)
+    start = spec.participation if spec.start_prior is None else spec.start_prior
+    z, p = jnp.asarray(spec.participation, jnp.float32), jnp.asarray(spec.edge_prior, jnp.float32)
+
+    def probs(path: tuple[int, ...]) -> np.ndarray:
+        prev = jnp.asarray(path[-1] if path else -1)
+        mask = structural_mask(z, p, prev, edge_threshold=edge_threshold)
+        visited = np.zeros(n, bool)
+        visited[list(path)] = True
+        return np.asarray(prior_action_probs(z, p, prev, mask, start=jnp.asarray(start, jnp.float32),
+                                             visited=jnp.asarray(visited), stop_floor=stop_floor))
+
+    heap: list[tuple[float, tuple[int, ...], bool]] = [(0.0, (), False)]
+    expanded: set[tuple[int, frozenset[int]]] = set()
+    while heap:
+        cost, path, done = heapq.heappop(heap)
+        if done:
+            return path
+        key = (path[-1] if path else -1, frozenset(path))
+        if key in expanded:
+            continue
+        expanded.add(key)
+        if len(path) >= max_steps:
+            heapq.heappush(heap, (cost, path, True))
+            continue
+        pr = probs(path)
+        for a in np.flatnonzero(pr > 0):
+            step = cost - float(np.log(pr[a]))
+            heapq.heappush(heap, (step, path, True) if a == n else (step, (*path, int(a)), False))
+    return ()
+
+
+STRUCTURES = ("greedy", "most_probable")
+
+
 @dataclasses.dataclass(frozen=True)
 class PriorPolicy:
     """The "w/o pi_theta" ablation, the structure-centric system ("the system commits to a query-conditioned
@@ -280,16 +325,40 @@ class PriorPolicy:
     agent with an edge above the threshold remains (or the rollout's max_steps / budget ends the episode),
     then STOP. Deterministic: log-probs are 0 at that action and -inf elsewhere, so greedy and sampled
     rollouts agree. (An earlier version acted greedily on pi_prior's mode, whose STOP mass after a row's
-    favourite edge ends most walks after ~2 calls: a stopping rule the committed structure does not have.)"""
+    favourite edge ends most walks after ~2 calls: a stopping rule the committed structure does not have.)
+
+    `structure="most_probable"` commits instead to the path pi_prior makes most probable, STOP included
+    (`most_probable_path`, exact), and executes it. On the synthetic pool that path is short (the prior's
+    STOP mass after a solver or checker is large), so it scores below the greedy reading (README)."""
 
     specs: Mapping[str, GraphSpec]
     edge_threshold: float = 0.0
+    structure: str = "greedy"
+    max_steps: int = 6  # most_probable: the rollout's limit on calls
+    stop_floor: float = 0.05  # most_probable: pi_prior's
+    _paths: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.structure not in STRUCTURES:
+            raise ValueError(f"structure must be one of {STRUCTURES}, got {self.structure!r}")
+
+    def path(self, task_id: str) -> tuple[int, ...]:
+        """The most probable path of a task (computed once)."""
+        if task_id not in self._paths:
+            self._paths[task_id] = most_probable_path(self.specs[task_id], max_steps=self.max_steps,
+                                                      edge_threshold=self.edge_threshold, stop_floor=self.stop_floor)
+        return self._paths[task_id]
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
         masks = np.asarray(masks, bool)
         out = np.full(masks.shape, -np.inf, np.float32)
+        n = masks.shape[1] - 1
         for r, s in enumerate(states):
-            a = committed_next(self.specs[s.task.task_id], s.history, masks[r], self.edge_threshold)
+            if self.structure == "greedy":
+                a = committed_next(self.specs[s.task.task_id], s.history, masks[r], self.edge_threshold)
+            else:
+                path, t = self.path(s.task.task_id), len(s.history)
+                a = path[t] if t < len(path) and path[:t] == s.history and masks[r, path[t]] else n
             out[r, a] = 0.0
         return out
 

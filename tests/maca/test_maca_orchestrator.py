@@ -5,6 +5,7 @@ and the transition analyses."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 
 import jax
@@ -15,7 +16,13 @@ import pytest
 from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.benchmarks.base import BenchmarkTask
 from porch_jax.envs.benchmarks.math_tasks import GSM_HARD
-from porch_jax.maca.analysis import best_achievable, top2_mass, transition_matrix
+from porch_jax.maca.analysis import (
+    best_achievable,
+    masked_optimum,
+    reward_optimal,
+    top2_mass,
+    transition_matrix,
+)
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
@@ -150,6 +157,13 @@ def test_masks_follow_eq11_and_the_unconstrained_space_is_everything(spool):
     assert masks[0, :3].all() and masks[0, 3:n].sum() == 0
     assert masks[1].nonzero()[0].tolist() == [1, n] and masks[2].nonzero()[0].tolist() == [n]
     assert action_masks(states, [spec] * 3, Constraint(False, 0.1), n).all()
+    # conditional rule: agent 2's row has no edge at all (normalising keeps it empty); agent 0's single edge
+    # is its whole row, so the mask is the same here
+    conditional = action_masks(states, [spec] * 3, Constraint(True, 0.1, conditional=True), n)
+    np.testing.assert_array_equal(conditional, masks)
+    weak = dataclasses.replace(spec, edge_prior=spec.edge_prior * 0.01)  # every edge below 0.1, same ratios
+    assert action_masks(states, [weak] * 3, Constraint(True, 0.1), n)[1].nonzero()[0].tolist() == [n]
+    assert action_masks(states, [weak] * 3, Constraint(True, 0.1, conditional=True), n)[1].nonzero()[0].tolist() == [1, n]
 
 
 def test_benchmark_world_runs_the_pools_prompts_through_the_backend():
@@ -192,6 +206,36 @@ def test_best_achievable_matches_brute_force(spool):
                 if (spent < task.budget).all():
                     top = max(top, spool.success_probability(task.source, path))
         assert b == pytest.approx(top)
+
+
+def test_oracle_ceilings_match_brute_force(spool):
+    """reward_optimal and masked_optimum against every path enumerated (the same budget rule as best_achievable)."""
+    tasks = synthetic_tasks(make_tasks(4, seed=5, budget=900))
+    n, beta = len(spool.pool), 0.05
+    rng = np.random.default_rng(0)
+    family = [i for i in range(n) if spool.pool.agents[i].family in ("math", "auxiliary")]
+    spec = _spec(n, family, [(i, j) for i in family for j in family if i != j and (i + j) % 3])  # a sparse H
+    acc, tokens = reward_optimal(spool, tasks, 3, token_cost_weight=beta)
+    cap, _ = masked_optimum(spool, tasks, {t.task_id: spec for t in tasks}, 3, Constraint(True, 0.1))
+    m_acc, m_tokens = masked_optimum(spool, tasks, {t.task_id: spec for t in tasks}, 3, Constraint(True, 0.1),
+                                     token_cost_weight=beta)
+    for k, task in enumerate(tasks):
+        best, best_h, cap_h = (-np.inf, 0, 0), (-np.inf, 0, 0), 0.0
+        for length in (1, 2, 3):
+            for path in itertools.product(range(n), repeat=length):
+                out = spool.run(task.source, path, rng)
+                if sum(out.step_tokens[:-1]) >= task.budget:
+                    continue
+                score = (out.probability - beta * out.cost / 1000, out.probability, out.cost)
+                best = max(best, score, key=lambda x: x[0])
+                allowed = (all(spec.participation[a] > 0 for a in path)
+                           and all(spec.edge_prior[a, b] > 0.1 for a, b in itertools.pairwise(path)))
+                if allowed:
+                    best_h = max(best_h, score, key=lambda x: x[0])
+                    cap_h = max(cap_h, out.probability)
+        assert (acc[k], tokens[k]) == (pytest.approx(best[1]), pytest.approx(best[2]))
+        assert (m_acc[k], m_tokens[k]) == (pytest.approx(best_h[1]), pytest.approx(best_h[2]))
+        assert cap[k] == pytest.approx(cap_h)
 
 
 def test_transition_matrix_and_top2_mass():

@@ -42,6 +42,25 @@ def test_structural_mask():
     assert not mask[1, 2] and mask[:, N].all()
 
 
+def test_conditional_structural_mask():
+    """`conditional`: after agent i, agent j is allowed iff P_prior[i, j] / sum over retained k of P_prior[i, k]
+    exceeds the threshold. A row of uniformly tiny edges (an agent where successful trajectories ended) then
+    still allows its relatively plausible successors; the absolute rule forbids them all."""
+    _, z, p_prior, prev = _case()
+    p_prior[2] = [0.004, 0.5, 0.0, 0.002, 0.001]  # agent 2: tiny edges to the retained agents 0 and 3
+    mask = structural_mask(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), edge_threshold=0.05,
+                           conditional=True)
+    retained = z > 0
+    expected = []
+    for i in prev:
+        row = p_prior[i] * retained / (p_prior[i] * retained).sum() if i >= 0 else None
+        expected.append([retained[j] and (i < 0 or row[j] > 0.05) for j in range(N)] + [True])
+    np.testing.assert_array_equal(mask, np.array(expected))
+    assert mask[2].tolist() == [True, False, False, True, False, True]  # 0.004 / 0.006 and 0.002 / 0.006
+    absolute = structural_mask(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), edge_threshold=0.05)
+    assert absolute[2].tolist() == [False] * N + [True]
+
+
 def test_masked_policy_matches_eq11():
     rng, z, p_prior, prev = _case()
     logits = rng.normal(size=(len(prev), N + 1))

@@ -4,6 +4,7 @@ synthetic pool (head and LM policies, slow) and the real-benchmark launcher path
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 
 import jax
@@ -23,6 +24,7 @@ from porch_jax.maca.orchestrator import (
     synthetic_tasks,
     synthetic_world,
 )
+from porch_jax.maca.policy import prior_action_probs, structural_mask
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import (
     VARIANTS,
@@ -36,6 +38,7 @@ from porch_jax.maca.train import (
     learn_edge_mlp,
     maca_loss,
     make_optimizer,
+    most_probable_path,
     relevance_scores,
     restore_params,
     train_grpo,
@@ -235,6 +238,47 @@ def test_committed_structure_order():
     log_probs = PriorPolicy({"t": spec}, edge_threshold=0.05)(states, np.ones((4, 5), bool))
     assert [int(np.argmax(r)) for r in log_probs] == [2, 0, 3, 4]
     assert np.all(np.isinf(log_probs).sum(-1) == 4)
+
+
+def _path_probability(spec, path, max_steps, threshold, stop_floor):
+    """prod_t pi_prior(a_t | s_t) of an agent sequence, with the STOP factor unless it used every step."""
+    n, prob = len(spec.participation), 1.0
+    z, p = jnp.asarray(spec.participation), jnp.asarray(spec.edge_prior)
+    for t in range(len(path) + (len(path) < max_steps)):
+        prev = path[t - 1] if t else -1
+        visited = np.isin(np.arange(n), path[:t])
+        mask = structural_mask(z, p, jnp.asarray(prev), edge_threshold=threshold)
+        probs = prior_action_probs(z, p, jnp.asarray(prev), mask, start=jnp.asarray(spec.start_prior),
+                                   visited=jnp.asarray(visited), stop_floor=stop_floor)
+        prob *= float(probs[path[t] if t < len(path) else n])
+    return prob
+
+
+def test_most_probable_path_equals_brute_force():
+    """The exact search of w/o pi_theta's "most_probable" structure against every path enumerated; on this
+    prior it differs from the greedy committed structure (which opens with START's favourite, agent 2,
+    although 0 -> 3 -> STOP is the more probable path)."""
+    rng = np.random.default_rng(0)
+    n, max_steps, threshold, stop_floor = 5, 3, 0.05, 0.05
+    for trial in range(6):
+        z = np.where(rng.random(n) < 0.8, rng.uniform(0.5, 1.0, n), 0.0)
+        p = rng.uniform(0, 0.7, (n, n)) * (rng.random((n, n)) < 0.6)
+        np.fill_diagonal(p, 0.0)
+        spec = GraphSpec(relevance=z, participation=z, edge_prior=p, start_prior=rng.uniform(0.1, 1.0, n) * (z > 0))
+        paths = [q for k in range(max_steps + 1) for q in itertools.permutations(range(n), k)]
+        probs = {q: _path_probability(spec, q, max_steps, threshold, stop_floor) for q in paths}
+        found = most_probable_path(spec, max_steps=max_steps, edge_threshold=threshold, stop_floor=stop_floor)
+        assert probs[found] == pytest.approx(max(probs.values()), rel=1e-5), trial
+    z = np.array([0.9, 0.0, 0.8, 0.7])
+    p = np.array([[0.0, 0.0, 0.0, 0.95], [0.0] * 4, [0.3, 0.0, 0.0, 0.3], [0.0] * 4])
+    spec = GraphSpec(relevance=z, participation=z, edge_prior=p, start_prior=np.array([0.4, 0.0, 0.5, 0.1]))
+    assert most_probable_path(spec, max_steps=4, edge_threshold=0.05) == (0, 3)
+    assert committed_next(spec, [], edge_threshold=0.05) == 2
+    states = [State(OrchestrationTask("t", "x", 2000, "qa"), h) for h in ((), (0,), (0, 3))]
+    policy = PriorPolicy({"t": spec}, 0.05, "most_probable", max_steps=4)
+    assert [int(np.argmax(r)) for r in policy(states, np.ones((3, 5), bool))] == [0, 3, 4]
+    with pytest.raises(ValueError):
+        PriorPolicy({"t": spec}, structure="viterbi")
 
 
 @pytest.mark.slow
