@@ -5,7 +5,9 @@
 expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orchestrator from scratch
 (expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
 hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights ->
-evaluation of every exported checkpoint on held-out seeded tasks -> results table and plots.
+checkpoint selection on validation tasks (config ``selection``: the same rule for every method, see
+``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
+table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
@@ -201,17 +203,63 @@ def main(argv: list[str]) -> None:
     evaluate_and_report(run, policy, exports)
 
 
+def candidates(export: Path) -> dict[int, Path]:
+    """A method's checkpoint-selection candidates: its ``exports/step_N`` folders (trainer's export_every)."""
+    from porch_jax.train.opod import POLICY_FILE
+
+    folder = export.parent / "exports"
+    found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
+    return dict(sorted(found.items()))
+
+
+def select_checkpoints(run: Run, policy: Any, exports: dict[str, Path]) -> dict[str, dict[str, Any]]:
+    """Checkpoint selection on validation tasks, the same rule for every trained method.
+
+    Each method's candidates (its exports every ``export_every`` steps) run greedily on the validation
+    tasks (seeds disjoint from training, rollouts and held-out evaluation); the candidate with the most
+    successes is the method's checkpoint (ties: the later step, so the final weights unless an earlier
+    one is strictly better). SFT, the common starting point, has one checkpoint. Written to
+    ``RUN/selection.json``; the held-out evaluation then reads only the selected export folder.
+    """
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import evaluate
+
+    cfg = run.cfg
+    tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
+    out: dict[str, dict[str, Any]] = {}
+    for name, export in exports.items():
+        cands = candidates(export) if name != "sft" else {}
+        if not cands:
+            cands = {-1: export}  # the final export only
+        scores = {}
+        for step, folder in cands.items():
+            tag = name if step < 0 else f"{name}_step{step}"
+            run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
+            recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
+            scores[step] = sum(r.outcome.success for r in recs) / len(recs)
+        best = max(scores, key=lambda s: (scores[s], s))
+        out[name] = {"step": None if best < 0 else best, "folder": str(cands[best]),
+                     "val_success": {str(k): v for k, v in scores.items()}}
+        print(f"{name}: validation success by step {out[name]['val_success']} -> {out[name]['step']}", flush=True)
+    (run / "selection.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
 def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None:
     from porch_jax.eval import plots, report
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import evaluate
 
     cfg = run.cfg
+    selection = select_checkpoints(run, policy, exports) if cfg.get("selection") and cfg.selection.enabled else {}
     tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
     records = {}
     for name, folder in exports.items():
-        run.stage(f"evaluate {name} on {len(tasks)} held-out tasks", False)
-        records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{name}.jsonl", cfg.suite, cfg.eval, name)
+        tag = name
+        if selection.get(name, {}).get("step") is not None:
+            folder, tag = Path(selection[name]["folder"]), f"{name}_step{selection[name]['step']}"
+        run.stage(f"evaluate {tag} on {len(tasks)} held-out tasks", False)
+        records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
     rows = report.summaries(records, reference="sft")
     pairs = [(a, b) for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"),
@@ -219,6 +267,10 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None
     comparisons = [report.compare(records, a, b) for a, b in pairs]
     table = (report.format_table(rows, records, comparisons) + "\n\nBlind-spot checks on held-out delegations:\n\n"
              + report.format_blind_spots(records))
+    if selection:
+        table += "\n\nCheckpoints selected on validation tasks (success by step):\n\n" + "\n".join(
+            f"- {n}: step {v['step'] if v['step'] is not None else 'final'} of "
+            + ", ".join(f"{k}: {s:.2f}" for k, s in v["val_success"].items()) for n, v in selection.items())
     if (run / "hint_following.json").is_file():
         table += ("\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
                   + (run / "hint_following.json").read_text())

@@ -24,16 +24,17 @@ CONFIG = textwrap.dedent("""
         c.eval.tasks.num_tasks = 4
         c.eval.tasks.mixture = None
         c.eval.concurrency = 4
+        c.selection.tasks.num_tasks = 3
         c.policy.max_new_tokens = 24
         c.policy.buckets = (256,)
         c.model.hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=8)
         c.sft.update(steps=3, batch=2)
         c.optimizer.update(checkpoint_every=2, log_every=1)
         for name in ("rwr", "opod", "opd_empty"):
-            c[name].update(steps=2, batch=2)
+            c[name].update(steps=2, batch=2, export_every=1)
         for name in ("opod", "opd_empty"):
             c[name].opd.update(batch=2, max_new_tokens=24)
-        c.dagrpo.update(steps=2)
+        c.dagrpo.update(steps=2, export_every=1)
         c.dagrpo.group.update(contexts_per_step=2, group_size=2, max_new_tokens=24)
         return c
 """)
@@ -58,6 +59,13 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     methods = [m["system"] for m in results["methods"]]
     assert methods[0] == "sft" and "dagrpo" in methods and all(m["n"] == 4 for m in results["methods"])
     assert "=== " in first.stdout and "step 3/3" in first.stdout  # visible progress
+    selection = json.loads((run_dir / "selection.json").read_text())  # checkpoints chosen on validation tasks
+    assert set(selection) == set(methods) and selection["sft"]["step"] is None
+    dagrpo = selection["dagrpo"]  # always trained (expert contexts), exported after steps 1 and 2
+    assert set(dagrpo["val_success"]) == {"1", "2"} and dagrpo["step"] in (1, 2)
+    assert (run_dir / "eval" / f"dagrpo_step{dagrpo['step']}.jsonl").is_file()
+    assert (run_dir / "val" / "dagrpo_step1.jsonl").is_file() and "selected on validation" in (
+        run_dir / "results.md").read_text()
 
     table = (run_dir / "results.md").read_text()
     second = _pipeline(config)

@@ -117,8 +117,10 @@ class PolicyTrainer:
     """Trains the policy in ``init_dir`` (an HF folder with its tokenizer) into ``workdir``.
 
     ``cfg``: steps, learning_rate, warmup_steps, final_lr_ratio, weight_decay, b1, b2, eps,
-    max_grad_norm, opd_weight (λ), clip_eps, checkpoint_every, log_every. A rerun resumes from the
-    newest checkpoint; ``run`` ends with an HF export in ``workdir/export`` (+ policy.json).
+    max_grad_norm, opd_weight (λ), clip_eps, checkpoint_every, log_every, export_every. A rerun resumes
+    from the newest checkpoint; ``run`` ends with an HF export in ``workdir/export`` (+ policy.json) and,
+    with ``export_every`` > 0, also exports every that many steps to ``workdir/exports/step_N`` (the
+    candidates of checkpoint selection on validation tasks; the last one is the final weights).
     ``teacher=True`` keeps a frozen copy of the initial weights (OPD's self-teacher).
     """
 
@@ -172,6 +174,7 @@ class PolicyTrainer:
         """Steps start_step+1..cfg.steps; ``batch_fn(step, student)`` builds each host batch (the
         student holds the current weights, for on-policy sampling). Returns this run's metrics."""
         total, every = int(self.cfg.steps), int(self.cfg.get("checkpoint_every", 50))
+        export_every = int(self.cfg.get("export_every", 0))
         log = self.workdir / "metrics.jsonl"
         _truncate_log(log, self.start_step)
         logger = metrics_lib.MetricsLogger(None, total, every=int(self.cfg.get("log_every", 10)), stream=self.stream)
@@ -190,6 +193,8 @@ class PolicyTrainer:
                 history.append(logger.log(step, metrics))
                 with open(log, "a") as f:
                     f.write(json.dumps({"step": step, **history[-1]}) + "\n")
+                if export_every and (step % export_every == 0 or step == total):
+                    self.export(self.candidate_dir(step))
                 if step % every == 0 or step == total:
                     self.checkpointer.save(step, self.state, {"step": step}, config)
                     last_good = step
@@ -199,9 +204,12 @@ class PolicyTrainer:
         self.export()
         return history
 
-    def export(self) -> Path:
+    def candidate_dir(self, step: int) -> Path:
+        return self.workdir / "exports" / f"step_{step}"
+
+    def export(self, path: str | Path | None = None) -> Path:
         """The current weights as an HF folder with the tokenizer and the policy's view."""
-        out = ckpt_lib.export_hf(self.graphdef, self.state["params"], self.export_dir, self.tokenizer)
+        out = ckpt_lib.export_hf(self.graphdef, self.state["params"], path or self.export_dir, self.tokenizer)
         (out / POLICY_FILE).write_text(json.dumps({"view": self.view}))
         return out
 

@@ -83,6 +83,40 @@ def test_a_fact_never_seen_is_not_attributable():
     assert judge(seen).hint == "add 'door code: 4411' to context"
 
 
+def _history_first_delegations(blind_rate):
+    """(archive granted, attribution) of each first delegation of a history clause ("find X of Y in YEAR")."""
+    suite = {**SUITE, "expert": {**SUITE["expert"], "p_omit_tool": 0.0, "blind_rate": blind_rate}}
+    engine = suite_lib.expert_engine(suite)
+    tasks = make_tasks(40, TaskMixture(templates={"history": 1.0}, slack=(1, 2)))
+
+    async def run():
+        return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+    out = []
+    for ep in asyncio.run(run()):
+        d = next(d for d in ep.decisions if d.action["name"] == "delegate")
+        assert re.search(r" in \d{4}$", d.action["arguments"]["subgoal"])
+        out.append(("archive" in d.action["arguments"]["tools"], judge(AttributionUnit.of(d))))
+    return out
+
+
+def test_blind_rate_makes_a_blind_spot_act_on_part_of_the_decisions_and_the_judge_flags_those():
+    always = _history_first_delegations(1.0)
+    assert not any(granted for granted, _ in always)  # the default: the blind spot always acts
+    part = _history_first_delegations(0.5)
+    granted = [g for g, _ in part]
+    assert 0.25 < sum(granted) / len(granted) < 0.75  # the expert sometimes demonstrates the fix
+    assert part == _history_first_delegations(0.5)  # drawn per seed: deterministic
+    flagged = [g for g, a in part if a.hint == "add archive to tools"]
+    assert flagged and not any(flagged)  # the judge flags blind decisions only
+    assert all(g for g, _ in _history_first_delegations(0.0))
+    assert all(g for g, _ in _history_first_delegations({"archive": 0.0}))  # a rate per blind spot
+    assert not any(g for g, _ in _history_first_delegations({"long_file": 0.0}))  # the others: always blind
+    with pytest.raises(ValueError):
+        suite_lib.expert_engine({**SUITE, "expert": {"blind_rate": 1.5}})
+    with pytest.raises(ValueError):
+        suite_lib.expert_engine({**SUITE, "expert": {"blind_rate": {"archives": 0.5}}})
+
+
 def test_through_the_backend_interface(judged):
     backend = ScriptedBackend(ScriptedJudge())
     d, a = next((d, a) for d, a in judged if a.attributable)

@@ -3,9 +3,12 @@
 It delegates one clause per sub-agent with the tools, context and budget the clause needs, except:
 - random slips at configurable rates on a clause's first delegation (omit a context fact, omit a
   tool, mis-scope the subgoal, under-budget), which imitation learning averages away; and
-- systematic blind spots tied to task features, which imitation copies: it never hands over facts
-  found two or more delegations earlier ("handover_2back"), never grants the archive tool
-  ("archive"), and budgets every file read as if the item were on the first pages ("long_file").
+- systematic blind spots tied to task features, which imitation copies: it does not hand over facts
+  found two or more delegations earlier ("handover_2back"), does not grant the archive tool
+  ("archive"), and budgets file reads as if the item were on the first pages ("long_file"). By
+  default on every such delegation; ``blind_rate`` makes a blind spot act on only a share of them
+  (the expert demonstrates the fix on the rest), so that a policy imitating it sometimes makes the
+  fix and outcome-weighted training on its own successes has something to reweight.
 At run time it reads only what the engine shows it (message fields removed by an ablation are
 absent): it checks a request against the quoted evidence and rejects what the evidence does not
 support; with no request it falls back on its own planner (blind spots included); with no status
@@ -17,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +29,16 @@ from porch_jax.envs.workplace.clauses import KIND, parse_clause, parse_facts, wo
 from porch_jax.envs.workplace.subagent import apply_change, read_notice
 from porch_jax.envs.workplace.tasks import WorkplaceTask
 from porch_jax.protocol import (
-    Delegate, Finish, Harness, Message, OrchestratorAction, Revise, RequestTarget, Stop, render_action)
+    Delegate,
+    Finish,
+    Harness,
+    Message,
+    OrchestratorAction,
+    RequestTarget,
+    Revise,
+    Stop,
+    render_action,
+)
 
 BLIND_SPOTS = ("handover_2back", "archive", "long_file")
 
@@ -39,11 +52,24 @@ class ExpertConfig:
     blind_spots: tuple[str, ...] = BLIND_SPOTS
     budget_margin: int = 1
     file_budget: int = 4  # the long_file blind spot's budget for any file clause
+    # The share of delegations on which a blind spot acts (drawn per task seed, clause and blind spot); on
+    # the others the expert gets that part right. 1.0: always blind (imitation never sees the fix). One
+    # rate for every blind spot, or a mapping blind spot -> rate (blind spots it leaves out: 1.0).
+    blind_rate: float | Mapping[str, float] = 1.0
 
     def __post_init__(self) -> None:
         unknown = set(self.blind_spots) - set(BLIND_SPOTS)
-        if unknown:
-            raise ValueError(f"unknown blind spots {sorted(unknown)}; known: {BLIND_SPOTS}")
+        rates = self.blind_rate if isinstance(self.blind_rate, Mapping) else {}
+        if unknown or set(rates) - set(BLIND_SPOTS):
+            raise ValueError(f"unknown blind spots {sorted(unknown | (set(rates) - set(BLIND_SPOTS)))}; "
+                             f"known: {BLIND_SPOTS}")
+        if not all(0.0 <= float(r) <= 1.0 for r in (rates.values() if rates else [self.blind_rate])):
+            raise ValueError(f"blind rates must be in [0, 1], got {self.blind_rate}")
+
+    def rate(self, spot: str) -> float:
+        if isinstance(self.blind_rate, Mapping):
+            return float(self.blind_rate.get(spot, 1.0))
+        return float(self.blind_rate)
 
 
 @dataclass
@@ -310,12 +336,13 @@ class ScriptedExpert:
         kind = KIND[clause.kind]
         rng = random.Random(f"expert:{view.seed}:{idx}")
         subgoal = c.text
-        tools = self._planned_tools(clause)
+        blind = {spot for spot in cfg.blind_spots if self._blind(view.seed, idx, spot)}
+        tools = set(kind.tools) - {"archive"} if "archive" in blind else set(kind.tools)
         needs = list(kind.needs(clause.args))
-        if "handover_2back" in cfg.blind_spots:
+        if "handover_2back" in blind:
             needs = [k for k in needs if self._producer(st, k) > idx - 2]
         budget = work(clause) + 1 + cfg.budget_margin
-        if "long_file" in cfg.blind_spots and clause.kind == "file":
+        if "long_file" in blind and clause.kind == "file":
             budget = min(budget, cfg.file_budget)
         if c.attempts == 0:
             omit_ctx, omit_tool, misscope, under = (rng.random() < p for p in (
@@ -333,6 +360,11 @@ class ScriptedExpert:
         subgoal = "; ".join([f"cancel cab {r}" for r in c.cancel] + [subgoal])
         budget = max(budget, c.budget) + len(c.cancel)
         return Harness(subgoal, context, tuple(sorted(tools)), max(1, min(budget, view.steps_left)))
+
+    def _blind(self, seed: Any, idx: int, spot: str) -> bool:
+        """Whether ``spot`` acts on clause ``idx``'s delegations (an own stream: slips are unchanged)."""
+        rate = self.cfg.rate(spot)
+        return rate >= 1.0 or (rate > 0.0 and random.Random(f"expert-blind:{seed}:{idx}:{spot}").random() < rate)
 
     @staticmethod
     def _producer(st: _State, key: str) -> int:
