@@ -14,16 +14,6 @@ from porch_jax.train import mesh as mesh_lib
 BUCKETS = D.Buckets((80, 128), (32,))
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_data.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def eps(tok):
-    return tiny_data.episodes(12, tok=tok)
-
-
 def test_prompt_is_chat_template_with_generation_prompt(tok, eps):
     d = eps[0].decisions[0]
     ex = D.sft_examples(eps[:1], tok)[0]

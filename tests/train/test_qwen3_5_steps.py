@@ -25,16 +25,6 @@ from porch_jax.train import step as S
 T, K = 128, 32
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_data.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def eps(tok):
-    return tiny_data.episodes(12, tok=tok)
-
-
 def _model(tok, seed: int = 0) -> Qwen3_5ForCausalLM:
     # A Gated DeltaNet then a gated attention layer; GQA in both; untied head.
     hf = preset(

@@ -16,16 +16,6 @@ from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import step as S
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_data.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def eps(tok):
-    return tiny_data.episodes(12, tok=tok)
-
-
 def _batch(exs, views, scalars=(), accum=1, t=128, k=32):
     rows = len(exs) // accum
     parts = [D.collate(exs[i * rows:(i + 1) * rows], views, scalars, t, k, pad_id=0) for i in range(accum)]
