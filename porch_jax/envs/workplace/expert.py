@@ -325,9 +325,13 @@ class ScriptedExpert:
             return True
         return clause is not None and tool in self._planned_tools(clause)
 
-    def _planned_tools(self, clause: Any) -> set[str]:
+    def _planned_tools(self, clause: Any, archive_blind: bool | None = None) -> set[str]:
+        """The clause kind's tools, less archive where that blind spot acts: on a delegation the
+        caller says (``archive_blind``, drawn per delegation); when answering a request, wherever
+        the blind spot is configured."""
         tools = set(KIND[clause.kind].tools) if clause else set()
-        return tools - {"archive"} if "archive" in self.cfg.blind_spots else tools
+        blind = "archive" in self.cfg.blind_spots if archive_blind is None else archive_blind
+        return tools - {"archive"} if blind else tools
 
     # ---- delegation --------------------------------------------------------------------------
     def _harness(self, view: OrchestratorView, st: _State, idx: int) -> Harness:
@@ -337,7 +341,7 @@ class ScriptedExpert:
         rng = random.Random(f"expert:{view.seed}:{idx}")
         subgoal = c.text
         blind = {spot for spot in cfg.blind_spots if self._blind(view.seed, idx, spot)}
-        tools = set(kind.tools) - {"archive"} if "archive" in blind else set(kind.tools)
+        tools = self._planned_tools(clause, archive_blind="archive" in blind)
         needs = list(kind.needs(clause.args))
         if "handover_2back" in blind:
             needs = [k for k in needs if self._producer(st, k) > idx - 2]
