@@ -6,7 +6,7 @@ import pytest
 
 from porch_jax.models import deltanet
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
 from transformers.models.qwen3_5 import modeling_qwen3_5 as hf  # noqa: E402
 
 B, T, HK, HV, DK, DV = 2, 150, 2, 4, 16, 24  # T spans 3 chunks, the last one partial

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
 from transformers import AutoModelForCausalLM, Qwen3Config
 from transformers import Qwen3ForCausalLM as TorchQwen3
 
