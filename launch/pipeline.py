@@ -204,11 +204,15 @@ def main(argv: list[str]) -> None:
 
 
 def candidates(export: Path) -> dict[int, Path]:
-    """A method's checkpoint-selection candidates: its ``exports/step_N`` folders (trainer's export_every)."""
+    """A method's checkpoint-selection candidates: its ``exports/step_N`` folders (trainer's export_every) and,
+    when there are any, the final export under the step its ``policy.json`` records."""
     from porch_jax.train.opod import POLICY_FILE
 
     folder = export.parent / "exports"
     found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
+    final = json.loads((export / POLICY_FILE).read_text()).get("step") if (export / POLICY_FILE).is_file() else None
+    if found and final is not None:
+        found[int(final)] = export
     return dict(sorted(found.items()))
 
 

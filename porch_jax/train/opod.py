@@ -119,8 +119,9 @@ class PolicyTrainer:
     ``cfg``: steps, learning_rate, warmup_steps, final_lr_ratio, weight_decay, b1, b2, eps,
     max_grad_norm, opd_weight (λ), clip_eps, checkpoint_every, log_every, export_every. A rerun resumes
     from the newest checkpoint; ``run`` ends with an HF export in ``workdir/export`` (+ policy.json) and,
-    with ``export_every`` > 0, also exports every that many steps to ``workdir/exports/step_N`` (the
-    candidates of checkpoint selection on validation tasks; the last one is the final weights).
+    with ``export_every`` > 0, also exports every that many steps before the last to
+    ``workdir/exports/step_N``: with the final export (its ``policy.json`` records its step) these are the
+    candidates of checkpoint selection on validation tasks (``launch/pipeline.candidates``).
     ``teacher=True`` keeps a frozen copy of the initial weights (OPD's self-teacher).
     """
 
@@ -193,24 +194,24 @@ class PolicyTrainer:
                 history.append(logger.log(step, metrics))
                 with open(log, "a") as f:
                     f.write(json.dumps({"step": step, **history[-1]}) + "\n")
-                if export_every and (step % export_every == 0 or step == total):
-                    self.export(self.candidate_dir(step))
+                if export_every and step % export_every == 0 and step < total:  # the last is the final export
+                    self.export(self.candidate_dir(step), step=step)
                 if step % every == 0 or step == total:
                     self.checkpointer.save(step, self.state, {"step": step}, config)
                     last_good = step
         finally:
             self.checkpointer.close()
             logger.close()
-        self.export()
+        self.export(step=total)
         return history
 
     def candidate_dir(self, step: int) -> Path:
         return self.workdir / "exports" / f"step_{step}"
 
-    def export(self, path: str | Path | None = None) -> Path:
-        """The current weights as an HF folder with the tokenizer and the policy's view."""
+    def export(self, path: str | Path | None = None, *, step: int | None = None) -> Path:
+        """The current weights as an HF folder with the tokenizer and the policy's view (and the step)."""
         out = ckpt_lib.export_hf(self.graphdef, self.state["params"], path or self.export_dir, self.tokenizer)
-        (out / POLICY_FILE).write_text(json.dumps({"view": self.view}))
+        (out / POLICY_FILE).write_text(json.dumps({"view": self.view} | ({} if step is None else {"step": step})))
         return out
 
 
