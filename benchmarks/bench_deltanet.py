@@ -8,6 +8,7 @@ head layout keeps Qwen3.5-9B's ratios: key dim = hidden / 2, value dim = hidden,
 value heads as key heads.
 
     python -m benchmarks.bench_deltanet --json runs/bench_deltanet.json
+    python -m benchmarks.bench_deltanet --component rule   # the chunked delta rule alone
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ flags.DEFINE_integer("head_dim", 64, "Key and value head dim.")
 flags.DEFINE_integer("repeats", 5, "Timed repeats; the median is reported.")
 flags.DEFINE_integer("threads", 2, "torch.set_num_threads.")
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+flags.DEFINE_enum("component", "stack", ["stack", "rule"],
+                  "stack: the whole layer stack; rule: only the chunked delta rule of one layer (its shapes, "
+                  "l2-normalised q/k), forward + backward w.r.t. q, k, v, g, beta, against transformers' torch one.")
 
 
 def _median_seconds(fn, repeats: int) -> float:
@@ -50,7 +54,64 @@ def _hf_config() -> dict:
     )
 
 
+def _rule_main() -> dict:
+    """The chunked rule alone: what is left of a layer's time once projections, conv and norm are out."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import torch
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from porch_jax.models.deltanet import chunk_gated_delta_rule, l2norm
+
+    torch.set_num_threads(FLAGS.threads)
+    hk = FLAGS.hidden // 2 // FLAGS.head_dim
+    b, t, h, d = FLAGS.batch, FLAGS.seq, 2 * hk, FLAGS.head_dim
+    rng = np.random.RandomState(0)
+    q = np.asarray(l2norm(jnp.asarray(rng.randn(b, t, hk, d), jnp.float32))) * d**-0.5
+    k = np.asarray(l2norm(jnp.asarray(rng.randn(b, t, hk, d), jnp.float32)))
+    v = rng.randn(b, t, h, d).astype(np.float32)
+    g = (-0.3 * np.abs(rng.randn(b, t, h))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.randn(b, t, h)))).astype(np.float32)
+    probe = rng.randn(b, t, h, d).astype(np.float32)
+
+    def jax_loss(*args):
+        return jnp.sum(chunk_gated_delta_rule(*args)[0] * probe)
+
+    step = jax.jit(jax.value_and_grad(jax_loss, argnums=tuple(range(5))))
+    args = [jnp.asarray(x) for x in (q, k, v, g, beta)]
+    jax_value = float(step(*args)[0])
+    jax_s = _median_seconds(lambda: jax.block_until_ready(step(*args)), FLAGS.repeats)
+
+    # torch's rule takes q/k per value head and scales q itself: undo our scale, repeat the heads.
+    repeated = (np.repeat(q * d**0.5, 2, axis=2), np.repeat(k, 2, axis=2))
+    leaves = [torch.tensor(x, requires_grad=True) for x in (*repeated, v, g, beta)]
+    probe_torch = torch.tensor(probe)
+
+    def torch_step() -> float:
+        for x in leaves:
+            x.grad = None
+        loss = (modeling_qwen3_5.torch_chunk_gated_delta_rule(*leaves)[0] * probe_torch).sum()
+        loss.backward()
+        return loss.item()
+
+    torch_value = torch_step()
+    torch_s = _median_seconds(torch_step, FLAGS.repeats)
+    print(f"chunked delta rule, batch {b} x {t} tokens, {hk} key / {h} value heads of {d}, fwd+bwd:")
+    print(f"  jax   {jax_s * 1e3:8.1f} ms\n  torch {torch_s * 1e3:8.1f} ms")
+    print(f"  speedup {torch_s / jax_s:.2f}x  (same loss to {abs(jax_value - torch_value):.1e})")
+    return {"component": "rule", "batch": b, "seq": t, "key_heads": hk, "value_heads": h, "head_dim": d,
+            "jax_median_s": jax_s, "torch_median_s": torch_s, "speedup": torch_s / jax_s,
+            "loss_abs_diff": abs(jax_value - torch_value)}
+
+
 def main(_) -> None:
+    if FLAGS.component == "rule":
+        results = _rule_main()
+        if FLAGS.json:
+            Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
+        return
     import jax
     import jax.numpy as jnp
     import numpy as np
