@@ -203,19 +203,6 @@ def main(argv: list[str]) -> None:
     evaluate_and_report(run, policy, exports)
 
 
-def candidates(export: Path) -> dict[int, Path]:
-    """A method's checkpoint-selection candidates: its ``exports/step_N`` folders (trainer's export_every) and,
-    when there are any, the final export under the step its ``policy.json`` records."""
-    from porch_jax.train.opod import POLICY_FILE
-
-    folder = export.parent / "exports"
-    found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
-    final = json.loads((export / POLICY_FILE).read_text()).get("step") if (export / POLICY_FILE).is_file() else None
-    if found and final is not None:
-        found[int(final)] = export
-    return dict(sorted(found.items()))
-
-
 def select_checkpoints(run: Run, policy: Any, exports: dict[str, Path]) -> dict[str, dict[str, Any]]:
     """Checkpoint selection on validation tasks, the same rule for every trained method.
 
@@ -227,12 +214,13 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, Path]) -> dict[
     """
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import evaluate
+    from porch_jax.train.opod import selection_candidates
 
     cfg = run.cfg
     tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
     out: dict[str, dict[str, Any]] = {}
     for name, export in exports.items():
-        cands = candidates(export) if name != "sft" else {}
+        cands = selection_candidates(export) if name != "sft" else {}
         if not cands:
             cands = {-1: export}  # the final export only
         scores = {}

@@ -121,7 +121,7 @@ class PolicyTrainer:
     from the newest checkpoint; ``run`` ends with an HF export in ``workdir/export`` (+ policy.json) and,
     with ``export_every`` > 0, also exports every that many steps before the last to
     ``workdir/exports/step_N``: with the final export (its ``policy.json`` records its step) these are the
-    candidates of checkpoint selection on validation tasks (``launch/pipeline.candidates``).
+    candidates of checkpoint selection on validation tasks (`selection_candidates`).
     ``teacher=True`` keeps a frozen copy of the initial weights (OPD's self-teacher).
     """
 
@@ -213,6 +213,18 @@ class PolicyTrainer:
         out = ckpt_lib.export_hf(self.graphdef, self.state["params"], path or self.export_dir, self.tokenizer)
         (out / POLICY_FILE).write_text(json.dumps({"view": self.view} | ({} if step is None else {"step": step})))
         return out
+
+
+def selection_candidates(export: str | Path) -> dict[int, Path]:
+    """A run's checkpoint-selection candidates by step: its ``exports/step_N`` folders (``export_every``) and,
+    when there are any, the final ``export`` folder under the step its ``policy.json`` records."""
+    export = Path(export)
+    folder = export.parent / "exports"
+    found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
+    final = json.loads((export / POLICY_FILE).read_text()).get("step") if (export / POLICY_FILE).is_file() else None
+    if found and final is not None:
+        found[int(final)] = export
+    return dict(sorted(found.items()))
 
 
 def _truncate_log(path: Path, step: int) -> None:

@@ -166,11 +166,9 @@ def test_export_every_leaves_the_selection_candidates(tmp_path, tok, episodes, m
     rows = od.packed_rows(episodes, tok, "compact", 512)
     trainer = opod.PolicyTrainer(model_dir, tmp_path / "rwr", _cfg(steps=3, export_every=2))
     trainer.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), None))
-    from launch.pipeline import candidates
-
     exports = tmp_path / "rwr" / "exports"
     assert sorted(p.name for p in exports.iterdir()) == ["step_2"]  # every 2 steps; the last is the final export
-    assert candidates(trainer.export_dir) == {2: exports / "step_2", 3: trainer.export_dir}
+    assert opod.selection_candidates(trainer.export_dir) == {2: exports / "step_2", 3: trainer.export_dir}
     assert json.loads((trainer.export_dir / opod.POLICY_FILE).read_text())["step"] == 3
     final = jax.tree.map(np.asarray, nnx.state(from_pretrained(trainer.export_dir), nnx.Param))
     earlier = jax.tree.map(np.asarray, nnx.state(from_pretrained(exports / "step_2"), nnx.Param))
