@@ -83,14 +83,8 @@ def best_achievable(world: SyntheticPool, tasks: Sequence[OrchestrationTask], ma
     """Per task, the highest success probability of any agent sequence the rollout could run (at most
     `max_steps` calls, each started while tokens remain), knowing the task's hidden difficulty: an upper
     bound for any policy. Exhaustive search, once per (family, difficulty, budget) class; agents without
-    a role in the family are skipped (they never raise p)."""
-    classes: dict[tuple, list[int]] = {}
-    for m, t in enumerate(tasks):
-        classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
-    best = np.zeros(len(tasks))
-    for members in classes.values():
-        best[members] = _class_best(world, [tasks[m].source for m in members], max_steps)[0]
-    return best
+    a role in the family are skipped (they never raise p). The reward-optimal search with no token cost."""
+    return reward_optimal(world, tasks, max_steps, token_cost_weight=0.0)[0]
 
 
 def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, token_cost_weight: float = 0.0,
@@ -120,8 +114,9 @@ def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, to
 def reward_optimal(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int, *,
                    token_cost_weight: float, token_unit: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
     """Per task, (success probability, tokens) of the agent sequence with the highest Eq. 12 reward without the
-    KL, p - token_cost_weight * tokens / token_unit, among those `best_achievable` searches: what a policy that
-    maximises that reward and knew the hidden difficulty would score (no mask)."""
+    KL, p - token_cost_weight * tokens / token_unit, among the sequences the rollout could run: what a policy that
+    maximises that reward and knew the hidden difficulty would score (no mask). Exhaustive search, once per
+    (family, difficulty, budget) class."""
     classes: dict[tuple, list[int]] = {}
     for m, t in enumerate(tasks):
         classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
