@@ -106,12 +106,14 @@ def _rule_main() -> dict:
 
 
 def main(_) -> None:
-    if FLAGS.component == "rule":
-        results = _rule_main()
-        if FLAGS.json:
-            Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
-            Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
-        return
+    results = _rule_main() if FLAGS.component == "rule" else _stack_main()
+    if FLAGS.json:
+        Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _stack_main() -> dict:
+    """The layer stack: projections, conv, rule, gated norm and out_proj, as a model runs them."""
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -188,9 +190,7 @@ def main(_) -> None:
     print(f"  jax   {jax_s * 1e3:8.1f} ms  {results['jax_tokens_per_s']:9.0f} tokens/s")
     print(f"  torch {torch_s * 1e3:8.1f} ms  {results['torch_tokens_per_s']:9.0f} tokens/s")
     print(f"  speedup {results['speedup']:.2f}x  (same loss to {results['loss_abs_diff']:.1e})")
-    if FLAGS.json:
-        Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
+    return results
 
 
 if __name__ == "__main__":
