@@ -191,9 +191,14 @@ class SyntheticPool:
 def walk(graph: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, *, max_steps: int = 5) -> list[int]:
     """Executes a sampled structure G: start at a random allowed agent, then follow a random out-edge
     of G to an agent not yet visited, until there is none or `max_steps` agents have acted."""
+    n = len(allowed)
     candidates = np.flatnonzero(allowed)
     if candidates.size == 0:
         return []
+    if graph.shape[0] == n + 1:
+        opening = np.flatnonzero(graph[n, :n] & allowed)
+        candidates = opening if opening.size else candidates
+        graph = graph[:n, :n]
     path = [int(rng.choice(candidates))]
     while len(path) < max_steps:
         nxt = [j for j in np.flatnonzero(graph[path[-1]] & allowed) if j not in path]

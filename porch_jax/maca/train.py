@@ -154,6 +154,8 @@ class PriorConfig:
     per_family: bool = False  # one pi_phi per task family (the paper learns its prior per dataset)
     buffer_rounds: int | None = None  # fill the success buffer from the last rounds only (None: all)
     with_start: bool = False  # learn where successful trajectories start (edges.py, START node)
+    keep_cheapest: bool = False  # the buffer keeps each task's cheapest successful walk(s) per round (edges.py)
+    phi_start: bool = False  # pi_phi samples START's edges too, and walks open at one of them (synthetic.walk)
     mlp_hidden: int = 128
     mlp_steps: int = 300
     mlp_batch: int = 32
@@ -180,7 +182,9 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
         sigma = min(cfg.init_out_degree / max(allowed.sum(1).mean() - 1, 1.0), 0.5)
         init_logit = float(np.log(sigma / (1 - sigma)))
     groups = sorted({t.family for t in tasks}) if cfg.per_family else [None]
-    policies = {g: EdgePolicy.create(n, sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate,
+    if cfg.phi_start:
+        allowed = np.concatenate([allowed, np.ones((len(allowed), 1), bool)], axis=1)
+    policies = {g: EdgePolicy.create(n + int(cfg.phi_start), sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate,
                                      init_logit=init_logit) for g in groups}
     buffer = SuccessBuffer()
     key = jax.random.key(seed)
@@ -193,13 +197,14 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
 
             def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool]:
                 m = idx[k]
-                path = walk(graph, allowed[m], rng, max_steps=cfg.walk_steps)
-                correct, _ = asyncio.run(run_path(world, tasks[m], path, rng))
-                return path, correct
+                path = walk(graph, allowed[m, :n], rng, max_steps=cfg.walk_steps)
+                correct, tokens = asyncio.run(run_path(world, tasks[m], path, rng))
+                return path, correct, tokens
 
             key, sub = jax.random.split(key)
             rate = prior_learning_round(policies[g], sub, context_embs[idx], allowed[idx], execute, buffer,
-                                        samples=cfg.samples, credit=cfg.credit, keep=keep)
+                                        samples=cfg.samples, credit=cfg.credit, keep=keep,
+                                        keep_cheapest=cfg.keep_cheapest)
             hits, count = hits + rate * len(idx), count + len(idx)
         success.append(hits / count)
     mlp = EdgeMLP(agent_embs.shape[1], cfg.mlp_hidden, rngs=nnx.Rngs(seed))

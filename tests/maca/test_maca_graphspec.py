@@ -171,7 +171,7 @@ def test_prior_learning_round_credits_the_sampled_or_the_executed_edges(credit):
     policy = EdgePolicy.create(n, sparsity_weight=0.0, learning_rate=0.1)
     buffer = SuccessBuffer()
     allowed = np.ones((1, n), bool)
-    prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, graph: ([0, 1], True), buffer,
+    prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, graph: ([0, 1], True, 10), buffer,
                          samples=8, credit=credit)
     moved = policy.probs > 0.5 + 1e-3
     off = ~np.eye(n, dtype=bool)
@@ -181,5 +181,17 @@ def test_prior_learning_round_credits_the_sampled_or_the_executed_edges(credit):
         assert moved[off].sum() > 1
     assert len(buffer) == 8
     with pytest.raises(ValueError):
-        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, g: ([0], True), buffer,
+        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, g: ([0], True, 5), buffer,
                              credit="all")
+
+
+def test_prior_learning_round_keeps_only_the_cheapest_successes():
+    """keep_cheapest: of a task's K walks only the successful ones of least cost enter the buffer (ties kept)."""
+    runs = [([0, 1, 2], True, 30), ([1, 2], True, 20), ([2, 0], True, 20), ([0], False, 5)]
+    policy = EdgePolicy.create(3, sparsity_weight=0.0)
+    for cheapest, expected in ((True, {(1, 2), (2, 0)}), (False, {(0, 1, 2), (1, 2), (2, 0)})):
+        outcomes = iter(runs)
+        buffer = SuccessBuffer()
+        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), np.ones((1, 3), bool),
+                             lambda m, g, outcomes=outcomes: next(outcomes), buffer, samples=4, keep_cheapest=cheapest)
+        assert {path for _, path in buffer._items} == expected

@@ -96,10 +96,10 @@ def test_edge_mlp_prefers_edges_of_successful_trajectories(spool):
 
     def execute(m, graph):
         path = walk(graph, allowed[m], rng, max_steps=3)
-        success = spool.run(tasks[m], path, rng).success
-        if success:
+        outcome = spool.run(tasks[m], path, rng)
+        if outcome.success:
             used[tasks[m].family][path[:-1], path[1:]] = True
-        return path, success
+        return path, outcome.success, outcome.cost
 
     buffer = SuccessBuffer()
     policy = EdgePolicy.create(n, sparsity_weight=0.3 * n, learning_rate=0.0)  # structures from pi_phi at init
@@ -121,3 +121,16 @@ def test_edge_mlp_prefers_edges_of_successful_trajectories(spool):
         own = [pool.index(a) for a in roles if pool.index(a) != prep]
         best = own[int(np.argmax(p[prep, own]))]
         assert roles[pool.agents[best].name].role == "solve", (family, pool.agents[best].name)
+
+
+def test_walk_opens_at_a_start_neighbour_when_the_structure_has_a_start_node():
+    """A G over N + 1 nodes (START last) opens at one of START's allowed out-neighbours, then follows G."""
+    n = 4
+    graph = np.zeros((n + 1, n + 1), bool)
+    graph[n, [1, 3]] = True  # START -> 1, START -> 3; agent 3 is not allowed
+    graph[1, 2] = True
+    allowed = np.array([True, True, True, False])
+    rng = np.random.default_rng(0)
+    assert all(walk(graph, allowed, rng, max_steps=4) == [1, 2] for _ in range(10))
+    graph[n] = False  # no START edge: a random allowed agent opens
+    assert {walk(graph, allowed, rng, max_steps=4)[0] for _ in range(50)} == {0, 1, 2}

@@ -160,7 +160,7 @@ def small_study():
     ctx_train = encoder.encode([context_text(t.prompt, t.budget) for t in train])
     ctx_eval = encoder.encode([context_text(t.prompt, t.budget) for t in evals])
     cfg = PriorConfig(gamma=0.0, rounds=2, samples=4, walk_steps=5, sparsity=0.05, credit="executed", init_out_degree=1.0,
-                      per_family=True, with_start=True, mlp_hidden=32, mlp_steps=60, mlp_learning_rate=1e-2)
+                      per_family=True, with_start=True, phi_start=True, keep_cheapest=True, mlp_hidden=32, mlp_steps=60, mlp_learning_rate=1e-2)
     q_train = relevance_scores(ctx_train, agents, [t.budget for t in train], BudgetTemperature())
     q_eval = relevance_scores(ctx_eval, agents, [t.budget for t in evals], BudgetTemperature())
     mlp, stats = learn_edge_mlp(world, train, ctx_train, agents, q_train, cfg)
