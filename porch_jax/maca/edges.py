@@ -259,11 +259,11 @@ def prior_learning_round(
     keep_cheapest: bool = False,
 ) -> float:
     """Algorithm 1, lines 3-5, once over the tasks: for task m sample K structures among its allowed
-    (gate-passing) agents, execute each (`execute(m, graph) -> (agent sequence, success)`), take an
+    (gate-passing) agents, execute each (`execute(m, graph) -> (agent sequence, success, token cost)`), take an
     Eq. 5 step with U = success on the sampled or the executed edges (`credit`, see the module
     docstring), and (if `keep`) keep the successful sequences for the Eq. 6 MLP: all of them, or with
     `keep_cheapest` only the task's cheapest successful ones among its K (the module docstring's "high
-    quality" reading). `execute(m, graph) -> (agent sequence, success, token cost)`. Returns the success rate."""
+    quality" reading). Returns the success rate."""
     if credit not in ("sampled", "executed"):
         raise ValueError(f"credit must be 'sampled' or 'executed', got {credit!r}")
     successes = 0

@@ -190,7 +190,9 @@ class SyntheticPool:
 
 def walk(graph: np.ndarray, allowed: np.ndarray, rng: np.random.Generator, *, max_steps: int = 5) -> list[int]:
     """Executes a sampled structure G: start at a random allowed agent, then follow a random out-edge
-    of G to an agent not yet visited, until there is none or `max_steps` agents have acted."""
+    of G to an agent not yet visited, until there is none or `max_steps` agents have acted. A G over
+    N + 1 nodes has a START node last: the walk then opens at one of START's allowed out-neighbours (at a
+    random allowed agent if it has none)."""
     n = len(allowed)
     candidates = np.flatnonzero(allowed)
     if candidates.size == 0:

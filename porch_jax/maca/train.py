@@ -182,7 +182,7 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
         sigma = min(cfg.init_out_degree / max(allowed.sum(1).mean() - 1, 1.0), 0.5)
         init_logit = float(np.log(sigma / (1 - sigma)))
     groups = sorted({t.family for t in tasks}) if cfg.per_family else [None]
-    if cfg.phi_start:
+    if cfg.phi_start:  # START is node N of pi_phi; edges into it are sampled too, never walked (only R_s acts on them)
         allowed = np.concatenate([allowed, np.ones((len(allowed), 1), bool)], axis=1)
     policies = {g: EdgePolicy.create(n + int(cfg.phi_start), sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate,
                                      init_logit=init_logit) for g in groups}
@@ -195,7 +195,7 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
         for g in groups:
             idx = [m for m, t in enumerate(tasks) if g is None or t.family == g]
 
-            def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool]:
+            def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool, int]:
                 m = idx[k]
                 path = walk(graph, allowed[m, :n], rng, max_steps=cfg.walk_steps)
                 correct, tokens = asyncio.run(run_path(world, tasks[m], path, rng))
