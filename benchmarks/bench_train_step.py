@@ -7,7 +7,7 @@ OpenMP threads spin and stall, which flatters the 2-thread wall ratio: there, `-
 the CPU-time ratio compare the computations honestly. glibc malloc is tuned for XLA
 (porch_jax.runtime.tune_malloc, ~1.3x less CPU time for this step) unless --no-malloc-tuning.
 
-Each round also times a jitted f32 2048^3 matmul (this machine's practical peak) and, as one jitted
+Each round also times a jitted 2048^3 matmul in the run's dtype (this machine's practical peak) and, as one jitted
 program, just the step's dense matmuls at their own shapes (projections and LM head, forward and
 backward; benchmarks/flops.py). The first gives each framework's fraction of peak for the step's
 analytic FLOPs; the second is a floor no implementation of the step can beat on this machine's GEMMs,
@@ -36,6 +36,7 @@ from flax import nnx
 from benchmarks.flops import matmul_floor_runner, matmul_runner, qwen3_matmul_shapes, qwen3_step_flops
 from porch_jax.models import ModelConfig, init_model
 from porch_jax.runtime import tune_malloc
+from porch_jax.train.losses import token_cross_entropy_from_hidden
 
 CONFIG = ModelConfig(
     model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -44,21 +45,30 @@ CONFIG = ModelConfig(
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
 
-def jax_stepper(ids: np.ndarray, remat: bool):
-    """A closure running one jitted train step (buffers donated); returns a blocking callable."""
-    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat))
+def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "logits"):
+    """A closure running one jitted train step (buffers donated); returns a blocking callable.
+    dtype bf16: mixed precision, bf16 matmul operands with f32 parameters, accumulation, norms and softmax.
+    loss "logits": log_softmax over the full [B, T, V] logits, as transformers computes it; "fused": our
+    trainers' chunked LM-head cross-entropy (losses.token_cross_entropy_from_hidden), which never holds them."""
+    compute = jnp.bfloat16 if dtype == "bf16" else jnp.float32
+    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat, dtype=compute))
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
     state = [params, tx.init(params)]
     tokens = jnp.asarray(ids, jnp.int32)
 
+    def loss_fn(p, tokens):
+        model = nnx.merge(graphdef, p)
+        if loss == "fused":
+            hidden = model.hidden_states(tokens[:, :-1])
+            head = model.lm_head_kernel().astype(model.dtype)
+            total, count = token_cross_entropy_from_hidden(hidden, head, tokens[:, 1:], jnp.ones_like(tokens[:, 1:], bool))
+            return total / count
+        logp = jax.nn.log_softmax(model(tokens)[:, :-1])
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
     @jax.jit(donate_argnums=(0, 1))
     def step(params, opt_state, tokens):
-        def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(tokens)[:, :-1]
-            logp = jax.nn.log_softmax(logits)
-            return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -70,7 +80,8 @@ def jax_stepper(ids: np.ndarray, remat: bool):
     return run
 
 
-def torch_stepper(ids: np.ndarray, threads: int):
+def torch_stepper(ids: np.ndarray, threads: int, dtype: str = "f32"):
+    """dtype bf16: torch.autocast(cpu, bfloat16) over forward and loss, f32 parameters (PyTorch's mixed precision)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -83,7 +94,8 @@ def torch_stepper(ids: np.ndarray, threads: int):
 
     def run() -> float:
         opt.zero_grad(set_to_none=True)
-        loss = model(input_ids=tokens, labels=tokens).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(input_ids=tokens, labels=tokens).loss
         loss.backward()
         opt.step()
         return float(loss.detach())
@@ -109,6 +121,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and framework")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--remat", action="store_true")
+    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                        help="bf16: mixed precision in both frameworks (f32 parameters and optimizer state)")
+    parser.add_argument("--loss", choices=("logits", "fused"), default="logits",
+                        help="ours: full logits + log_softmax (as transformers), or our trainers' chunked LM-head loss")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--threads", type=int, choices=(1, 2), default=2, help="CPU threads for each framework")
     parser.add_argument("--no-malloc-tuning", action="store_true",
@@ -123,13 +139,13 @@ def main() -> None:
         )
 
     ids = np.random.RandomState(0).randint(0, CONFIG.vocab_size, (args.batch, args.seq))
-    runners = {"jax": jax_stepper(ids, args.remat)}
+    runners = {"jax": jax_stepper(ids, args.remat, args.dtype, args.loss)}
     if not args.skip_torch:
-        runners["torch"] = torch_stepper(ids, args.threads)
+        runners["torch"] = torch_stepper(ids, args.threads, args.dtype)
     for run in runners.values():
         timed(run, args.warmup)
-    matmul, matmul_flops = matmul_runner()
-    floor, floor_flops = matmul_floor_runner(qwen3_matmul_shapes(CONFIG.to_hf(), args.batch, args.seq))
+    matmul, matmul_flops = matmul_runner(dtype=args.dtype)
+    floor, floor_flops = matmul_floor_runner(qwen3_matmul_shapes(CONFIG.to_hf(), args.batch, args.seq), args.dtype)
     matmul_s: list[float] = []
     floor_s: list[float] = []
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
@@ -146,7 +162,7 @@ def main() -> None:
     results = {"config": vars(args) | {"json": str(args.json)}, "devices": str(jax.devices()[0].platform),
                "load_average_1min": os.getloadavg()[0], "step_flops": flops, "matmul_peak_flops": peak,
                "matmul_floor_s": floor_time, "matmul_floor_flops": floor_flops}
-    print(f"step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s (f32 2048^3 dot); "
+    print(f"step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s ({args.dtype} 2048^3 dot); "
           f"the step's dense matmuls alone ({floor_flops / 1e9:.1f} GFLOP): {floor_time * 1e3:.1f} ms, "
           f"{floor_flops / floor_time / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f}")
     for name, t in times.items():

@@ -1,4 +1,4 @@
-"""Analytic FLOPs of a Qwen3 training step and this machine's f32 matmul rate: the yardstick the
+"""Analytic FLOPs of a Qwen3 training step and this machine's matmul rate (f32 or bf16 operands): the yardstick the
 train-step benchmarks report against (fraction of peak, and the best speed-up any framework could
 show over a baseline running at a known fraction of that peak).
 
@@ -9,6 +9,10 @@ Per step (forward + backward = 3 x forward):
                 over the causal half only: the work a causal kernel has to do)
 """
 from __future__ import annotations
+
+import functools
+
+_DTYPES = {"f32": "float32", "bf16": "bfloat16"}  # names jnp.astype takes; jax is imported lazily
 
 
 def qwen3_step_flops(hf: dict, batch: int, seq: int) -> tuple[float, float]:
@@ -21,13 +25,13 @@ def qwen3_step_flops(hf: dict, batch: int, seq: int) -> tuple[float, float]:
     return n, 6 * n * batch * seq + attention
 
 
-def matmul_runner(n: int = 2048):
-    """A blocking callable doing one jitted f32 n^3 matmul, and its FLOPs."""
+def matmul_runner(n: int = 2048, dtype: str = "f32"):
+    """A blocking callable doing one jitted n^3 matmul (operands in dtype, f32 result), and its FLOPs."""
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    dot = jax.jit(jnp.dot)
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(_DTYPES[dtype])
+    dot = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
     dot(a, a).block_until_ready()
     return (lambda: dot(a, a).block_until_ready()), 2 * n**3
 
@@ -45,15 +49,16 @@ def qwen3_matmul_shapes(hf: dict, batch: int, seq: int) -> list[tuple[int, int, 
     return [s for m_, k, n in forward for s in ((m_, k, n), (m_, n, k), (k, m_, n))]
 
 
-def matmul_floor_runner(shapes: list[tuple[int, int, int]]):
-    """A blocking callable doing the given f32 matmuls (one jitted program, every product kept), and
-    their FLOPs: how fast this machine's XLA runs just the step's GEMMs at their own shapes."""
+def matmul_floor_runner(shapes: list[tuple[int, int, int]], dtype: str = "f32"):
+    """A blocking callable doing the given matmuls (operands in dtype, f32 results; one jitted program,
+    every product kept), and their FLOPs: how fast this machine's XLA runs just the step's GEMMs at
+    their own shapes."""
     import jax
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.key(1), 2 * len(shapes))
-    operands = [(jax.random.normal(keys[2 * j], (m, k), jnp.float32), jax.random.normal(keys[2 * j + 1], (k, n), jnp.float32))
-                for j, (m, k, n) in enumerate(shapes)]
-    run = jax.jit(lambda ops: [a @ b for a, b in ops])
+    normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(_DTYPES[dtype])
+    operands = [(normal(keys[2 * j], (m, k)), normal(keys[2 * j + 1], (k, n))) for j, (m, k, n) in enumerate(shapes)]
+    run = jax.jit(lambda ops: [jnp.matmul(a, b, preferred_element_type=jnp.float32) for a, b in ops])
     jax.block_until_ready(run(operands))
     return (lambda: jax.block_until_ready(run(operands))), sum(2 * m * k * n for m, k, n in shapes)

@@ -40,6 +40,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from porch_jax.models.layers import transposed
+
 Array = jax.Array
 
 # About 64 M logits (256 MiB in fp32) per [chunk, vocab] array when the chunk size is automatic:
@@ -93,9 +95,10 @@ def _d_hidden(gz: Array, w: Array) -> Array:
 
 
 def _d_head(h: Array, gz: Array, w: Array) -> Array:
-    """h.T @ gz -> [H, V] in fp32."""
+    """h.T @ gz -> [H, V] in fp32, with h.T written out: XLA:CPU runs a dot contracting both operands'
+    major axis slowly, and in bf16 upcasts it to f32 (layers.row_major)."""
     return lax.dot_general(
-        h.astype(w.dtype), gz.astype(w.dtype), (((0,), (0,)), ((), ())),
+        transposed(h.astype(w.dtype)), gz.astype(w.dtype), (((1,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
 
