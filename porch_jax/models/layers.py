@@ -203,7 +203,10 @@ def _attention_bwd(block, res, d_out):
         dq.append(_einsum("bkms,bksd->bkmd", ds, k[:, :, :end], dtype))
         dk_t = dk_t.at[..., :end].add(_einsum("bkdm,bkms->bkds", q_t[..., rows], ds, dtype))
         dv_t = dv_t.at[..., :end].add(_einsum("bkdm,bkms->bkds", transposed(d_scaled.astype(dtype)), p, dtype))
-    dk, dv = jnp.swapaxes(dk_t, 2, 3), jnp.swapaxes(dv_t, 2, 3)
+    # Behind a barrier: with a single block XLA would fold these swaps into the dots above, giving
+    # bf16 dots with a transposed operand, which XLA:CPU then fails to run ("Unsupported element type
+    # for DotThunk", jax 0.10.2).
+    dk, dv = jnp.swapaxes(_barrier(dk_t), 2, 3), jnp.swapaxes(_barrier(dv_t), 2, 3)
     return (
         jnp.concatenate(dq, axis=2).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
         _zero_cotangent(attention_mask), _zero_cotangent(segment_ids),
