@@ -45,8 +45,9 @@ def _times(fn) -> tuple[float, float]:
     return time.perf_counter() - wall, time.process_time() - cpu
 
 
-def jax_runner(batch: int, seq: int):
-    """A callable running one step of our SFT trainer step, and the first (compiling) step's seconds."""
+def jax_runner(batch: int, seq: int, dtype: str = "f32"):
+    """A callable running one step of our SFT trainer step, and the first (compiling) step's seconds.
+    dtype bf16: bf16 compute, f32 parameters and optimizer state (launch/train.py's compute_dtype)."""
     import jax
     import numpy as np
     from ml_collections import ConfigDict
@@ -61,7 +62,8 @@ def jax_runner(batch: int, seq: int):
                       "weight_decay": 0.01, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0})
     mesh = mesh_lib.make_mesh((1, 1, 1))
     tx = optim.make_optimizer(cfg)
-    graphdef, state, shardings = S.init_train_state(init_model(ModelConfig.from_hf(HF), seed=0), tx, mesh)
+    graphdef, state, shardings = S.init_train_state(
+        init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.bfloat16 if dtype == "bf16" else jax.numpy.float32), tx, mesh)
     step = S.TrainStep("sft", graphdef, tx, optim.learning_rate_schedule(cfg), S.LossConfig(),
                        mesh=mesh, state_shardings=shardings)
     rng = np.random.default_rng(0)
@@ -80,8 +82,9 @@ def jax_runner(batch: int, seq: int):
     return run, _time(run)
 
 
-def torch_runner(batch: int, seq: int, threads: int):
-    """A callable running one step of a plain PyTorch loop over transformers' Qwen3ForCausalLM."""
+def torch_runner(batch: int, seq: int, threads: int, dtype: str = "f32"):
+    """A callable running one step of a plain PyTorch loop over transformers' Qwen3ForCausalLM (dtype bf16:
+    under torch.autocast(cpu, bfloat16), f32 parameters)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -94,7 +97,8 @@ def torch_runner(batch: int, seq: int, threads: int):
     ids = torch.randint(0, HF["vocab_size"], (batch, seq))
 
     def run():
-        loss = model(input_ids=ids, labels=ids).loss
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bf16"):
+            loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -109,6 +113,8 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (medians reported)")
+    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
+                        help="bf16: mixed precision in both (bf16 matmuls, f32 parameters and optimizer state)")
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--single-thread", action="store_true",
                         help="one thread for XLA and PyTorch: steadier numbers on a shared machine")
@@ -127,9 +133,9 @@ def main() -> None:
 
     tokens = args.batch * args.seq
     n, flops = qwen3_step_flops(HF, args.batch, args.seq)
-    matmul, matmul_flops = matmul_runner()
-    jax_step, first = jax_runner(args.batch, args.seq)
-    torch_step = None if args.skip_torch else torch_runner(args.batch, args.seq, threads)
+    matmul, matmul_flops = matmul_runner(dtype=args.dtype)
+    jax_step, first = jax_runner(args.batch, args.seq, args.dtype)
+    torch_step = None if args.skip_torch else torch_runner(args.batch, args.seq, threads, args.dtype)
     # Each round times all three back to back, so a busy (shared) machine slows them alike; the
     # ratios are medians of per-round ratios.
     rounds = []
@@ -144,12 +150,12 @@ def main() -> None:
     of_peak = statistics.median(flops / r["jax_s"] / (matmul_flops / r["matmul_s"]) for r in rounds)
 
     result = {
-        "config": {**HF, "batch": args.batch, "seq": args.seq, "threads": threads},
+        "config": {**HF, "batch": args.batch, "seq": args.seq, "threads": threads, "dtype": args.dtype},
         "load_average_1min": os.getloadavg()[0], "matmul_params": n, "step_flops": flops, "matmul_peak_flops": peak, "rounds": rounds,
         "jax": {"step_s": jax_time, "first_step_s": first, "tokens_per_s": tokens / jax_time,
                 "flops_per_s": flops / jax_time, "fraction_of_matmul_peak": of_peak},
     }
-    rows = [("matmul peak (f32, jitted 2048^3 dot)", f"{peak / 1e9:,.1f} GFLOP/s", ""),
+    rows = [(f"matmul peak ({args.dtype}, jitted 2048^3 dot)", f"{peak / 1e9:,.1f} GFLOP/s", ""),
             ("JAX SFT step", f"{jax_time * 1e3:,.0f} ms", f"{tokens / jax_time:,.0f} tok/s"),
             ("JAX achieved", f"{flops / jax_time / 1e9:,.1f} GFLOP/s", f"{of_peak:.2f} of peak (target > 0.3)"),
             ("JAX first step (compile)", f"{first:,.1f} s", "")]
