@@ -88,7 +88,10 @@ def row_major(x: jax.Array) -> jax.Array:
     """x written out in row-major order. XLA:CPU otherwise lays out a transpose (or a swap of axes)
     as a strided view of its input, and a dot reading such a view is a transposed-operand dot,
     which its fast dot (YNNPACK) does not take in bf16: XLA upcasts it to f32 (~2.5x slower). A
-    barrier alone keeps the view; merging the last two axes pairwise behind it leaves none."""
+    barrier alone keeps the view; merging the last two axes pairwise behind it leaves none. Other
+    backends transpose inside their dots, and the reshape could cost a resharding there: x as is."""
+    if jax.default_backend() != "cpu":
+        return x
     *lead, r, c = x.shape
     if r % 2:
         return _barrier(x)
