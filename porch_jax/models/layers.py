@@ -259,7 +259,11 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
     visible = (jnp.arange(s)[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
     scores = _einsum("bqkgd,bksd->bkgqs", q, k, q.dtype)
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, _MASKED), axis=-1)
-    return _einsum("bkgqs,bksd->bqkgd", probs, v, v.dtype).astype(q.dtype)
+    # Heads-major out, then a barrier before the swap to [B, T, K, G, D]: folded into the dot, the swap
+    # gives a bf16 dot contracting both operands' middle axis, which XLA:CPU fails to run ("Unsupported
+    # element type for DotThunk", jax 0.10.2).
+    out = _barrier(_einsum("bkgqs,bksd->bkgqd", probs, v, v.dtype))
+    return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(q.dtype)
 
 
 class Attention(nnx.Module):
