@@ -16,6 +16,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from porch_jax.models.layers import transposed
+
 CHUNK_SIZE = 64
 
 
@@ -226,13 +228,13 @@ def _rule_backward(residuals, cotangents):
         d_new = a_n + k_n @ ds
         return ds * decay_n[..., None, None] + p_n - _t(w_n) @ d_new, (ds, d_new)
 
-    inputs = (_t(attn) @ d_out, _t(q_start) @ d_out, k_out, w, chunk_decay)
+    inputs = (transposed(attn) @ d_out, transposed(q_start) @ d_out, k_out, w, chunk_decay)
     d_state, (d_after, d_new) = jax.lax.scan(boundary, d_final, inputs, reverse=True, unroll=min(n, 16))
 
     d_q_start = d_out @ _t(states)
     d_k_out = new @ _t(d_after)
     d_chunk_decay = jnp.sum(states * d_after, axis=(-2, -1))
-    d_bv = _t(transform) @ d_new  # new = T (beta v - beta k ... S): this is d(beta v) and -d(... S)
+    d_bv = transposed(transform) @ d_new  # new = T (beta v - beta k ... S): this is d(beta v) and -d(... S)
     d_bk = -(d_bv @ _t(states))
     d_lower = jnp.tril(-(d_bv @ _t(new)), -1)
     d_attn = d_out @ _t(new)
@@ -250,7 +252,7 @@ def _rule_backward(residuals, cotangents):
     d_v = d_bv * beta[..., None]
     d_q = _per_key_head(d_q_start * from_start[..., None]) + d_qk @ k
     d_k = (_per_key_head(d_k_out * to_end[..., None] + d_bk * (beta * from_start)[..., None])
-           + (d_gram + _t(d_gram)) @ k + _t(d_qk) @ q)
+           + (d_gram + _t(d_gram)) @ k + transposed(d_qk) @ q)
     return d_q, d_k, d_v, d_g, d_beta, d_state, None
 
 
