@@ -33,7 +33,12 @@ import numpy as np
 import optax
 from flax import nnx
 
-from benchmarks.flops import matmul_floor_runner, matmul_runner, qwen3_matmul_shapes, qwen3_step_flops
+from benchmarks.flops import (
+    matmul_floor_runner,
+    matmul_runner,
+    qwen3_matmul_shapes,
+    qwen3_step_flops,
+)
 from porch_jax.models import ModelConfig, init_model
 from porch_jax.runtime import tune_malloc
 from porch_jax.train.losses import token_cross_entropy_from_hidden

@@ -17,13 +17,13 @@ QWEN3 = ModelConfig(
     model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=8,
 )
-QWEN3_5 = ModelConfig.from_hf(dict(
-    model_type="qwen3_5_text", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    layer_types=["linear_attention", "full_attention"], num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-    linear_conv_kernel_dim=4, tie_word_embeddings=False,
-    rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
-))
+QWEN3_5 = ModelConfig.from_hf({
+    "model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+    "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
+    "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "tie_word_embeddings": False,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
+})
 # (batch, length): one attention block and an odd token count; several blocks.
 SHAPES = [(1, 13), (2, 150)]
 
