@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.flops import matmul_runner, qwen3_step_flops  # noqa: E402
+from benchmarks.flops import DTYPES, matmul_runner, qwen3_step_flops  # noqa: E402
 
 HF = {
     "model_type": "qwen3", "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1536,
@@ -63,7 +63,7 @@ def jax_runner(batch: int, seq: int, dtype: str = "f32"):
     mesh = mesh_lib.make_mesh((1, 1, 1))
     tx = optim.make_optimizer(cfg)
     graphdef, state, shardings = S.init_train_state(
-        init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.bfloat16 if dtype == "bf16" else jax.numpy.float32), tx, mesh)
+        init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.dtype(DTYPES[dtype])), tx, mesh)
     step = S.TrainStep("sft", graphdef, tx, optim.learning_rate_schedule(cfg), S.LossConfig(),
                        mesh=mesh, state_shardings=shardings)
     rng = np.random.default_rng(0)

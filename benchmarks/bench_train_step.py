@@ -34,6 +34,7 @@ import optax
 from flax import nnx
 
 from benchmarks.flops import (
+    DTYPES,
     matmul_floor_runner,
     matmul_runner,
     qwen3_matmul_shapes,
@@ -55,8 +56,7 @@ def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "l
     dtype bf16: mixed precision, bf16 matmul operands with f32 parameters, accumulation, norms and softmax.
     loss "logits": log_softmax over the full [B, T, V] logits, as transformers computes it; "fused": our
     trainers' chunked LM-head cross-entropy (losses.token_cross_entropy_from_hidden), which never holds them."""
-    compute = jnp.bfloat16 if dtype == "bf16" else jnp.float32
-    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat, dtype=compute))
+    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat, dtype=jnp.dtype(DTYPES[dtype])))
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
     state = [params, tx.init(params)]
     tokens = jnp.asarray(ids, jnp.int32)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 
-_DTYPES = {"f32": "float32", "bf16": "bfloat16"}  # names jnp.astype takes; jax is imported lazily
+DTYPES = {"f32": "float32", "bf16": "bfloat16"}  # the benchmarks' --dtype -> numpy dtype names (jax is imported lazily)
 
 
 def qwen3_step_flops(hf: dict, batch: int, seq: int) -> tuple[float, float]:
@@ -30,7 +30,7 @@ def matmul_runner(n: int = 2048, dtype: str = "f32"):
     import jax
     import jax.numpy as jnp
 
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(_DTYPES[dtype])
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32).astype(DTYPES[dtype])
     dot = jax.jit(functools.partial(jnp.dot, preferred_element_type=jnp.float32))
     dot(a, a).block_until_ready()
     return (lambda: dot(a, a).block_until_ready()), 2 * n**3
@@ -57,7 +57,7 @@ def matmul_floor_runner(shapes: list[tuple[int, int, int]], dtype: str = "f32"):
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.key(1), 2 * len(shapes))
-    normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(_DTYPES[dtype])
+    normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(DTYPES[dtype])
     operands = [(normal(keys[2 * j], (m, k)), normal(keys[2 * j + 1], (k, n))) for j, (m, k, n) in enumerate(shapes)]
     run = jax.jit(lambda ops: [jnp.matmul(a, b, preferred_element_type=jnp.float32) for a, b in ops])
     jax.block_until_ready(run(operands))
