@@ -80,7 +80,9 @@ apply_rope.defvjp(_rope_fwd, _rope_bwd)
 
 
 def _barrier(x: jax.Array) -> jax.Array:
-    """Materialises x as computed: stops XLA from folding our transposes back into the dots."""
+    """Materialises x as computed: stops XLA from folding our transposes back into the dots. Besides
+    speed (row_major), this keeps XLA:CPU (jax 0.10.2) from forming bf16 dots with a transposed
+    operand, some of which it fails to run ("Unsupported element type for DotThunk")."""
     return jax.lax.optimization_barrier(x)
 
 
@@ -206,9 +208,7 @@ def _attention_bwd(block, res, d_out):
         dq.append(_einsum("bkms,bksd->bkmd", ds, k[:, :, :end], dtype))
         dk_t = dk_t.at[..., :end].add(_einsum("bkdm,bkms->bkds", q_t[..., rows], ds, dtype))
         dv_t = dv_t.at[..., :end].add(_einsum("bkdm,bkms->bkds", transposed(d_scaled.astype(dtype)), p, dtype))
-    # Behind a barrier: with a single block XLA would fold these swaps into the dots above, giving
-    # bf16 dots with a transposed operand, which XLA:CPU then fails to run ("Unsupported element type
-    # for DotThunk", jax 0.10.2).
+    # Swapped behind a barrier (see _barrier): with a single block XLA would fold the swaps into the dots.
     dk, dv = jnp.swapaxes(_barrier(dk_t), 2, 3), jnp.swapaxes(_barrier(dv_t), 2, 3)
     return (
         jnp.concatenate(dq, axis=2).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
@@ -259,9 +259,7 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
     visible = (jnp.arange(s)[None, :] <= query_slots[:, None])[None] & key_mask[:, None, :]
     scores = _einsum("bqkgd,bksd->bkgqs", q, k, q.dtype)
     probs = jax.nn.softmax(jnp.where(visible[:, None, None], scores, _MASKED), axis=-1)
-    # Heads-major out, then a barrier before the swap to [B, T, K, G, D]: folded into the dot, the swap
-    # gives a bf16 dot contracting both operands' middle axis, which XLA:CPU fails to run ("Unsupported
-    # element type for DotThunk", jax 0.10.2).
+    # Heads-major out, swapped to [B, T, K, G, D] behind a barrier (see _barrier).
     out = _barrier(_einsum("bkgqs,bksd->bkgqd", probs, v, v.dtype))
     return jnp.transpose(out, (0, 3, 1, 2, 4)).astype(q.dtype)
 
