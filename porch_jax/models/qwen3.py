@@ -161,11 +161,13 @@ class Qwen3ForCausalLM(CausalLM):
                 raise ValueError("cache_index is required with a cache")
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
+        num_positions = None  # a bound on the positions, when we derive them (see rope_tables)
         if positions is None:
             positions = default_positions(
                 b, t, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
             )
-        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta)
+            num_positions = t if cache is None else cache.max_len
+        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, num_positions)
         x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
 
         if cache is None:
