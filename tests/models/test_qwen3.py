@@ -17,7 +17,7 @@ from porch_jax.models import (
     from_pretrained,
     init_model,
 )
-from porch_jax.models.layers import causal_attention, dense
+from porch_jax.models.layers import causal_attention, dense, rope_tables
 
 # tied/untied embeddings, 1 and 2 kv heads with different q-head counts, head_dim not a power of 2.
 CONFIGS = {
@@ -230,3 +230,19 @@ def test_dense_gradients_equal_plain_matmul(shape):
     got = jax.vjp(dense, x, w)[1](dy)
     want = jax.vjp(lambda x, w: jnp.matmul(x, w, precision="highest"), x, w)[1](dy)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-4), got, want)
+
+
+@pytest.mark.parametrize("theta", [10_000.0, 10_000_000.0])
+def test_rope_tables_gathered_per_position_equal_direct(theta):
+    """The model's own positions take the gathered tables (rope_tables' num_positions); given positions, the direct."""
+    positions = jnp.asarray([[0, 1, 2, 3, 0, 1, 2, 0], [5, 6, 7, 7, 7, 8, 9, 10]], jnp.int32)  # packing, padding, offset
+    gathered = rope_tables(positions, 24, theta, num_positions=11)
+    direct = rope_tables(positions, 24, theta)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), gathered, direct)
+
+
+def test_default_positions_equal_explicit_ones(pair):
+    model, _ = pair
+    ids = np.random.RandomState(2).randint(0, VOCAB, (2, 9))
+    explicit = np.broadcast_to(np.arange(9, dtype=np.int32), (2, 9))
+    np.testing.assert_allclose(forward(model, ids), forward(model, ids, positions=explicit), atol=1e-6)
