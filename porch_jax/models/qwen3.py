@@ -161,12 +161,14 @@ class Qwen3ForCausalLM(CausalLM):
                 raise ValueError("cache_index is required with a cache")
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-        num_positions = None  # a bound on the positions, when we derive them (see rope_tables)
+        # A bound on the positions when we derive them without a cache (training, scoring): rope_tables then
+        # gathers. With a cache, tables over all cache slots would cost more than a decode step saves.
+        num_positions = None
         if positions is None:
             positions = default_positions(
                 b, t, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
             )
-            num_positions = t if cache is None else cache.max_len
+            num_positions = t if cache is None else None
         rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, num_positions)
         x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
 
