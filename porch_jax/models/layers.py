@@ -57,15 +57,15 @@ def rope_tables(
     them once per head (measured: 3-4% of a bf16 train step, benchmarks/bench_train_step.py).
     """
     inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+
+    def cos_sin(at: jax.Array) -> tuple[jax.Array, jax.Array]:
+        angles = at.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+        emb = jnp.concatenate([angles, angles], axis=-1)
+        return jnp.cos(emb), jnp.sin(emb)
+
     if num_positions is None:
-        angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
-    else:
-        angles = jnp.arange(num_positions, dtype=jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)
-    emb = jnp.concatenate([angles, angles], axis=-1)
-    cos, sin = jnp.cos(emb), jnp.sin(emb)
-    if num_positions is None:
-        return cos, sin
-    return jnp.take(cos, positions, axis=0, mode="clip"), jnp.take(sin, positions, axis=0, mode="clip")
+        return cos_sin(positions)
+    return tuple(jnp.take(table, positions, axis=0, mode="clip") for table in cos_sin(jnp.arange(num_positions)))
 
 
 @jax.custom_vjp

@@ -73,6 +73,31 @@ def default_positions(
     return jnp.maximum(before + jnp.cumsum(mask, axis=1, dtype=jnp.int32) - 1, 0)
 
 
+def forward_rope(
+    positions: jax.Array | None,
+    batch: int,
+    length: int,
+    rotary_dim: int,
+    theta: float,
+    *,
+    attention_mask: jax.Array | None,
+    segment_ids: jax.Array | None,
+    cache,
+    cache_index,
+) -> tuple[jax.Array, jax.Array]:
+    """RoPE tables of a forward pass: at the given positions, else at default_positions.
+
+    Derived positions without a cache (training, scoring) are all < length, a static bound, so
+    rope_tables gathers. With a cache, tables over every slot would cost a decode step more than they save.
+    """
+    if positions is not None:
+        return rope_tables(positions, rotary_dim, theta)
+    positions = default_positions(
+        batch, length, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
+    )
+    return rope_tables(positions, rotary_dim, theta, length if cache is None else None)
+
+
 class CausalLM(nnx.Module):
     """Logits from a subclass's `hidden_states` and `lm_head_kernel`: the one forward every model shares
     (trainers call the two halves directly so full [tokens, vocab] logits never need to exist)."""
@@ -161,15 +186,8 @@ class Qwen3ForCausalLM(CausalLM):
                 raise ValueError("cache_index is required with a cache")
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-        # A bound on the positions when we derive them without a cache (training, scoring): rope_tables then
-        # gathers. With a cache, tables over all cache slots would cost more than a decode step saves.
-        num_positions = None
-        if positions is None:
-            positions = default_positions(
-                b, t, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
-            )
-            num_positions = t if cache is None else None
-        rope = rope_tables(positions, self.config.head_dim, self.config.rope_theta, num_positions)
+        rope = forward_rope(positions, b, t, self.config.head_dim, self.config.rope_theta,
+                            attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
         x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
 
         if cache is None:

@@ -23,13 +23,12 @@ from porch_jax.models.layers import (
     dense,
     param,
     rms_norm,
-    rope_tables,
 )
 from porch_jax.models.qwen3 import (
     ACTIVATION_AXES,
     REMAT_POLICIES,
     CausalLM,
-    default_positions,
+    forward_rope,
 )
 from porch_jax.models.sharding import constrain
 
@@ -306,16 +305,9 @@ class Qwen3_5ForCausalLM(CausalLM):
                 raise ValueError("cache_index is required with a cache")
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a cache")
-        # A bound on the positions when we derive them without a cache (training, scoring): rope_tables then
-        # gathers. With a cache, tables over all cache slots would cost more than a decode step saves.
-        num_positions = None
-        if positions is None:
-            positions = default_positions(
-                b, t, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
-            )
-            num_positions = t if cache is None else None
         rotary = int(self.config.head_dim * self.config.partial_rotary_factor)
-        rope = rope_tables(positions, rotary, self.config.rope_theta, num_positions)
+        rope = forward_rope(positions, b, t, rotary, self.config.rope_theta,
+                            attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
         x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
         if attention_mask is not None:
             attention_mask = attention_mask.astype(bool)
