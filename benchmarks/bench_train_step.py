@@ -42,7 +42,7 @@ from benchmarks.flops import (
 )
 from porch_jax.models import ModelConfig, init_model
 from porch_jax.runtime import tune_malloc
-from porch_jax.train.losses import token_cross_entropy_from_hidden
+from porch_jax.train.losses import token_cross_entropy, token_cross_entropy_from_hidden
 
 CONFIG = ModelConfig(
     model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
@@ -68,8 +68,11 @@ def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "l
             head = model.lm_head_kernel().astype(model.dtype)
             total, count = token_cross_entropy_from_hidden(hidden, head, tokens[:, 1:], jnp.ones_like(tokens[:, 1:], bool))
             return total / count
-        logp = jax.nn.log_softmax(model(tokens)[:, :-1])
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+        # As transformers' ForCausalLMLoss: labels shifted left, the last position ignored (no slice of the logits).
+        labels = jnp.roll(tokens, -1, axis=1)
+        scored = jnp.broadcast_to(jnp.arange(tokens.shape[1]) < tokens.shape[1] - 1, tokens.shape)
+        total, count = token_cross_entropy(model(tokens), labels, scored)
+        return total / count
 
     @jax.jit(donate_argnums=(0, 1))
     def step(params, opt_state, tokens):
