@@ -11,13 +11,16 @@ value heads as key heads.
 
     python -m benchmarks.bench_deltanet --json runs/bench_deltanet.json
     python -m benchmarks.bench_deltanet --component rule   # the chunked delta rule alone
+    python -m benchmarks.bench_deltanet --component floor  # what a free rule would give, and what 2x asks of ours
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from pathlib import Path
+from unittest import mock
 
 from absl import app, flags
 
@@ -31,19 +34,25 @@ flags.DEFINE_integer("repeats", 5, "Timed steps per framework and round.")
 flags.DEFINE_integer("rounds", 3, "Alternating rounds (JAX, then PyTorch).")
 flags.DEFINE_integer("threads", 2, "torch.set_num_threads.")
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
-flags.DEFINE_enum("component", "stack", ["stack", "rule"],
+flags.DEFINE_float("target", 2.0, "--component floor: the stack speed-up whose demands on the rule are reported.")
+flags.DEFINE_enum("component", "stack", ["stack", "rule", "floor"],
                   "stack: the whole layer stack; rule: only the chunked delta rule of one layer (its shapes, "
-                  "l2-normalised q/k), forward + backward w.r.t. q, k, v, g, beta, against transformers' torch one.")
+                  "l2-normalised q/k), forward + backward w.r.t. q, k, v, g, beta, against transformers' torch one; floor: the "
+                  "stack, and again with both rules replaced by a free elementwise stand-in: what the rule costs in "
+                  "each framework, and what --target asks of ours.")
 
 
-def _alternating(jax_step, torch_step, rounds: int, repeats: int) -> tuple[float, float, float]:
-    """(JAX median s, PyTorch median s, median of the per-round ratios PyTorch / JAX), both warmed up."""
-    jax_step(), torch_step()
-    times: dict[str, list[float]] = {"jax": [], "torch": []}
-    ratios = []
+def _alternating(steps: dict, rounds: int, repeats: int) -> tuple[dict[str, float], list[dict[str, float]]]:
+    """Runs the steps (name -> callable) in turn, `repeats` timed calls each per round, after one
+    warm-up call each. Returns the median seconds of every step over all its calls, and each round's
+    medians (for per-round ratios: load from other processes hits the steps of a round alike)."""
+    for fn in steps.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in steps}
+    per_round = []
     for _ in range(rounds):
         medians = {}
-        for name, fn in (("jax", jax_step), ("torch", torch_step)):
+        for name, fn in steps.items():
             run = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -51,8 +60,13 @@ def _alternating(jax_step, torch_step, rounds: int, repeats: int) -> tuple[float
                 run.append(time.perf_counter() - start)
             times[name] += run
             medians[name] = statistics.median(run)
-        ratios.append(medians["torch"] / medians["jax"])
-    return statistics.median(times["jax"]), statistics.median(times["torch"]), statistics.median(ratios)
+        per_round.append(medians)
+    return {name: statistics.median(t) for name, t in times.items()}, per_round
+
+
+def _speedup(per_round: list[dict[str, float]], ours: str = "jax", theirs: str = "torch") -> float:
+    """Median over rounds of theirs / ours."""
+    return statistics.median(r[theirs] / r[ours] for r in per_round)
 
 
 def _hf_config() -> dict:
@@ -107,8 +121,9 @@ def _rule_main() -> dict:
         return loss.item()
 
     torch_value = torch_step()
-    jax_s, torch_s, speedup = _alternating(lambda: jax.block_until_ready(step(*args)), torch_step,
-                                           FLAGS.rounds, FLAGS.repeats)
+    medians, per_round = _alternating({"jax": lambda: jax.block_until_ready(step(*args)), "torch": torch_step},
+                                      FLAGS.rounds, FLAGS.repeats)
+    jax_s, torch_s, speedup = medians["jax"], medians["torch"], _speedup(per_round)
     print(f"chunked delta rule, batch {b} x {t} tokens, {hk} key / {h} value heads of {d}, fwd+bwd:")
     print(f"  jax   {jax_s * 1e3:8.1f} ms\n  torch {torch_s * 1e3:8.1f} ms")
     print(f"  speedup {speedup:.2f}x, median of {FLAGS.rounds} rounds (same loss to {abs(jax_value - torch_value):.1e})")
@@ -118,7 +133,7 @@ def _rule_main() -> dict:
 
 
 def main(_) -> None:
-    results = _rule_main() if FLAGS.component == "rule" else _stack_main()
+    results = _rule_main() if FLAGS.component == "rule" else _stack_main()  # stack and floor
     if FLAGS.json:
         Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
         Path(FLAGS.json).write_text(json.dumps(results, indent=2) + "\n")
@@ -169,40 +184,129 @@ def _stack_main() -> dict:
             x = x + layer(x, mask=None, segment_ids=None)[0]
         return jnp.sum(x * probe)
 
-    step = jax.jit(nnx.value_and_grad(jax_loss, argnums=(0, 1)))
     x_jax = jnp.asarray(x)
-    jax_value = float(step(layers, x_jax)[0])
-
     x_torch, probe_torch = torch.tensor(x, requires_grad=True), torch.tensor(probe)
 
-    def torch_step() -> float:
-        torch_layers.zero_grad()
-        x_torch.grad = None
-        y = x_torch
-        for layer in torch_layers:
-            y = y + layer(y)
-        loss = (y * probe_torch).sum()
-        loss.backward()
-        return loss.item()
+    def jax_stepper(free_rule: bool):
+        step = jax.jit(nnx.value_and_grad(jax_loss, argnums=(0, 1)))
+        with _rules_replaced(free_rule):  # traced (and compiled) here, once
+            step(layers, x_jax)
+        return lambda: float(jax.block_until_ready(step(layers, x_jax))[0])
 
-    torch_value = torch_step()
-    jax_s, torch_s, speedup = _alternating(lambda: jax.block_until_ready(step(layers, x_jax)), torch_step,
-                                           FLAGS.rounds, FLAGS.repeats)
+    def torch_stepper(free_rule: bool):
+        def run() -> float:
+            torch_layers.zero_grad()
+            x_torch.grad = None
+            y = x_torch
+            with _rules_replaced(free_rule):
+                for layer in torch_layers:
+                    y = y + layer(y)
+            loss = (y * probe_torch).sum()
+            loss.backward()
+            return loss.item()
+        return run
+
+    steps = {"jax": jax_stepper(False), "torch": torch_stepper(False)}
+    if FLAGS.component == "floor":
+        steps |= {"jax_free_rule": jax_stepper(True), "torch_free_rule": torch_stepper(True)}
+    loss_diff = abs(steps["jax"]() - steps["torch"]())
+    medians, per_round = _alternating(steps, FLAGS.rounds, FLAGS.repeats)
+    jax_s, torch_s = medians["jax"], medians["torch"]
 
     tokens = FLAGS.batch * FLAGS.seq
     results = {
         "batch": FLAGS.batch, "seq": FLAGS.seq, "hidden": h, "layers": FLAGS.layers,
         "key_heads": hf["linear_num_key_heads"], "value_heads": hf["linear_num_value_heads"], "head_dim": FLAGS.head_dim,
         "jax_median_s": jax_s, "torch_median_s": torch_s,
-        "jax_tokens_per_s": tokens / jax_s, "torch_tokens_per_s": tokens / torch_s, "speedup": speedup, "rounds": FLAGS.rounds,
-        "loss_abs_diff": abs(jax_value - torch_value),
+        "jax_tokens_per_s": tokens / jax_s, "torch_tokens_per_s": tokens / torch_s, "speedup": _speedup(per_round),
+        "rounds": FLAGS.rounds, "loss_abs_diff": loss_diff,
     }
     print(f"DeltaNet x{FLAGS.layers}, batch {FLAGS.batch} x {FLAGS.seq} tokens, hidden {h}, "
           f"{results['key_heads']} key / {results['value_heads']} value heads of {FLAGS.head_dim}, fwd+bwd:")
     print(f"  jax   {jax_s * 1e3:8.1f} ms  {results['jax_tokens_per_s']:9.0f} tokens/s")
     print(f"  torch {torch_s * 1e3:8.1f} ms  {results['torch_tokens_per_s']:9.0f} tokens/s")
-    print(f"  speedup {results['speedup']:.2f}x, median of {FLAGS.rounds} rounds  (same loss to {results['loss_abs_diff']:.1e})")
+    print(f"  speedup {results['speedup']:.2f}x, median of {FLAGS.rounds} rounds  (same loss to {loss_diff:.1e})")
+    if FLAGS.component == "floor":
+        results |= _floor_report(medians, per_round)
     return results
+
+
+def _free_rule_jax(q, k, v, g, beta, *, initial_state=None, segment_ids=None):
+    """Stands in for the chunked rule at no cost: elementwise in every input, so the rest of the
+    layer (and its backward) runs unchanged. Not the rule: for the floor measurement only."""
+    import jax.numpy as jnp
+
+    group = v.shape[2] // q.shape[2]
+    return v * (beta + g)[..., None] + jnp.repeat(q + k, group, axis=2), initial_state
+
+
+def _free_rule_torch(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                     use_qk_l2norm_in_kernel=False, **_):
+    """transformers' counterpart of `_free_rule_jax` (with the l2 norm its rule applies inside)."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm
+
+    if use_qk_l2norm_in_kernel:
+        query, key = l2norm(query, dim=-1, eps=1e-6), l2norm(key, dim=-1, eps=1e-6)
+    group = value.shape[2] // query.shape[2]
+    return value * (beta + g)[..., None] + (query + key).repeat_interleave(group, dim=2), None
+
+
+@contextlib.contextmanager
+def _rules_replaced(free: bool):
+    """Both frameworks' chunked delta rule replaced by the free stand-ins while inside (free=True)."""
+    if not free:
+        yield
+        return
+    from transformers.models.qwen3_5 import modeling_qwen3_5
+
+    from porch_jax.models import deltanet
+
+    with mock.patch.object(deltanet, "chunk_gated_delta_rule", _free_rule_jax), \
+            mock.patch.object(modeling_qwen3_5, "torch_chunk_gated_delta_rule", _free_rule_torch):
+        yield
+
+
+def _floor_report(medians: dict[str, float], per_round: list[dict[str, float]]) -> dict:
+    """What the stack's speed-up target asks of the rule: the time our rule may take, per layer,
+    for the stack to be `--target` x PyTorch's, and the rate at which it would then have to run
+    its FLOPs, against this machine's rate for the rule's largest products (batched 64^3 dots)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from porch_jax.models.deltanet import chunk_gated_delta_rule
+
+    n = FLAGS.layers
+    rule = {name: (medians[name] - medians[f"{name}_free_rule"]) / n for name in ("jax", "torch")}
+    budget = (medians["torch"] / FLAGS.target - medians["jax_free_rule"]) / n
+    hk, d = FLAGS.hidden // 2 // FLAGS.head_dim, FLAGS.head_dim
+    shapes = {"q": (FLAGS.batch, FLAGS.seq, hk, d), "v": (FLAGS.batch, FLAGS.seq, 2 * hk, d),
+              "g": (FLAGS.batch, FLAGS.seq, 2 * hk)}
+    args = [jax.ShapeDtypeStruct(shapes[key], jnp.float32) for key in ("q", "q", "v", "g", "g")]
+    grad = jax.grad(lambda *a: jnp.sum(chunk_gated_delta_rule(*a)[0]), argnums=tuple(range(5)))
+    rule_flops = jax.jit(grad).lower(*args).compile().cost_analysis()["flops"]
+    blocks = jnp.asarray(np.random.RandomState(0).randn(FLAGS.batch * 2 * hk * FLAGS.seq // d, d, d), jnp.float32)
+    dot = jax.jit(lambda a: a @ a)
+    dot_s, _ = _alternating({"dot": lambda: jax.block_until_ready(dot(blocks))}, 3, 10)
+    dot_rate = 2 * blocks.size * d / dot_s["dot"]
+    report = {
+        "jax_free_rule_median_s": medians["jax_free_rule"], "torch_free_rule_median_s": medians["torch_free_rule"],
+        "speedup_free_rule": _speedup(per_round, "jax_free_rule", "torch_free_rule"),
+        "jax_rule_s_per_layer": rule["jax"], "torch_rule_s_per_layer": rule["torch"], "target": FLAGS.target,
+        "rule_budget_s_per_layer": budget, "rule_flops": rule_flops,
+        "rule_flops_per_s": rule_flops / rule["jax"], "needed_flops_per_s": rule_flops / budget if budget > 0 else None,
+        "batched_dot_flops_per_s": dot_rate,
+    }
+    print(f"  with a free rule: jax {medians['jax_free_rule'] * 1e3:.1f} ms, torch {medians['torch_free_rule'] * 1e3:.1f} ms "
+          f"({report['speedup_free_rule']:.2f}x); so the rule takes {rule['jax'] * 1e3:.1f} ms (jax) and "
+          f"{rule['torch'] * 1e3:.1f} ms (torch) per layer")
+    if budget <= 0:
+        print(f"  {FLAGS.target:g}x is out of reach even with a free rule")
+    else:
+        print(f"  {FLAGS.target:g}x leaves our rule {budget * 1e3:.1f} ms per layer: its {rule_flops / 1e9:.2f} GFLOP "
+              f"(fwd+bwd) at {report['needed_flops_per_s'] / 1e9:.0f} GFLOP/s (now {report['rule_flops_per_s'] / 1e9:.0f}); "
+              f"this machine runs batched 64^3 dots at {dot_rate / 1e9:.0f} GFLOP/s")
+    return report
 
 
 if __name__ == "__main__":
