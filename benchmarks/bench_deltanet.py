@@ -69,10 +69,21 @@ def _speedup(per_round: list[dict[str, float]], ours: str = "jax", theirs: str =
     return statistics.median(r[theirs] / r[ours] for r in per_round)
 
 
+def _key_heads() -> int:
+    """Qwen3.5-9B's ratios: key dim = hidden / 2 (value heads: twice as many, value dim = hidden)."""
+    return FLAGS.hidden // 2 // FLAGS.head_dim
+
+
+def _rule_shapes() -> dict[str, tuple[int, ...]]:
+    """The rule's operand shapes in one layer: q and k, v, and g and beta."""
+    b, t, hk, d = FLAGS.batch, FLAGS.seq, _key_heads(), FLAGS.head_dim
+    return {"qk": (b, t, hk, d), "v": (b, t, 2 * hk, d), "g": (b, t, 2 * hk)}
+
+
 def _hf_config() -> dict:
     from porch_jax.models.presets import preset
 
-    key_heads = FLAGS.hidden // 2 // FLAGS.head_dim
+    key_heads = _key_heads()
     return preset(
         "qwen3.5-tiny", hidden_size=FLAGS.hidden, num_hidden_layers=FLAGS.layers,
         layer_types=["linear_attention"] * FLAGS.layers, linear_num_key_heads=key_heads,
@@ -91,15 +102,16 @@ def _rule_main() -> dict:
     from porch_jax.models.deltanet import chunk_gated_delta_rule, l2norm
 
     torch.set_num_threads(FLAGS.threads)
-    hk = FLAGS.hidden // 2 // FLAGS.head_dim
-    b, t, h, d = FLAGS.batch, FLAGS.seq, 2 * hk, FLAGS.head_dim
+    shapes = _rule_shapes()
+    b, t, hk, d = shapes["qk"]
+    h = shapes["v"][2]
     rng = np.random.RandomState(0)
-    q = np.asarray(l2norm(jnp.asarray(rng.randn(b, t, hk, d), jnp.float32))) * d**-0.5
-    k = np.asarray(l2norm(jnp.asarray(rng.randn(b, t, hk, d), jnp.float32)))
-    v = rng.randn(b, t, h, d).astype(np.float32)
-    g = (-0.3 * np.abs(rng.randn(b, t, h))).astype(np.float32)
-    beta = (1 / (1 + np.exp(-rng.randn(b, t, h)))).astype(np.float32)
-    probe = rng.randn(b, t, h, d).astype(np.float32)
+    q = np.asarray(l2norm(jnp.asarray(rng.randn(*shapes["qk"]), jnp.float32))) * d**-0.5
+    k = np.asarray(l2norm(jnp.asarray(rng.randn(*shapes["qk"]), jnp.float32)))
+    v = rng.randn(*shapes["v"]).astype(np.float32)
+    g = (-0.3 * np.abs(rng.randn(*shapes["g"]))).astype(np.float32)
+    beta = (1 / (1 + np.exp(-rng.randn(*shapes["g"])))).astype(np.float32)
+    probe = rng.randn(*shapes["v"]).astype(np.float32)
 
     def jax_loss(*args):
         return jnp.sum(chunk_gated_delta_rule(*args)[0] * probe)
@@ -279,13 +291,11 @@ def _floor_report(medians: dict[str, float], per_round: list[dict[str, float]]) 
     n = FLAGS.layers
     rule = {name: (medians[name] - medians[f"{name}_free_rule"]) / n for name in ("jax", "torch")}
     budget = (medians["torch"] / FLAGS.target - medians["jax_free_rule"]) / n
-    hk, d = FLAGS.hidden // 2 // FLAGS.head_dim, FLAGS.head_dim
-    shapes = {"q": (FLAGS.batch, FLAGS.seq, hk, d), "v": (FLAGS.batch, FLAGS.seq, 2 * hk, d),
-              "g": (FLAGS.batch, FLAGS.seq, 2 * hk)}
-    args = [jax.ShapeDtypeStruct(shapes[key], jnp.float32) for key in ("q", "q", "v", "g", "g")]
+    shapes, d = _rule_shapes(), FLAGS.head_dim
+    args = [jax.ShapeDtypeStruct(shapes[key], jnp.float32) for key in ("qk", "qk", "v", "g", "g")]
     grad = jax.grad(lambda *a: jnp.sum(chunk_gated_delta_rule(*a)[0]), argnums=tuple(range(5)))
     rule_flops = jax.jit(grad).lower(*args).compile().cost_analysis()["flops"]
-    blocks = jnp.asarray(np.random.RandomState(0).randn(FLAGS.batch * 2 * hk * FLAGS.seq // d, d, d), jnp.float32)
+    blocks = jnp.asarray(np.random.RandomState(0).randn(np.prod(shapes["v"]) // d // d, d, d), jnp.float32)
     dot = jax.jit(lambda a: a @ a)
     dot_s, _ = _alternating({"dot": lambda: jax.block_until_ready(dot(blocks))}, 3, 10)
     dot_rate = 2 * blocks.size * d / dot_s["dot"]
