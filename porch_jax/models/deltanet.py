@@ -8,9 +8,16 @@ Two forms of the same rule: `chunk_gated_delta_rule` (training and prefill: a se
 chunks of 64 tokens, everything inside a chunk as matmuls via the WY/UT transform) and
 `recurrent_gated_delta_rule` (decoding: one token at a time). Both take `segment_ids` for packed
 sequences: the state restarts wherever the id changes, exactly as if each segment ran alone.
+`gated_delta_rule` is what models call for training and prefill: on a CPU backend the native kernel
+(porch_jax/kernels: the recurrence in C++, faster there than XLA's many small matmuls), elsewhere,
+or where it cannot be built, the chunked form; $PORCH_JAX_DELTA_RULE = chunked | native overrides.
+The kernel has no partitioning rule: in a program sharded over several CPU devices XLA gathers its
+operands (results are exact, the rule is not partitioned); set chunked there to partition it.
 `causal_conv1d` is the short depthwise convolution in front of q/k/v, with its decoding state.
 """
 from __future__ import annotations
+
+import os
 
 import jax
 import jax.numpy as jnp
@@ -36,6 +43,12 @@ def _runs(segment_ids: jax.Array) -> jax.Array:
         [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
     )
     return jnp.cumsum(change, axis=1, dtype=jnp.int32)
+
+
+def reset_mask(segment_ids: jax.Array) -> jax.Array:
+    """[B, T] float32: 0 where a token starts a new packed segment (the state restarts), else 1."""
+    same = segment_ids[:, 1:] == segment_ids[:, :-1]
+    return jnp.concatenate([jnp.ones_like(segment_ids[:, :1], jnp.float32), same.astype(jnp.float32)], axis=1)
 
 
 def _diagonal_blocks(m: jax.Array, size: int) -> jax.Array:
@@ -135,10 +148,7 @@ def recurrent_gated_delta_rule(
     dv = v.shape[-1]
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
     state = jnp.zeros((b, h, dk, dv), jnp.float32) if initial_state is None else initial_state.astype(jnp.float32)
-    keep = jnp.ones((b, t), jnp.float32)
-    if segment_ids is not None:
-        run = _runs(segment_ids)
-        keep = jnp.concatenate([keep[:, :1], (run[:, 1:] == run[:, :-1]).astype(jnp.float32)], axis=1)
+    keep = jnp.ones((b, t), jnp.float32) if segment_ids is None else reset_mask(segment_ids)
 
     def step(state, inputs):
         q_t, k_t, v_t, g_t, beta_t, keep_t = inputs
@@ -304,3 +314,25 @@ def chunk_gated_delta_rule(
     out, state = _chunk_rule(q, k, v, g, beta, state.reshape(b, hk, group, dk, dv), run)
     out = jnp.moveaxis(out, (0, 4), (1, 2)).reshape(b, n * c, h, dv)[:, :t]
     return out, state.reshape(b, h, dk, dv)
+
+
+def gated_delta_rule(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    beta: jax.Array,
+    *,
+    initial_state: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """The rule for training and prefill (arguments as `chunk_gated_delta_rule`), in the form that
+    is fastest where it runs: see the module docstring."""
+    from porch_jax.kernels import gated_delta
+
+    choice = os.environ.get("PORCH_JAX_DELTA_RULE", "auto")
+    if choice not in ("auto", "chunked", "native"):
+        raise ValueError(f"PORCH_JAX_DELTA_RULE={choice!r}: expected auto, chunked or native")
+    native = choice == "native" or (choice == "auto" and jax.default_backend() == "cpu" and gated_delta.available())
+    rule = gated_delta.gated_delta_rule if native else chunk_gated_delta_rule
+    return rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)

@@ -167,7 +167,7 @@ class GatedDeltaNet(nnx.Module):
         state (conv inputs [B, K-1, C], delta-rule state [B, Hv, Dk, Dv]) or None.
 
         Returns the output and, with a state, the updated state. T = 1 with a state runs the
-        recurrent form (decoding), anything else the chunked one.
+        recurrent form (decoding), anything else `deltanet.gated_delta_rule`.
         """
         b, t, h = x.shape
         nk, nv, dk, dv = self.num_k_heads, self.num_v_heads, self.key_dim, self.value_dim
@@ -195,7 +195,7 @@ class GatedDeltaNet(nnx.Module):
         if mask is not None:  # a pad neither decays nor writes the state
             beta = jnp.where(mask[..., None], beta, 0)
             decay = jnp.where(mask[..., None], decay, 0)
-        rule = deltanet.recurrent_gated_delta_rule if state is not None and t == 1 else deltanet.chunk_gated_delta_rule
+        rule = deltanet.recurrent_gated_delta_rule if state is not None and t == 1 else deltanet.gated_delta_rule
         out, rule_state = rule(q, k, v, decay, beta, initial_state=rule_state, segment_ids=segment_ids)
         out = self.norm(out.astype(self.dtype), z).reshape(b, t, -1)
         out = dense(out, self.out_proj[...].astype(self.dtype).reshape(-1, h))

@@ -1,0 +1,67 @@
+"""Builds and loads the project's C++ XLA FFI kernels (CPU only) on first use.
+
+A kernel is compiled once per machine with the system C++ compiler against the jaxlib headers
+(`jax.ffi.include_dir()`), cached under $PORCH_JAX_KERNEL_CACHE (default ~/.cache/porch_jax/kernels)
+by a hash of source, jaxlib version and flags, and registered with XLA. Nothing is downloaded.
+Where no compiler is found or the build fails, `load` returns None and says why once (a warning):
+callers fall back to their pure-JAX form, which is also what runs on GPU and TPU.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jaxlib
+
+_SOURCES = Path(__file__).parent
+FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-pthread")
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("PORCH_JAX_KERNEL_CACHE", Path.home() / ".cache" / "porch_jax" / "kernels"))
+
+
+def build(source: str) -> Path:
+    """Compiles `source` (a file next to this module) into a shared library; returns its path.
+    Raises RuntimeError with the compiler's message when it cannot."""
+    compiler = shutil.which(os.environ.get("CXX") or "g++") or shutil.which("c++") or shutil.which("clang++")
+    if compiler is None:
+        raise RuntimeError(f"no C++ compiler found (CXX={os.environ.get('CXX')!r}, no g++, c++ or clang++ on PATH)")
+    path = _SOURCES / source
+    key = hashlib.sha256(path.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    target = cache_dir() / f"{path.stem}-{key}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Built beside the target and renamed into place: concurrent processes never load a partial file.
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+        partial = Path(tmp.name)
+    command = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(path), "-o", str(partial)]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        partial.unlink(missing_ok=True)
+        raise RuntimeError(f"compiling {path.name} failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
+    os.replace(partial, target)
+    return target
+
+
+@functools.cache
+def load(source: str, symbols: tuple[str, ...]) -> ctypes.CDLL | None:
+    """Builds `source` and registers each symbol as the CPU FFI target of the same name; None
+    (with one warning saying why) where it cannot be built."""
+    try:
+        library = ctypes.cdll.LoadLibrary(str(build(source)))
+    except (RuntimeError, OSError) as err:
+        logging.warning("porch_jax: native kernel %s unavailable, using the pure-JAX form: %s", source, err)
+        return None
+    for symbol in symbols:
+        jax.ffi.register_ffi_target(symbol, jax.ffi.pycapsule(getattr(library, symbol)), platform="cpu")
+    return library
