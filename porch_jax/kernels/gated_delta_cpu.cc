@@ -2,12 +2,13 @@
 //
 // Per (batch, value head), with the state S [Dk, Dv] kept in L1:
 //   a_t = exp(g_t) keep_t,  delta_t = beta_t (v_t - a_t S^T k_t),  S <- a_t S + k_t delta_t^T,  o_t = S^T q_t
-// (keep_t = 0 where a packed segment starts: the state restarts). Two passes over S per token.
-// XLA:CPU runs the chunked (WY/UT) form as many small matmuls; on a CPU the recurrence itself is
-// cheaper (7 Dk Dv flops per token, all in cache), so this file is the CPU path of
-// porch_jax/models/deltanet.py. The backward recomputes each chunk's states from checkpoints the
+// (keep_t = 0 where a packed segment starts: the state restarts). One pass over S per token.
+// XLA:CPU runs the chunked (WY/UT) form as many small matmuls at ~40 GFLOP/s; the recurrence runs
+// near this CPU's FMA peak (7 Dk Dv flops per token, the state in cache), so this file is the CPU
+// path of porch_jax/models/deltanet.py. The backward recomputes each chunk's states from checkpoints the
 // forward writes every `chunk` tokens. Work items are (batch, value head) pairs, spread over XLA's
 // intra-op thread pool.
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -23,7 +24,6 @@ namespace {
 
 struct Shape {
   int64_t b, t, hk, h, dk, dv, chunks, chunk;
-  int64_t group() const { return h / hk; }
 };
 
 // Runs fn(item) for item in [0, items) on the caller and on XLA's intra-op pool.
@@ -50,6 +50,23 @@ inline float hsum(f32x16 x) {  // halving with constant shuffles (a mask built a
   f32x4 b = __builtin_shufflevector(a, a, 0, 1, 2, 3) + __builtin_shufflevector(a, a, 4, 5, 6, 7);
   return (b[0] + b[2]) + (b[1] + b[3]);
 }
+
+// The sums of four vectors at once (one shuffle tree instead of four): lanes 0-3 of the result.
+inline f32x4 hsum4(f32x16 a, f32x16 b, f32x16 c, f32x16 d) {
+  // [a halves folded | b halves folded], and the same for c, d: 8 partial sums each.
+  f32x16 ab = __builtin_shufflevector(a, b, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+              __builtin_shufflevector(a, b, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  f32x16 cd = __builtin_shufflevector(c, d, 0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23) +
+              __builtin_shufflevector(c, d, 8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31);
+  // 4 partial sums each of a, b, c, d.
+  f32x16 x = __builtin_shufflevector(ab, cd, 0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27) +
+             __builtin_shufflevector(ab, cd, 4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31);
+  // 2, then 1.
+  f32x16 y = x + __builtin_shufflevector(x, x, 2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13);
+  y += __builtin_shufflevector(y, y, 1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14);
+  return __builtin_shufflevector(y, y, 0, 4, 8, 12);
+}
+inline f32x4 hsum4(float a, float b, float c, float d) { return f32x4{a, b, c, d}; }
 
 template <int W> struct Lanes;  // (GCC drops vector_size on typedefs that depend on a template parameter)
 template <> struct Lanes<16> { using vec = f32x16; };
@@ -271,10 +288,11 @@ struct Rule {
             y += r * dlt_p[c2];
             z += load(pprow + c2 * W) * do_p[c2];
           }
-          dkt[i] = Y[i] + qi * ddo - a * hsum(pu);
+          const f32x4 sums = hsum4(pu, y, z, vec{});
+          dkt[i] = Y[i] + qi * ddo - a * sums[0];
           dqt[i] = a * Z[i] + ki * ddo;
-          Y[i] = hsum(y);
-          Z[i] = hsum(z);
+          Y[i] = sums[1];
+          Z[i] = sums[2];
         }
         for (int64_t c2 = 0; c2 < V; ++c2) X[c2] = Xn[c2];
         dg[gi] = a * hsum(da);
