@@ -13,6 +13,7 @@ import numpy as np
 from porch_jax.kernels import native
 
 CHECKPOINT = 64
+MAX_VALUE_DIM = 1024  # the kernel keeps a few value-dim vectors on the stack
 _FORWARD, _BACKWARD = "PorchGatedDeltaForward", "PorchGatedDeltaBackward"
 
 
@@ -78,6 +79,13 @@ def gated_delta_rule(
         raise RuntimeError("the native gated delta rule could not be built (see the warning above)")
     _grouped(q, k, v)
     b, t, h, dv = v.shape
+    if g.shape != (b, t, h) or beta.shape != (b, t, h):
+        raise ValueError(f"g {g.shape} and beta {beta.shape} must be [B, T, value heads] = {(b, t, h)}")
+    if dv > MAX_VALUE_DIM:
+        raise ValueError(f"the native gated delta rule takes value head dims up to {MAX_VALUE_DIM}, not {dv}: "
+                         "set PORCH_JAX_DELTA_RULE=chunked")
+    if initial_state is not None and initial_state.shape != (b, h, k.shape[-1], dv):
+        raise ValueError(f"initial_state {initial_state.shape} must be [B, H, Dk, Dv] = {(b, h, k.shape[-1], dv)}")
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))
     keep = jnp.ones((b, t), jnp.float32) if segment_ids is None else reset_mask(segment_ids)
     state = jnp.zeros((b, h, k.shape[-1], dv), jnp.float32) if initial_state is None else initial_state

@@ -133,6 +133,10 @@ struct Rule {
                const float* keep, const float* s0, float* o, float* s_final, float* checkpoints) const {
     const Item it = item_of(item / s.h, item % s.h);
     const int64_t V = nv(), size = s.dk * s.dv;
+    if (s.t == 0) {
+      std::memcpy(s_final + item * size, s0 + item * size, size * sizeof(float));
+      return;
+    }
     std::vector<float> state(s0 + item * size, s0 + (item + 1) * size), zeros(s.dk, 0.f);
     float* S = state.data();
     vec sk[MAXV], sq[MAXV], delta[MAXV];
@@ -309,8 +313,10 @@ ffi::Error read_shape(ffi::Buffer<ffi::F32>& q, ffi::Buffer<ffi::F32>& v, ffi::B
     return ffi::Error::InvalidArgument("gated delta rule: q/v must be rank 4, g rank 3, keep rank 2");
   *s = Shape{qd[0], qd[1], qd[2], vd[2], qd[3], vd[3], 0, chunk};
   if (vd[0] != s->b || vd[1] != s->t || gd[0] != s->b || gd[1] != s->t || gd[2] != s->h || kd[0] != s->b ||
-      kd[1] != s->t || s->h % s->hk || chunk <= 0 || s->dv > 1024)
-    return ffi::Error::InvalidArgument("gated delta rule: inconsistent shapes");
+      kd[1] != s->t || s->hk == 0 || s->h % s->hk || chunk <= 0 || s->dv > 1024)
+    return ffi::Error::InvalidArgument(
+        "gated delta rule: expected q, k [B, T, Hk, Dk], v [B, T, H, Dv] with H a multiple of Hk and Dv <= 1024, "
+        "g, beta [B, T, H], keep [B, T]");
   s->chunks = (s->t + chunk - 1) / chunk;
   return ffi::Error::Success();
 }

@@ -333,6 +333,7 @@ def gated_delta_rule(
     choice = os.environ.get("PORCH_JAX_DELTA_RULE", "auto")
     if choice not in ("auto", "chunked", "native"):
         raise ValueError(f"PORCH_JAX_DELTA_RULE={choice!r}: expected auto, chunked or native")
-    native = choice == "native" or (choice == "auto" and jax.default_backend() == "cpu" and gated_delta.available())
+    native = choice == "native" or (choice == "auto" and jax.default_backend() == "cpu"
+                                    and v.shape[-1] <= gated_delta.MAX_VALUE_DIM and gated_delta.available())
     rule = gated_delta.gated_delta_rule if native else chunk_gated_delta_rule
     return rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)

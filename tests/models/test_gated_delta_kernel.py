@@ -82,10 +82,21 @@ def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):
         native.build("gated_delta_cpu.cc")
 
 
-def test_value_heads_must_group_the_key_heads():
-    (q, k, v, g, beta), _, _ = operands(1, 8, 2, 2, 16, 16)
+def test_bad_shapes_are_refused_with_what_was_expected():
+    (q, k, v, g, beta), state, _ = operands(1, 8, 2, 2, 16, 16)
     with pytest.raises(ValueError, match="multiple of the key heads"):
         gated_delta.gated_delta_rule(q, k, jnp.concatenate([v, v[:, :, :1]], axis=2), g, beta)
+    with pytest.raises(ValueError, match=r"must be \[B, T, value heads\]"):
+        gated_delta.gated_delta_rule(q, k, v, g[:, :4], beta)
+    with pytest.raises(ValueError, match=r"initial_state \(1, 2, 16, 8\)"):
+        gated_delta.gated_delta_rule(q, k, v, g, beta, initial_state=state[..., :8])
+
+
+def test_an_empty_sequence_passes_the_state_through():
+    args, state, _ = operands(1, 0, 1, 2, 16, 16)
+    out, final = jax.jit(gated_delta.gated_delta_rule)(*args, initial_state=state)
+    assert out.shape == (1, 0, 2, 16)
+    np.testing.assert_array_equal(final, state)
 
 
 def test_sharded_over_cpu_devices_gives_the_same_gradients():
