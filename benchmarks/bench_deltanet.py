@@ -2,8 +2,8 @@
 PyTorch fallback (the chunked torch path, as used without flash-linear-attention), same weights.
 
 Each layer is x + GatedDeltaNet(x) (projections, conv, delta rule, gated norm, out_proj), the delta
-rule in the form our models run (on a CPU the native kernel; PORCH_JAX_DELTA_RULE=chunked times the
-chunked form that GPUs and TPUs run);
+rule and conv in the form our models run (on a CPU the native kernels; PORCH_JAX_CPU_KERNELS=off times
+the chunked rule and XLA conv that GPUs and TPUs run);
 the loss is a fixed random projection of the output, differentiated with respect to every
 parameter and the input. float32 on the CPU; compilation excluded. The two frameworks run in
 alternating rounds in one process, so that load from other processes on a shared machine hits both

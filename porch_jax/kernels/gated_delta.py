@@ -83,7 +83,7 @@ def gated_delta_rule(
         raise ValueError(f"g {g.shape} and beta {beta.shape} must be [B, T, value heads] = {(b, t, h)}")
     if dv > MAX_VALUE_DIM:
         raise ValueError(f"the native gated delta rule takes value head dims up to {MAX_VALUE_DIM}, not {dv}: "
-                         "set PORCH_JAX_DELTA_RULE=chunked")
+                         "set PORCH_JAX_CPU_KERNELS=off")
     if initial_state is not None and initial_state.shape != (b, h, k.shape[-1], dv):
         raise ValueError(f"initial_state {initial_state.shape} must be [B, H, Dk, Dv] = {(b, h, k.shape[-1], dv)}")
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))

@@ -10,14 +10,13 @@ chunks of 64 tokens, everything inside a chunk as matmuls via the WY/UT transfor
 sequences: the state restarts wherever the id changes, exactly as if each segment ran alone.
 `gated_delta_rule` is what models call for training and prefill: on a CPU backend the native kernel
 (porch_jax/kernels: the recurrence in C++, faster there than XLA's many small matmuls), elsewhere,
-or where it cannot be built, the chunked form; $PORCH_JAX_DELTA_RULE = chunked | native overrides.
-The kernel has no partitioning rule: in a program sharded over several CPU devices XLA gathers its
-operands (results are exact, the rule is not partitioned); set chunked there to partition it.
+or where it cannot be built, the chunked form. `causal_conv1d` likewise runs a native kernel on a
+CPU ($PORCH_JAX_CPU_KERNELS = off | on overrides both, see porch_jax/kernels). The kernels have no
+partitioning rule: in a program sharded over several CPU devices XLA gathers their operands
+(results are exact, the work is not partitioned); set off there to partition it.
 `causal_conv1d` is the short depthwise convolution in front of q/k/v, with its decoding state.
 """
 from __future__ import annotations
-
-import os
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +86,22 @@ def unit_lower_inverse(lower: jax.Array) -> jax.Array:
 
 
 def causal_conv1d(
+    x: jax.Array,
+    weight: jax.Array,
+    *,
+    state: jax.Array | None = None,
+    segment_ids: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    """Depthwise causal convolution followed by SiLU: on a CPU backend the native kernel (channel
+    counts that are multiples of 16), else `xla_causal_conv1d`, whose arguments and results it has."""
+    from porch_jax.kernels import causal_conv, use_native
+
+    native = use_native(causal_conv.available, causal_conv.supports(x.shape[-1]))
+    conv = causal_conv.causal_conv1d if native else xla_causal_conv1d
+    return conv(x, weight, state=state, segment_ids=segment_ids)
+
+
+def xla_causal_conv1d(
     x: jax.Array,
     weight: jax.Array,
     *,
@@ -328,12 +343,8 @@ def gated_delta_rule(
 ) -> tuple[jax.Array, jax.Array]:
     """The rule for training and prefill (arguments as `chunk_gated_delta_rule`), in the form that
     is fastest where it runs: see the module docstring."""
-    from porch_jax.kernels import gated_delta
+    from porch_jax.kernels import gated_delta, use_native
 
-    choice = os.environ.get("PORCH_JAX_DELTA_RULE", "auto")
-    if choice not in ("auto", "chunked", "native"):
-        raise ValueError(f"PORCH_JAX_DELTA_RULE={choice!r}: expected auto, chunked or native")
-    native = choice == "native" or (choice == "auto" and jax.default_backend() == "cpu"
-                                    and v.shape[-1] <= gated_delta.MAX_VALUE_DIM and gated_delta.available())
+    native = use_native(gated_delta.available, v.shape[-1] <= gated_delta.MAX_VALUE_DIM)
     rule = gated_delta.gated_delta_rule if native else chunk_gated_delta_rule
     return rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)

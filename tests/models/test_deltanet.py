@@ -139,18 +139,28 @@ def test_unit_lower_inverse():
                                atol=1e-5, rtol=0)
 
 
-def test_causal_conv_matches_transformers_and_continues_from_state():
+def _native_conv(*args, **kwargs):
+    from porch_jax.kernels import causal_conv
+
+    if not causal_conv.available():
+        pytest.skip("the native kernel needs a C++ compiler (g++); see the warning in the log")
+    return causal_conv.causal_conv1d(*args, **kwargs)
+
+
+@pytest.mark.parametrize("conv, channels", [(deltanet.xla_causal_conv1d, 10), (deltanet.xla_causal_conv1d, 32),
+                                            (_native_conv, 32)], ids=["xla-10", "xla-32", "native-32"])
+def test_causal_conv_matches_transformers_and_continues_from_state(conv, channels):
     rng = np.random.RandomState(6)
-    x = rng.randn(B, 20, 10).astype(np.float32)
-    weight = rng.randn(10, 4).astype(np.float32)
+    x = rng.randn(B, 20, channels).astype(np.float32)
+    weight = rng.randn(channels, 4).astype(np.float32)
     want = hf.causal_conv1d_fn(torch.tensor(x).transpose(1, 2), torch.tensor(weight), activation="silu")
-    full, _ = deltanet.causal_conv1d(jnp.asarray(x), jnp.asarray(weight))
+    full, _ = conv(jnp.asarray(x), jnp.asarray(weight))
     np.testing.assert_allclose(full, want.transpose(1, 2).numpy(), atol=1e-5, rtol=0)
-    head, state = deltanet.causal_conv1d(jnp.asarray(x[:, :7]), jnp.asarray(weight))
-    tail, _ = deltanet.causal_conv1d(jnp.asarray(x[:, 7:]), jnp.asarray(weight), state=state)
+    head, state = conv(jnp.asarray(x[:, :7]), jnp.asarray(weight))
+    tail, _ = conv(jnp.asarray(x[:, 7:]), jnp.asarray(weight), state=state)
     np.testing.assert_allclose(jnp.concatenate([head, tail], axis=1), full, atol=1e-5, rtol=0)
     segments = np.repeat([[1, 2, 3]], B, axis=0).repeat([5, 1, 14], axis=1)  # a 1-token segment too
-    packed, _ = deltanet.causal_conv1d(jnp.asarray(x), jnp.asarray(weight), segment_ids=jnp.asarray(segments))
+    packed, _ = conv(jnp.asarray(x), jnp.asarray(weight), segment_ids=jnp.asarray(segments))
     for start, end in ((0, 5), (5, 6), (6, 20)):
-        alone, _ = deltanet.causal_conv1d(jnp.asarray(x[:, start:end]), jnp.asarray(weight))
+        alone, _ = conv(jnp.asarray(x[:, start:end]), jnp.asarray(weight))
         np.testing.assert_allclose(packed[:, start:end], alone, atol=1e-6, rtol=0)

@@ -60,18 +60,27 @@ def test_gradients_equal_the_chunked_form(shape):
         np.testing.assert_allclose(a, b, atol=2e-5 * np.abs(b).max(), rtol=0, err_msg=name)
 
 
-def test_models_use_the_kernel_on_cpu_unless_told_otherwise(monkeypatch):
+def test_models_use_the_kernels_on_cpu_unless_told_otherwise(monkeypatch):
     args, _, _ = operands(1, 8, 1, 1, 16, 16)
+    x, weight = jnp.ones((1, 8, 32)), jnp.ones((32, 4))
 
-    def custom_calls() -> int:  # a new function each time: the choice is made when tracing
-        return jax.jit(lambda *a: deltanet.gated_delta_rule(*a)).lower(*args).as_text().count("PorchGatedDeltaForward")
+    def custom_calls() -> tuple[int, int]:  # new functions each time: the choice is made when tracing
+        rule = jax.jit(lambda *a: deltanet.gated_delta_rule(*a)).lower(*args).as_text()
+        conv = jax.jit(lambda *a: deltanet.causal_conv1d(*a)).lower(x, weight).as_text()
+        return rule.count("PorchGatedDeltaForward"), conv.count("PorchCausalConvForward")
 
-    assert custom_calls() == 1
-    monkeypatch.setenv("PORCH_JAX_DELTA_RULE", "chunked")
-    assert custom_calls() == 0
-    monkeypatch.setenv("PORCH_JAX_DELTA_RULE", "fast")
-    with pytest.raises(ValueError, match="PORCH_JAX_DELTA_RULE='fast'"):
+    assert custom_calls() == (1, 1)
+    monkeypatch.setenv("PORCH_JAX_CPU_KERNELS", "off")
+    assert custom_calls() == (0, 0)
+    monkeypatch.setenv("PORCH_JAX_CPU_KERNELS", "on")
+    assert custom_calls() == (1, 1)
+    with pytest.raises(ValueError, match="does not take these shapes"):  # 24 channels: not a multiple of 16
+        deltanet.causal_conv1d(jnp.ones((1, 8, 24)), jnp.ones((24, 4)))
+    monkeypatch.setenv("PORCH_JAX_CPU_KERNELS", "fast")
+    with pytest.raises(ValueError, match="PORCH_JAX_CPU_KERNELS='fast'"):
         deltanet.gated_delta_rule(*args)
+    monkeypatch.setenv("PORCH_JAX_CPU_KERNELS", "auto")  # auto takes the XLA form where the kernel cannot run
+    assert deltanet.causal_conv1d(jnp.ones((1, 8, 24)), jnp.ones((24, 4)))[0].shape == (1, 8, 24)
 
 
 def test_build_without_a_compiler_says_so(monkeypatch, tmp_path):

@@ -85,15 +85,16 @@ def hybrid(tmp_path_factory):
 _forward = jax.jit(lambda model, ids, kwargs: model(ids, **kwargs))
 
 
-@pytest.fixture(params=["native", "chunked"])
-def delta_rule(request, monkeypatch):
-    """Runs a test with each training form of the delta rule: the native CPU kernel (what runs
-    here by default) and the chunked one (what GPUs and TPUs run). Traces are per form."""
+@pytest.fixture(params=["auto", "off"])
+def cpu_kernels(request, monkeypatch):
+    """Runs a test with the native CPU kernels of DeltaNet's rule and conv (auto: what runs here by
+    default, where the shapes allow) and without them (the chunked rule and XLA conv that GPUs and
+    TPUs run). Traces are per setting."""
     from porch_jax.kernels import gated_delta
 
-    if request.param == "native" and not gated_delta.available():
-        pytest.skip("the native kernel needs a C++ compiler (g++); see the warning in the log")
-    monkeypatch.setenv("PORCH_JAX_DELTA_RULE", request.param)
+    if request.param == "auto" and not gated_delta.available():
+        pytest.skip("the native kernels need a C++ compiler (g++); see the warning in the log")
+    monkeypatch.setenv("PORCH_JAX_CPU_KERNELS", request.param)
     _forward.clear_cache()
     yield request.param
     _forward.clear_cache()
@@ -129,7 +130,7 @@ def test_left_padding_matches_unpadded_rows(hybrid):
         np.testing.assert_allclose(logits[i, t - n:], torch_logits(hf, row[None])[0], atol=1e-4, rtol=0)
 
 
-def test_packed_segments_match_separate_sequences(hybrid, delta_rule):
+def test_packed_segments_match_separate_sequences(hybrid, cpu_kernels):
     model, hf = hybrid
     rng = np.random.RandomState(3)
     lengths = [50, 70, 30]  # the second crosses a chunk boundary; a new segment starts mid-chunk
@@ -179,7 +180,7 @@ def test_greedy_sampler_matches_transformers_generate(hybrid):
         assert completion.token_ids == out[0, len(prompt):].tolist()
 
 
-def test_gradients_match_transformers(hybrid, delta_rule):
+def test_gradients_match_transformers(hybrid, cpu_kernels):
     """The fused-loss path (hidden_states + lm_head_kernel) under jax.grad, against torch autograd."""
     model, hf = hybrid
     ids = np.random.RandomState(6).randint(0, VOCAB, (2, 70))
