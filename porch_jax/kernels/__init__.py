@@ -7,13 +7,14 @@ an error where one cannot run). It is read when a function is traced.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import jax
 
 CHOICES = ("auto", "off", "on")
 
 
-def use_native(available, supported: bool = True) -> bool:
+def use_native(available: Callable[[], bool], supported: bool = True) -> bool:
     """Whether a model should call a native kernel here. `available` (a callable: it may build the
     kernel) is asked only when the answer depends on it; `supported`: the kernel takes these shapes."""
     choice = os.environ.get("PORCH_JAX_CPU_KERNELS", "auto")
