@@ -9,39 +9,28 @@
 // forward writes every `chunk` tokens. Work items are (batch, value head) pairs, spread over XLA's
 // intra-op thread pool.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <thread>
 #include <vector>
 
+#include "cpu_common.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace {
 
+using porch::f32x16;
+using porch::f32x4;
+using porch::f32x8;
+using porch::parallel_for;
+
 struct Shape {
   int64_t b, t, hk, h, dk, dv, chunks, chunk;
 };
 
-// Runs fn(item) for item in [0, items) on the caller and on XLA's intra-op pool.
-template <typename F>
-void parallel_for(ffi::ThreadPool& pool, int64_t items, F fn) {
-  const int64_t workers = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), items) - 1;
-  std::atomic<int64_t> next{0}, done{0};
-  auto drain = [&] {
-    for (int64_t i = next.fetch_add(1); i < items; i = next.fetch_add(1)) fn(i);
-  };
-  for (int64_t w = 0; w < workers; ++w) pool.Schedule([&] { drain(); done.fetch_add(1); });
-  drain();
-  while (done.load() < workers) std::this_thread::yield();
-}
 
-typedef float f32x4 __attribute__((vector_size(16)));
-typedef float f32x8 __attribute__((vector_size(32)));
-typedef float f32x16 __attribute__((vector_size(64)));
 
 inline float hsum(float x) { return x; }
 inline float hsum(f32x16 x) {  // halving with constant shuffles (a mask built at run time costs ~20x)

@@ -36,7 +36,9 @@ def build(source: str) -> Path:
     if compiler is None:
         raise RuntimeError(f"no C++ compiler found (CXX={os.environ.get('CXX')!r}, no g++, c++ or clang++ on PATH)")
     path = _SOURCES / source
-    key = hashlib.sha256(path.read_bytes() + jaxlib.__version__.encode() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    headers = b"".join(h.read_bytes() for h in sorted(_SOURCES.glob("*.h")))  # what the sources include
+    key = hashlib.sha256(path.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(FLAGS).encode())
+    key = key.hexdigest()[:16]
     target = cache_dir() / f"{path.stem}-{key}.so"
     if target.exists():
         return target
