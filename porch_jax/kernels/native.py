@@ -2,7 +2,8 @@
 
 A kernel is compiled once per machine with the system C++ compiler against the jaxlib headers
 (`jax.ffi.include_dir()`), cached under $PORCH_JAX_KERNEL_CACHE (default ~/.cache/porch_jax/kernels)
-by a hash of source, jaxlib version and flags, and registered with XLA. Nothing is downloaded.
+by a hash of source, headers, jaxlib version, flags and the CPU's features, and registered with XLA.
+Nothing is downloaded.
 Where no compiler is found or the build fails, `load` returns None and says why once (a warning):
 callers fall back to their pure-JAX form, which is also what runs on GPU and TPU.
 """
@@ -13,6 +14,7 @@ import functools
 import hashlib
 import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -23,6 +25,18 @@ import jaxlib
 
 _SOURCES = Path(__file__).parent
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-pthread")
+
+
+def cpu_signature() -> bytes:
+    """What -march=native compiles for: a library built on one CPU may not run on another that shares
+    the cache folder (an NFS home), so the CPU's feature flags are part of the cache key."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line.encode()
+    except OSError:
+        pass
+    return (platform.machine() + platform.processor()).encode()
 
 
 def cache_dir() -> Path:
@@ -37,7 +51,8 @@ def build(source: str) -> Path:
         raise RuntimeError(f"no C++ compiler found (CXX={os.environ.get('CXX')!r}, no g++, c++ or clang++ on PATH)")
     path = _SOURCES / source
     headers = b"".join(h.read_bytes() for h in sorted(_SOURCES.glob("*.h")))  # what the sources include
-    key = hashlib.sha256(path.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(FLAGS).encode())
+    key = hashlib.sha256(path.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(FLAGS).encode()
+                         + cpu_signature())
     key = key.hexdigest()[:16]
     target = cache_dir() / f"{path.stem}-{key}.so"
     if target.exists():
@@ -47,6 +62,7 @@ def build(source: str) -> Path:
     with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
         partial = Path(tmp.name)
     command = [compiler, *FLAGS, "-isystem", jax.ffi.include_dir(), str(path), "-o", str(partial)]
+    logging.info("porch_jax: building the native kernel %s (once per machine): %s", path.name, " ".join(command))
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode:
         partial.unlink(missing_ok=True)
