@@ -12,8 +12,9 @@ sequences: the state restarts wherever the id changes, exactly as if each segmen
 (porch_jax/kernels: the recurrence in C++, faster there than XLA's many small matmuls), elsewhere,
 or where it cannot be built, the chunked form. `causal_conv1d` likewise runs a native kernel on a
 CPU ($PORCH_JAX_CPU_KERNELS = off | on overrides both, see porch_jax/kernels). The kernels have no
-partitioning rule: in a program sharded over several CPU devices XLA gathers their operands
-(results are exact, the work is not partitioned); set off there to partition it.
+partitioning rule: under a mesh context (`jax.set_mesh`) they run per device on its rows of the
+batch (`_per_batch_shard`); without one, in a program sharded over several CPU devices, XLA gathers
+their operands (exact, not partitioned).
 `causal_conv1d` is the short depthwise convolution in front of q/k/v, with its decoding state.
 """
 from __future__ import annotations
@@ -96,9 +97,10 @@ def causal_conv1d(
     counts that are multiples of 16), else `xla_causal_conv1d`, whose arguments and results it has."""
     from porch_jax.kernels import causal_conv, use_native
 
-    native = use_native(causal_conv.available, causal_conv.supports(x.shape[-1]))
-    conv = causal_conv.causal_conv1d if native else xla_causal_conv1d
-    return conv(x, weight, state=state, segment_ids=segment_ids)
+    if not use_native(causal_conv.available, causal_conv.supports(x.shape[-1])):
+        return xla_causal_conv1d(x, weight, state=state, segment_ids=segment_ids)
+    return _per_batch_shard(lambda x, weight, **kw: causal_conv.causal_conv1d(x, weight, **kw), dict(x=x),
+                            dict(state=state, segment_ids=segment_ids), dict(weight=weight))
 
 
 def xla_causal_conv1d(
@@ -345,6 +347,33 @@ def gated_delta_rule(
     is fastest where it runs: see the module docstring."""
     from porch_jax.kernels import gated_delta, use_native
 
-    native = use_native(gated_delta.available, v.shape[-1] <= gated_delta.MAX_VALUE_DIM)
-    rule = gated_delta.gated_delta_rule if native else chunk_gated_delta_rule
-    return rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)
+    if not use_native(gated_delta.available, v.shape[-1] <= gated_delta.MAX_VALUE_DIM):
+        return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)
+    return _per_batch_shard(gated_delta.gated_delta_rule, dict(q=q, k=k, v=v, g=g, beta=beta),
+                            dict(initial_state=initial_state, segment_ids=segment_ids))
+
+
+def _per_batch_shard(kernel, batched: dict, optional: dict, replicated: dict | None = None):
+    """kernel(**batched, **optional, **replicated) on each device's rows of the batch when a mesh is set
+    (`jax.set_mesh`, as the trainers do) and shards the batch: a native kernel has no partitioning rule,
+    so XLA would otherwise gather every operand onto every device. `batched` and `optional` (which may
+    hold None) lead with the batch axis, as do the kernel's results; `replicated` do not."""
+    from jax.sharding import PartitionSpec
+
+    from porch_jax.models.sharding import logical_to_spec
+
+    replicated = replicated or {}
+    mesh = jax.sharding.get_abstract_mesh()
+    first = next(iter(batched.values()))
+    axes = None if mesh.empty else logical_to_spec(("batch",), mesh=mesh, shape=first.shape[:1])[0]
+    if axes is None:
+        return kernel(**batched, **optional, **replicated)
+    sharded = {**batched, **{name: x for name, x in optional.items() if x is not None}}
+    names = list(sharded) + list(replicated)
+
+    def local(*arrays):
+        return kernel(**dict(zip(names, arrays)), **{name: None for name, x in optional.items() if x is None})
+
+    in_specs = (PartitionSpec(axes),) * len(sharded) + (PartitionSpec(),) * len(replicated)
+    return jax.shard_map(local, in_specs=in_specs, out_specs=PartitionSpec(axes), check_vma=False)(
+        *sharded.values(), *replicated.values())

@@ -123,3 +123,30 @@ def test_sharded_over_cpu_devices_gives_the_same_gradients():
 
     for a, b in zip(grads(gated_delta.gated_delta_rule)(*sharded), grads(deltanet.chunk_gated_delta_rule)(*args)):
         np.testing.assert_allclose(a, b, atol=2e-5 * np.abs(b).max(), rtol=0)
+
+
+def test_under_a_mesh_the_kernels_run_per_batch_shard_without_gathering():
+    """With `jax.set_mesh` (as the trainers run), each device runs the kernels on its rows of the batch."""
+    from porch_jax.train import mesh as mesh_lib
+
+    if jax.device_count() < 2:
+        pytest.skip("needs several host devices (tests/conftest.py sets 8)")
+    n = jax.device_count()
+    mesh = mesh_lib.make_mesh((n, 1, 1))
+    (q, k, v, g, beta), state, segments = operands(n, 20, 1, 2, 16, 16)
+    x, weight = jnp.asarray(np.random.RandomState(3).randn(n, 20, 32), jnp.float32), jnp.ones((32, 4)) * 0.1
+
+    def loss(q, k, v, g, beta, state, x, weight):
+        out, final = deltanet.gated_delta_rule(q, k, v, g, beta, initial_state=state, segment_ids=segments)
+        y, _ = deltanet.causal_conv1d(x, weight, segment_ids=segments)
+        return jnp.sum(out ** 2) + jnp.sum(final) + jnp.sum(y ** 2)
+
+    args = (q, k, v, g, beta, state, x, weight)
+    want = jax.jit(jax.grad(loss, argnums=tuple(range(8))))(*args)
+    with jax.set_mesh(mesh):
+        step = jax.jit(lambda *a: jax.grad(loss, argnums=tuple(range(8)))(*a))
+        hlo = step.lower(*args).compile().as_text()
+        got = step(*args)
+    assert "all-gather" not in hlo
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())), rtol=0)
