@@ -8,6 +8,8 @@ Two forms of the same rule: `chunk_gated_delta_rule` (training and prefill: a se
 chunks of 64 tokens, everything inside a chunk as matmuls via the WY/UT transform) and
 `recurrent_gated_delta_rule` (decoding: one token at a time). Both take `segment_ids` for packed
 sequences: the state restarts wherever the id changes, exactly as if each segment ran alone.
+`causal_conv1d` is the short depthwise convolution in front of q/k/v, with its decoding state.
+
 `gated_delta_rule` is what models call for training and prefill: on a CPU backend the native kernel
 (porch_jax/kernels: the recurrence in C++, faster there than XLA's many small matmuls), elsewhere,
 or where it cannot be built, the chunked form. `causal_conv1d` likewise runs a native kernel on a
@@ -15,7 +17,6 @@ CPU ($PORCH_JAX_CPU_KERNELS = off | on overrides both, see porch_jax/kernels). T
 partitioning rule: under a mesh context (`jax.set_mesh`) they run per device on its rows of the
 batch (`_per_batch_shard`); without one, in a program sharded over several CPU devices, XLA gathers
 their operands (exact, not partitioned).
-`causal_conv1d` is the short depthwise convolution in front of q/k/v, with its decoding state.
 """
 from __future__ import annotations
 
@@ -99,8 +100,8 @@ def causal_conv1d(
 
     if not use_native(causal_conv.available, causal_conv.supports(x.shape[-1])):
         return xla_causal_conv1d(x, weight, state=state, segment_ids=segment_ids)
-    return _per_batch_shard(lambda x, weight, **kw: causal_conv.causal_conv1d(x, weight, **kw), dict(x=x),
-                            dict(state=state, segment_ids=segment_ids), dict(weight=weight))
+    return _per_batch_shard(causal_conv.causal_conv1d, dict(x=x), dict(state=state, segment_ids=segment_ids),
+                            dict(weight=weight))
 
 
 def xla_causal_conv1d(
