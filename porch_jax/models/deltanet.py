@@ -356,7 +356,7 @@ def gated_delta_rule(
 
 def _per_batch_shard(kernel, batched: dict, optional: dict, replicated: dict | None = None):
     """kernel(**batched, **optional, **replicated) on each device's rows of the batch when a mesh is set
-    (`jax.set_mesh`, as the trainers do) and shards the batch: a native kernel has no partitioning rule,
+    (`jax.set_mesh`) and shards the batch: a native kernel has no partitioning rule,
     so XLA would otherwise gather every operand onto every device. `batched` and `optional` (which may
     hold None) lead with the batch axis, as do the kernel's results; `replicated` do not."""
     from jax.sharding import PartitionSpec

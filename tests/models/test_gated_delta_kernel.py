@@ -126,7 +126,7 @@ def test_sharded_over_cpu_devices_gives_the_same_gradients():
 
 
 def test_under_a_mesh_the_kernels_run_per_batch_shard_without_gathering():
-    """With `jax.set_mesh` (as the trainers run), each device runs the kernels on its rows of the batch."""
+    """Under `jax.set_mesh`, each device runs the kernels on its rows of the batch."""
     from porch_jax.train import mesh as mesh_lib
 
     if jax.device_count() < 2:
