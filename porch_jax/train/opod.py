@@ -188,7 +188,8 @@ class PolicyTrainer:
                 nnx.update(self.student, self.state["params"])
                 host, host_metrics = batch_fn(step, self.student)
                 batch = jax.tree.map(lambda x: jax.device_put(x, self._rows if np.ndim(x) else None), host)
-                self.state, metrics = self._step(self.state, batch, self.teacher)
+                with jax.set_mesh(self.mesh):  # as TrainStep: `sharding.constrain` and the kernels see the mesh
+                    self.state, metrics = self._step(self.state, batch, self.teacher)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()} | host_metrics
                 metrics_lib.check_finite(step, metrics, last_good)
                 history.append(logger.log(step, metrics))

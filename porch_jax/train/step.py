@@ -209,7 +209,7 @@ class TrainStep:
         mesh: jax.sharding.Mesh,
         state_shardings: TrainState,
     ):
-        self.method, self.cfg, self.spec = method, cfg, method_spec(method, cfg)
+        self.method, self.cfg, self.spec, self.mesh = method, cfg, method_spec(method, cfg), mesh
         self.graphdef, self.tx, self.schedule = graphdef, tx, schedule
         self.num_traces = 0
         self._param_shardings = state_shardings["params"]
@@ -228,7 +228,8 @@ class TrainStep:
         if self.spec.frozen != (frozen_params is not None):
             raise ValueError(f"method {self.method!r} {'needs' if self.spec.frozen else 'takes no'} frozen params")
         args = (state, batch) + ((frozen_params,) if self.spec.frozen else ())
-        return self._jitted(*args)
+        with jax.set_mesh(self.mesh):  # traced under the mesh: `sharding.constrain` and the kernels' per-shard calls
+            return self._jitted(*args)
 
     def _step(self, state: TrainState, batch: Mapping[str, Any], frozen_params: nnx.State | None = None):
         self.num_traces += 1

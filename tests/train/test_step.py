@@ -95,6 +95,26 @@ def test_gradient_accumulation_is_exact(tok, eps):
     _assert_grads_close(g4, g1, rtol=1e-5, atol=1e-7)
 
 
+def test_step_on_a_sharded_mesh_equals_one_device_and_traces_under_the_mesh(tok, eps, monkeypatch):
+    """TrainStep traces under `jax.set_mesh`, so the models' activation constraints (and the native
+    kernels' per-shard calls) see the mesh; a (2, 2, 2) mesh then gives the one-device gradients."""
+    from porch_jax.models import qwen3
+
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
+    seen = []
+    constrain = qwen3.constrain
+    monkeypatch.setattr(qwen3, "constrain", lambda x, axes: seen.append(jax.sharding.get_abstract_mesh().shape)
+                        or constrain(x, axes))
+    exs = D.sft_examples(eps, tok)[:8]
+    cfg = S.LossConfig(aggregation="decision")
+    one, g1 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg)
+    many, g8 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg, mesh_shape=(2, 2, 2))
+    assert dict(seen[-1]) == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert many["ce"] == pytest.approx(one["ce"], rel=1e-5) and many["ce_count"] == one["ce_count"]
+    _assert_grads_close(g8, g1, rtol=1e-4, atol=1e-6)
+
+
 def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(tok, eps):
     exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
     assert any("rwr" not in e.views for e in exs) and any("teacher" not in e.views for e in exs)
