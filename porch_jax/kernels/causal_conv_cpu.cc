@@ -25,8 +25,6 @@ using porch::parallel_for;
 
 constexpr int64_t BLOCK = 128;  // tokens per work item
 
-
-
 // exp and the logistic function on 16 lanes (Cephes' expf polynomial: ~1 ulp on the clamped range),
 // so that SiLU vectorises without -ffast-math (which would set flush-to-zero for the whole process).
 inline f32x16 exp16(f32x16 x) {

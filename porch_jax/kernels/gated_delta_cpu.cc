@@ -30,8 +30,6 @@ struct Shape {
   int64_t b, t, hk, h, dk, dv, chunks, chunk;
 };
 
-
-
 inline float hsum(float x) { return x; }
 inline float hsum(f32x16 x) {  // halving with constant shuffles (a mask built at run time costs ~20x)
   f32x8 a = __builtin_shufflevector(x, x, 0, 1, 2, 3, 4, 5, 6, 7) +
