@@ -48,7 +48,7 @@ def causal_conv1d(
     segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """x [B, T, C], weight [C, K], state [B, K-1, C] or None; returns (silu(conv(x)), new state)."""
-    from porch_jax.models.deltanet import _runs
+    from porch_jax.models.deltanet import reset_mask
 
     b, t, c = x.shape
     width = weight.shape[-1]
@@ -61,15 +61,14 @@ def causal_conv1d(
         raise RuntimeError("the native causal conv could not be built (see the warning above)")
     if state is None:
         state = jnp.zeros((b, width - 1, c), x.dtype)
-    # The largest lag that stays in each token's segment: all K-1 in the first run (which continues
-    # the state), else the distance to the run's first token.
+    # The largest lag that stays in each token's segment: all K-1 in the first segment (which
+    # continues the state; its start is 0, where no segment can begin), else the distance to the
+    # segment's first token.
     reach = jnp.full((b, t), width - 1, jnp.int32)
     if segment_ids is not None:
-        run = _runs(segment_ids)
         position = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
-        change = jnp.concatenate([jnp.zeros((b, 1), bool), run[:, 1:] != run[:, :-1]], axis=1)
-        start = jax.lax.cummax(jnp.where(change, position, 0), axis=1)
-        reach = jnp.where(run == 0, reach, position - start)
+        start = jax.lax.cummax(jnp.where(reset_mask(segment_ids) == 0, position, 0), axis=1)
+        reach = jnp.where(start == 0, reach, position - start)
     y = _conv(x.astype(jnp.float32), state.astype(jnp.float32), weight.T.astype(jnp.float32), reach)
     new_state = jnp.concatenate([state.astype(x.dtype), x], axis=1)[:, t:]
     return y.astype(x.dtype), new_state

@@ -120,7 +120,6 @@ ffi::Error Backward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<f
   float *gx = dx->typed_data(), *gs = dstate->typed_data();
   const int64_t items = s.b * s.blocks;
   std::vector<float> partial(items * s.c * s.k, 0.f);  // dw per item, [K, C] each
-  std::memset(gs, 0, s.b * (s.k - 1) * s.c * sizeof(float));
   parallel_for(pool, items, [&](int64_t item) {
     const int64_t b = item / s.blocks, start = (item % s.blocks) * BLOCK, stop = std::min(s.t, start + BLOCK);
     const int64_t last = std::min(s.t, stop + s.k - 1);  // du is needed up to here
