@@ -10,6 +10,7 @@ the latest final answer in the agents' transcript, cost is every call's prompt +
 from ml_collections import ConfigDict
 
 from experiments.maca_synthetic import get_config as synthetic_config
+from porch_jax.maca.baselines import BASELINES
 
 
 def get_config() -> ConfigDict:
@@ -27,6 +28,9 @@ def get_config() -> ConfigDict:
     c.grpo.tasks_per_iteration = 4
     c.grpo.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
     c.systems = ("maca",)
+    # Vanilla, CoT, Self-Consistency (CoT x 5), Self-Refine, and Table 11's LLM routers (no constraint, GraphSpec
+    # as a prompt hint, GraphSpec as a hard mask) on the same held-out tasks and backend
+    c.baselines.systems = BASELINES
     c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
     c.lm_check.enabled = False
     c.backend = ConfigDict({"kind": "vllm", "urls": ("http://localhost:8000",), "model": "Qwen/Qwen2.5-7B-Instruct",

@@ -21,6 +21,9 @@ def get_config() -> ConfigDict:
     c.seed = 0
     c.seeds = (0, 1, 2)  # every system is trained and evaluated once per seed
     c.sweep_seeds = (0,)  # each sweep point once (time)
+    # every 10 GRPO iterations each system's policy is also evaluated on the held-out tasks (greedy, ~0.05 s):
+    # results.json "learning_curves", learning_curves.png, and the Table 3 order at each point (tables.md)
+    c.curve_every = 10
     c.world = ConfigDict({"kind": "synthetic", "families": ("qa", "math", "code"), "num_train": 96, "num_eval": 96,
                           "train_seed": 0, "eval_seed": 1000, "budget": 2000, "hard_fraction": 0.5})
     c.pool_families = ("qa", "math", "code", "auxiliary")
@@ -87,5 +90,8 @@ def get_config() -> ConfigDict:
                "overrides": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
                              "num_key_value_heads": 1, "num_hidden_layers": 1}},
     })
+    # the comparison systems (porch_jax/maca/baselines.py BASELINES) need a served LLM to answer and route: a
+    # benchmark world (experiments/maca_gsm_hard.py runs them all); the synthetic pool only simulates agents
+    c.baselines = ConfigDict({"systems": (), "concurrency": 8})
     c.backend = ConfigDict({"kind": "synthetic"})
     return c

@@ -10,6 +10,7 @@ Writes RUN_DIR/results.json, RUN_DIR/tables.md, PNG figures and the main MACA po
 """
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import shutil
@@ -23,7 +24,8 @@ from absl import app
 from ml_collections import ConfigDict, config_flags
 
 from porch_jax.backends import Backend, Sampling
-from porch_jax.maca import analysis
+from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
+from porch_jax.maca import analysis, baselines
 from porch_jax.maca.encoder import HashingEncoder, MiniLMEncoder, SentenceEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
 from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
@@ -225,17 +227,39 @@ def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str
     best = float(setup.best.mean()) if setup.best is not None else None
     rows, evaluations, histories = [], {}, {}
     for name in cfg.systems:
-        evals, start = [], time.perf_counter()
+        evals, hists, start = [], [], time.perf_counter()
         for seed in cfg.seeds:
             ckpt = run_dir / "checkpoints" / name if name == "maca" and seed == cfg.seeds[0] else None
-            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed, checkpoint_dir=ckpt)
+            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed, checkpoint_dir=ckpt,
+                                                       curve_every=cfg.get("curve_every", 0))
             evals.append(evaluation)
-            if seed == cfg.seeds[0]:
-                histories[name] = history
-        evaluations[name] = evals
+            hists.append(history)
+        evaluations[name], histories[name] = evals, hists
         rows.append(_row(name, evals, best, seconds=time.perf_counter() - start))
         log(f"{name}: {_brief(rows[-1])}")
     return rows, evaluations, histories
+
+
+PAPER_TABLE3_ORDER = ("maca", "no_policy", "no_z_prior", "no_p_prior", "no_graphspec")  # by accuracy, MACA Table 3
+
+
+def curve_orders(curves: dict[str, list[dict[str, Any]]], systems: Sequence[dict[str, Any]], key: str
+                 ) -> list[dict[str, Any]]:
+    """At each probed iteration: the systems' held-out `key` (learning systems from their curves, the others
+    at their final value), the measured order, and whether the Table 3 systems present order as the paper's
+    Table 3 (all of them, and the learning ones alone)."""
+    flat = {r["system"]: r[key] for r in systems if not curves.get(r["system"])}
+    points = sorted({r["iterations"] for c in curves.values() for r in c})
+    out = []
+    for it in points:
+        value = dict(flat) | {n: r[key] for n, c in curves.items() for r in c if r["iterations"] == it}
+        measured = sorted(value, key=lambda n: -value[n])
+        paper = [n for n in PAPER_TABLE3_ORDER if n in value]
+        learning = [n for n in paper if n not in flat]
+        out.append({"iterations": it, **value, "order": " > ".join(measured),
+                    "paper_order": [n for n in measured if n in paper] == paper,
+                    "paper_order_learning": [n for n in measured if n in learning] == learning})
+    return out
 
 
 def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]) -> list[dict]:
@@ -252,6 +276,42 @@ def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float]
             evals.append(evaluation)
         rows.append(_row("maca", evals, best, **{param: value}))
         log(f"{param}={value}: {_brief(rows[-1])}")
+    return rows
+
+
+def run_baselines(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> list[dict[str, Any]]:
+    """The comparison systems (`baselines.BASELINES`: Table 1's single-model ones and Table 11's LLM routers,
+    which route under MACA's GraphSpec) on the held-out tasks through the agents' backend: accuracy by the
+    benchmark's checker, cost = every call's prompt + completion tokens, and the routers' invalid-action rate."""
+    study = setup.study
+    benchmark = study.world.judge.benchmark
+    _, specs = study.specs(variant(cfg, "maca"))
+    sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
+    limit = asyncio.Semaphore(cfg.baselines.concurrency)
+
+    async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
+        async with limit:
+            return await baselines.run_baseline(name, study.world.backend, task.source, study.world.pool,
+                                                specs[task.task_id], max_steps=cfg.rollout.max_steps,
+                                                edge_threshold=cfg.graphspec.edge_threshold, sampling=sampling,
+                                                seed=seed)
+
+    async def all_tasks(name: str) -> list[baselines.RunResult]:
+        return list(await asyncio.gather(*(one(name, t, k) for k, t in enumerate(study.eval_tasks))))
+
+    rows = []
+    for name in cfg.baselines.systems:
+        start = time.perf_counter()
+        runs = asyncio.run(all_tasks(name))
+        answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs)}
+        report = evaluate_benchmark(benchmark, [t.source for t in study.eval_tasks], lambda task: answers[task.task_id])
+        row = {"system": name, "accuracy": report.accuracy, "avg_cost": report.avg_cost,
+               "avg_calls": float(np.mean([r.calls for r in runs])), "seconds": time.perf_counter() - start}
+        if name.startswith("router_"):
+            row["invalid_action_rate"] = baselines.invalid_action_rate(runs)
+            row["avg_agents"] = float(np.mean([len(r.path) for r in runs]))
+        rows.append(row)
+        log(f"baseline {name}: {_brief(row)}")
     return rows
 
 
@@ -315,6 +375,13 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
 
 def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole experiment; returns what results.json holds."""
+    baseline_names = tuple(cfg.baselines.systems) if cfg.get("baselines") is not None else ()
+    if baseline_names and cfg.world.kind != "benchmark":
+        raise ValueError(f"baselines.systems {baseline_names} need a benchmark world, where a served LLM answers and "
+                         f"routes; world.kind is {cfg.world.kind!r} (its agents are simulated): set baselines.systems=()")
+    unknown = set(baseline_names) - set(baselines.BASELINES)
+    if unknown:
+        raise ValueError(f"baselines.systems: unknown {sorted(unknown)}; choose from {baselines.BASELINES}")
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # a rerun replaces the run (Orbax refuses a step twice)
@@ -342,8 +409,21 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
         log(f"ceilings: {results['ceilings']}")
     rows, evaluations, histories = run_systems(cfg, setup, run_dir, log)
     results["systems"] = rows
+    if baseline_names:
+        results["baselines"] = run_baselines(cfg, setup, log)
     results["transitions"] = _transitions({k: v[0] for k, v in evaluations.items()}, names, run_dir)
-    analysis.plot_training(histories, run_dir / "training.png")
+    analysis.plot_training({k: v[0] for k, v in histories.items()}, run_dir / "training.png")
+    curves = {k: analysis.learning_curve(v) for k, v in histories.items()}
+    if any(curves.values()):
+        key = "expected_accuracy" if setup.best is not None else "accuracy"
+        results["learning_curves"] = {"curves": curves, "orders": curve_orders(curves, rows, key)}
+        if setup.best is not None:  # sample efficiency: the first probe whose seed mean reaches a share of best
+            for row in (r for r in rows if curves[r["system"]]):
+                for share in (0.9, 0.95):
+                    hit = [r["iterations"] for r in curves[row["system"]] if r[key] >= share * results["best_achievable"]]
+                    row[f"iterations_to_{round(share * 100)}pct"] = hit[0] if hit else None
+        analysis.plot_learning_curves(curves, {r["system"]: r for r in rows if not curves[r["system"]]},
+                                      run_dir / "learning_curves.png", metric=key, best=results.get("best_achievable"))
     results["sweeps"] = {}
     main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ())) if s in tuple(cfg.sweep_seeds)]
     best = results.get("best_achievable")
@@ -408,13 +488,25 @@ def _transitions(first: dict[str, analysis.Evaluation], names: Sequence[str], ru
 def tables(results: dict[str, Any]) -> str:
     cols = ["system", "expected_accuracy", "expected_accuracy_sd", "accuracy", "avg_cost", "avg_cost_sd", "avg_calls",
             "of_best", "top2_mass", "invalid_action_rate"]
+    efficiency = [c for c in ("iterations_to_90pct", "iterations_to_95pct") if any(c in r for r in results["systems"])]
     parts = ["# MACA results", ""]
     if "best_achievable" in results:
         parts += [f"Best achievable expected accuracy (exact, synthetic pool): {results['best_achievable']:.4f}", ""]
     key = "expected_accuracy" if "best_achievable" in results else "accuracy"
     order = " > ".join(r["system"] for r in sorted(results["systems"], key=lambda r: -r[key]))
-    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols), "",
+    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols + efficiency), "",
               f"Measured order by {key}: {order}", ""]
+    if "learning_curves" in results:
+        orders = results["learning_curves"]["orders"]
+        systems = [r["system"] for r in results["systems"]]
+        parts += [f"## Held-out {key} during training (mean over seeds; systems without a policy at their final "
+                  "value; paper_order: the Table 3 systems order as the paper's Table 3, _learning: those with a "
+                  "policy)", "",
+                  analysis.markdown_table(orders, ["iterations", *systems, "paper_order", "paper_order_learning"]), ""]
+    if "baselines" in results:
+        parts += ["## Baselines (Table 1's single-model systems; Table 11's LLM routers under MACA's GraphSpec)", "",
+                  analysis.markdown_table(results["baselines"], ["system", "accuracy", "avg_cost", "avg_calls",
+                                                                 "invalid_action_rate", "avg_agents"]), ""]
     if "ceilings" in results:
         parts += ["## Oracle ceilings (hidden difficulty known; H: Eq. 11's mask of MACA's GraphSpec)", "",
                   analysis.markdown_table(results["ceilings"], ["oracle", "expected_accuracy", "of_best", "avg_cost"]), ""]

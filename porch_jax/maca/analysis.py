@@ -217,9 +217,11 @@ class Study:
 
 
 def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float | None = None,
-                checkpoint_dir: Path | None = None) -> tuple[Evaluation, list[dict[str, float]]]:
+                checkpoint_dir: Path | None = None, curve_every: int = 0) -> tuple[Evaluation, list[dict[str, float]]]:
     """Trains (unless the variant has no policy) and evaluates one variant; returns the evaluation and the
-    training history."""
+    training history. `curve_every` > 0 also evaluates the policy on the held-out tasks every that many
+    iterations (the history's `heldout_*` entries: `learning_curve`); it reads the policy only, so the
+    trained policy and its final evaluation are unchanged."""
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
@@ -229,8 +231,12 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     policy = study.make_policy(seed)
     grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))
+
+    def probe() -> dict[str, float]:
+        return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed).summary
+
     result = train_grpo(policy, study.train_tasks, study.world, train_specs, variant, grpo, seed=seed,
-                        checkpoint_dir=checkpoint_dir)
+                        checkpoint_dir=checkpoint_dir, probe=probe, probe_every=curve_every)
     return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), result.history
 
 
@@ -243,6 +249,25 @@ def mean_summary(evals: Sequence[Evaluation]) -> dict[str, float]:
         out[k] = float(np.mean(values))
         out[f"{k}_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
     return out
+
+
+def learning_curve(histories: Sequence[Sequence[Mapping[str, float]]]) -> list[dict[str, float]]:
+    """The held-out metrics a variant's seeds recorded during training (`run_variant(curve_every=...)`), as
+    rows {iterations trained, <metric>, <metric>_sd} (mean and sample sd over seeds) at the iterations
+    every seed probed."""
+    probed = [{h["iteration"] + 1: h for h in hist if any(k.startswith("heldout_") for k in h)} for hist in histories]
+    if not probed:
+        return []
+    rows = []
+    for it in sorted(set.intersection(*(set(p) for p in probed))):
+        row: dict[str, float] = {"iterations": it}
+        for k in (k for k in probed[0][it] if k.startswith("heldout_")):
+            values = [p[it][k] for p in probed]
+            metric = k.removeprefix("heldout_")
+            row[metric] = float(np.mean(values))
+            row[f"{metric}_sd"] = float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
+        rows.append(row)
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -299,6 +324,35 @@ def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, b
     twin.plot(xs, [r["avg_cost"] for r in rows], marker="s", color="tab:red", label="tokens")
     twin.set_ylabel("avg tokens per task", color="tab:red")
     ax.set_title(f"sensitivity to {param}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], flat: Mapping[str, Mapping[str, float]],
+                         path: Path, *, metric: str = "expected_accuracy", best: float | None = None) -> None:
+    """Held-out `metric` and tokens per task against GRPO iterations, mean over seeds with a +-sd band; systems
+    that do not learn (`flat`: their evaluation rows) as horizontal dashed lines."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for name, rows in curves.items():
+        if not rows:
+            continue
+        it = np.array([r["iterations"] for r in rows])
+        for ax, key in ((a1, metric), (a2, "avg_cost")):
+            mean = np.array([r[key] for r in rows])
+            sd = np.array([r.get(f"{key}_sd", 0.0) for r in rows])
+            (line,) = ax.plot(it, mean, lw=1.2, label=name)
+            ax.fill_between(it, mean - sd, mean + sd, color=line.get_color(), alpha=0.15, lw=0)
+    for name, row in flat.items():
+        for ax, key in ((a1, metric), (a2, "avg_cost")):
+            ax.axhline(row[key], ls="--", lw=1, color="gray", label=name if ax is a1 else None)
+    if best is not None:
+        a1.axhline(best, ls=":", lw=1, color="black", label="best achievable")
+    a1.set_ylabel(f"held-out {metric.replace('_', ' ')}")
+    a2.set_ylabel("held-out tokens per task")
+    for a in (a1, a2):
+        a.set_xlabel("GRPO iterations")
+    a1.legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

@@ -20,7 +20,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from porch_jax.backends import Backend, ChatRequest, CostMeter, MeteredBackend, Sampling
-from porch_jax.envs.benchmarks.base import Answer
+from porch_jax.envs.benchmarks.answers import extract_choice, extract_code, extract_number
+from porch_jax.envs.benchmarks.base import Answer, BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.policy import structural_mask
 from porch_jax.maca.pools import AgentPool
@@ -28,6 +29,7 @@ from porch_jax.maca.pools import AgentPool
 STOP = "STOP"
 COT_SUFFIX = "\n\nLet's think step by step."
 ROUTER_MODES = ("none", "hint", "mask")
+BASELINES = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
 ANSWER_SAMPLING = Sampling(max_tokens=1024)
 ROUTER_SAMPLING = Sampling(max_tokens=32)
 
@@ -204,3 +206,35 @@ def invalid_action_rate(results: Sequence[RunResult]) -> float:
     """Invalid router decisions over all router decisions (Table 11's metric)."""
     decisions = sum(r.decisions for r in results)
     return sum(r.invalid_decisions for r in results) / decisions if decisions else 0.0
+
+
+def vote_key(task: BenchmarkTask) -> Callable[[str], Hashable | None]:
+    """What Self-Consistency votes on for a task: the number (math), the option letter (QA), or the extracted
+    program with surrounding whitespace removed (code: identical programs vote together)."""
+    if task.family == "math":
+        return lambda text: (lambda x: None if x is None else round(x, 6))(extract_number(text))
+    if task.family == "qa":
+        return lambda text: extract_choice(text, task.data["n_options"])
+    if task.family == "code":
+        return lambda text: extract_code(text, task.data.get("entry_point")).strip() or None
+    raise ValueError(f"{task.benchmark} {task.task_id}: no answer to vote on for family {task.family!r}")
+
+
+async def run_baseline(name: str, backend: Backend, task: BenchmarkTask, pool: AgentPool, spec: GraphSpec, *,
+                       max_steps: int = 4, edge_threshold: float = 0.0, sampling: Sampling = ANSWER_SAMPLING,
+                       seed: int = 0) -> RunResult:
+    """One of `BASELINES` on one task: the single-model systems answer the prompt; the routers ("router_<mode>")
+    route `pool` under the task's GraphSpec `spec` (MACA's, so the hint and the mask are the prior MACA uses)."""
+    if name == "vanilla":
+        return await vanilla(backend, task.prompt, sampling=sampling)
+    if name == "cot":
+        return await cot(backend, task.prompt, sampling=sampling)
+    if name == "self_consistency":
+        return await self_consistency(backend, task.prompt, vote_key(task), max_tokens=sampling.max_tokens, seed=seed)
+    if name == "self_refine":
+        return await self_refine(backend, task.prompt, sampling=sampling)
+    if name.startswith("router_") and name.removeprefix("router_") in ROUTER_MODES:
+        router_sampling = dataclasses.replace(ROUTER_SAMPLING, temperature=sampling.temperature)
+        return await llm_router(backend, task.prompt, pool, spec, mode=name.removeprefix("router_"), max_steps=max_steps,
+                                edge_threshold=edge_threshold, sampling=router_sampling, agent_sampling=sampling)
+    raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")

@@ -28,7 +28,7 @@ import asyncio
 import dataclasses
 import functools
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -504,9 +504,13 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
 
 def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: AgentWorld,
                specs: Mapping[str, GraphSpec] | None, variant: Variant, cfg: GRPOConfig, *, seed: int = 0,
-               checkpoint_dir: str | Path | None = None) -> TrainResult:
+               checkpoint_dir: str | Path | None = None, probe: Callable[[], Mapping[str, float]] | None = None,
+               probe_every: int = 0) -> TrainResult:
     """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
-    `specs` maps task ids to the variant's GraphSpec (None for variants without one)."""
+    `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
+    held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
+    metrics join that iteration's row as `heldout_<metric>`. It must not touch the training state: the
+    trained parameters are the same with or without it."""
     if not variant.learn:
         raise ValueError(f"variant {variant.name!r} has no policy to train")
     rng = np.random.default_rng(seed)
@@ -546,6 +550,8 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
             "iteration": it, "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),
             "cost": float(np.mean([e.cost for e in episodes])), "steps": float(np.mean([len(e.path) for e in episodes])),
             "kl_mix_rollout": float(kl.mean()), **{k: float(v) for k, v in jax.device_get(metrics).items()}})
+        if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or it + 1 == cfg.iterations):
+            history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
     if checkpoint_dir is not None:
         save_policy(checkpoint_dir, cfg.iterations, policy.params, opt_state, {"variant": dataclasses.asdict(variant)})
     return TrainResult(policy.params, opt_state, history)

@@ -9,14 +9,17 @@ import pytest
 
 from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.benchmarks.answers import extract_number
+from porch_jax.envs.benchmarks.base import BenchmarkTask
 from porch_jax.maca.baselines import (
     cot,
     invalid_action_rate,
     llm_router,
     parse_router_choice,
+    run_baseline,
     self_consistency,
     self_refine,
     vanilla,
+    vote_key,
 )
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.pools import load_pool
@@ -105,3 +108,20 @@ def test_router_counts_invalid_actions(pool_and_spec, mode, invalid, path):
     assert ("CodeWriting:" in router_prompt) == (mode != "mask")
     assert ("GraphSpec" in router_prompt) == (mode == "hint")
     assert invalid_action_rate([result, result]) == pytest.approx(invalid / 4)
+
+
+def test_self_consistency_votes_on_each_familys_answer():
+    def task(family, **data):
+        return BenchmarkTask("b", "1", family, "prompt", "", data)
+
+    math = vote_key(task("math", target=7.0))
+    assert math("so 3 + 4 = 7. The answer is 7.") == math("The answer is 7.0") == 7.0 and math("no idea") is None
+    qa = vote_key(task("qa", n_options=4))
+    assert qa("The answer is (B).") == qa("Answer: B") == "B" and qa("The answer is E.") is None
+    code = vote_key(task("code", entry_point="f"))
+    assert code("```python\ndef f(x):\n    return x\n```") == code("Here:\n```python\ndef f(x):\n    return x\n\n```")
+    assert code("   ") is None
+    with pytest.raises(ValueError, match="family"):
+        vote_key(task("chess"))
+    with pytest.raises(ValueError, match="unknown baseline"):
+        asyncio.run(run_baseline("debate", ScriptedBackend(lambda r: ""), task("math", target=1.0), load_pool(), None))

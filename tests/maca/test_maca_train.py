@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from porch_jax.maca.analysis import Study, evaluate, run_variant
+from porch_jax.maca.analysis import Study, evaluate, learning_curve, run_variant
 from porch_jax.maca.encoder import HashingEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, GraphSpec, context_text
 from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
@@ -217,6 +217,28 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
             assert e.steps[-1].action == n
 
 
+def test_held_out_learning_curve_probes_without_changing_training(small_study):
+    """run_variant(curve_every=k) evaluates the policy on the held-out tasks after every k-th iteration and after
+    the last; training, its history and the final evaluation equal a run without probes, and the curve's last
+    point is the final evaluation (mean and sd over seeds)."""
+    study = dataclasses.replace(small_study, grpo=dataclasses.replace(small_study.grpo, iterations=5))
+    plain, plain_history = run_variant(study, VARIANTS["maca"], seed=0)
+    finals, histories = [], []
+    for seed in (0, 1):
+        evaluation, history = run_variant(study, VARIANTS["maca"], seed=seed, curve_every=2)
+        finals.append(evaluation.summary["expected_accuracy"])
+        histories.append(history)
+    assert [h["iteration"] for h in histories[0] if "heldout_expected_accuracy" in h] == [1, 3, 4]
+    for a, b in zip(plain_history, histories[0]):
+        assert {k: v for k, v in b.items() if not k.startswith("heldout_")} == a
+    assert finals[0] == plain.summary["expected_accuracy"]
+    curve = learning_curve(histories)
+    assert [r["iterations"] for r in curve] == [2, 4, 5]
+    assert curve[-1]["expected_accuracy"] == pytest.approx(np.mean(finals))
+    assert curve[-1]["expected_accuracy_sd"] == pytest.approx(np.std(finals, ddof=1))
+    assert {"avg_cost", "avg_calls", "invalid_action_rate"} <= set(curve[0])
+
+
 def test_committed_structure_order():
     """w/o pi_theta's next agent: START's choice, then the strongest edge above the threshold from the agent
     called last to a retained, not yet called agent, then STOP (action N)."""
@@ -329,6 +351,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     from porch_jax.backends import ScriptedBackend
     from porch_jax.envs.benchmarks import load_tasks
     from porch_jax.envs.benchmarks.answers import format_number
+    from porch_jax.maca.baselines import BASELINES, COT_SUFFIX
 
     try:
         tasks = load_tasks("gsm_hard", "train")[:3] + load_tasks("gsm_hard", "test")[:3]
@@ -337,6 +360,15 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     targets = {t.prompt: t.data["target"] for t in tasks}
 
     def agent(request):
+        if request.role == "router":  # Table 11's routers: MathSolver if it is among the agents shown, then STOP
+            prompt = request.messages[0]["content"]
+            return "MathSolver" if "- MathSolver:" in prompt and "[MathSolver]" not in prompt else "STOP"
+        if request.role == "critic":
+            return "NO ISSUES"
+        if request.role == "solver":  # the single-model baselines: right without the CoT cue, wrong with it
+            prompt = request.messages[0]["content"]
+            task = prompt.removesuffix(COT_SUFFIX)
+            return f"The answer is {format_number(targets[task] + (prompt != task))}."
         task = request.messages[1]["content"].split("\n\nWork so far:")[0]
         if "MathSolver" in request.messages[0]["content"]:
             return f"The answer is {format_number(targets[task])}."
@@ -356,6 +388,30 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["systems"][0]["accuracy"] == row["accuracy"]
     assert (tmp_path / "run" / "tables.md").exists() and (tmp_path / "run" / "checkpoints" / "maca").exists()
+    # the baselines on the same held-out tasks and backend, scored by the benchmark's checker
+    base = {r["system"]: r for r in results["baselines"]}
+    assert list(base) == list(BASELINES)
+    # MathSolver is in the first step's H (Eq. 11: the gate's retained agents) on `allowed` of the 3 tasks: the
+    # masked router is shown it there only; the others call it everywhere, invalidly outside H
+    setup = launcher.build_setup(cfg, ScriptedBackend(agent), log=lambda s: None)
+    _, specs = setup.study.specs(launcher.variant(cfg, "maca"))
+    solver = setup.study.world.pool.index("MathSolver")
+    allowed = sum(bool(specs[t.task_id].retained[solver]) for t in setup.study.eval_tasks)
+    assert {k: r["accuracy"] for k, r in base.items()} == pytest.approx({
+        "vanilla": 1.0, "cot": 0.0, "self_consistency": 0.0, "self_refine": 0.0,
+        "router_none": 1.0, "router_hint": 1.0, "router_mask": allowed / 3})
+    assert {k: r["avg_calls"] for k, r in base.items()} == pytest.approx({
+        "vanilla": 1, "cot": 1, "self_consistency": 5, "self_refine": 2,  # solve + a critique finding no issue
+        "router_none": 3, "router_hint": 3,  # route, MathSolver, route (STOP)
+        "router_mask": (3 * allowed + (3 - allowed)) / 3})
+    assert {m: base[f"router_{m}"]["invalid_action_rate"] for m in ("none", "hint", "mask")} == pytest.approx(
+        {"none": (3 - allowed) / 6, "hint": (3 - allowed) / 6, "mask": 0.0})
+    assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the hint is in the router's prompt
+    assert "## Baselines" in (tmp_path / "run" / "tables.md").read_text()
+    bad = cfg.copy_and_resolve_references()
+    bad.baselines.systems = ("vanilla", "debate")
+    with pytest.raises(ValueError, match="debate"):
+        launcher.run(bad, backend=ScriptedBackend(agent), log=lambda s: None)
     assert "skipped" in results["lambda_selection"]  # no validation split for a benchmark world
     assert results["config"]["grpo"]["prior_kl_weight"] == cfg.grpo.prior_kl_weight
 
@@ -375,6 +431,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     cfg.lambda_selection.update({"num_tasks": 6, "seeds": (0,), "grid": (0.05, 0.7)})
     cfg.seeds = (0,)
     cfg.systems = ("maca", "no_z_prior", "grpo", "no_policy")
+    cfg.curve_every = 1
     cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
     cfg.lm_check.enabled = False
     _, train, evals, _ = launcher.build_world(cfg)
@@ -387,6 +444,18 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert set(rewards) == {0.05, 0.7} and sel["chosen"] == max(rewards, key=rewards.get)
     assert results["config"]["grpo"]["prior_kl_weight"] == sel["chosen"]
     assert [r["system"] for r in results["systems"]] == list(cfg.systems)
+    # held-out learning curves: every learning system at each iteration; the prior-only system at its final value
+    curves, orders = results["learning_curves"]["curves"], results["learning_curves"]["orders"]
+    assert [r["iterations"] for r in curves["maca"]] == [1, 2] and curves["no_policy"] == []
+    final = {r["system"]: r["expected_accuracy"] for r in results["systems"]}
+    for row in orders:
+        assert row["no_policy"] == final["no_policy"]
+        assert row["order"].split(" > ") == sorted(cfg.systems, key=lambda n: -row[n])
+        measured = [n for n in row["order"].split(" > ") if n in ("maca", "no_policy", "no_z_prior")]
+        assert row["paper_order"] == (measured == ["maca", "no_policy", "no_z_prior"])
+    assert orders[-1]["maca"] == pytest.approx(final["maca"])
+    assert (tmp_path / "run" / "learning_curves.png").stat().st_size > 0
+    assert "Held-out expected_accuracy during training" in (tmp_path / "run" / "tables.md").read_text()
     bad = cfg.copy_and_resolve_references()
     bad.lambda_selection.task_seed = bad.world.eval_seed
     with pytest.raises(ValueError):
