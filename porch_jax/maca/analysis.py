@@ -288,6 +288,21 @@ def write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
+def _save(fig: Any, path: Path) -> None:
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def _two_panels(xlabel: str, left: str, right: str) -> tuple[Any, Any, Any]:
+    """A figure with two side-by-side axes sharing the x label: (figure, left axis, right axis)."""
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, label in ((a1, left), (a2, right)):
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(label)
+    return fig, a1, a2
+
+
 def plot_transitions(matrix: np.ndarray, names: Sequence[str], path: Path, title: str) -> None:
     """Heatmap of the visited rows / reached columns of a transition matrix."""
     rows = [r for r in range(matrix.shape[0]) if matrix[r].sum() > 0]
@@ -305,9 +320,7 @@ def plot_transitions(matrix: np.ndarray, names: Sequence[str], path: Path, title
     ax.set_ylabel("current")
     ax.set_title(title, fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.03)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, best: float | None = None) -> None:
@@ -324,16 +337,14 @@ def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, b
     twin.plot(xs, [r["avg_cost"] for r in rows], marker="s", color="tab:red", label="tokens")
     twin.set_ylabel("avg tokens per task", color="tab:red")
     ax.set_title(f"sensitivity to {param}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], flat: Mapping[str, Mapping[str, float]],
                          path: Path, *, metric: str = "expected_accuracy", best: float | None = None) -> None:
     """Held-out `metric` and tokens per task against GRPO iterations, mean over seeds with a +-sd band; systems
     that do not learn (`flat`: their evaluation rows) as horizontal dashed lines."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    fig, a1, a2 = _two_panels("GRPO iterations", f"held-out {metric.replace('_', ' ')}", "held-out tokens per task")
     for name, rows in curves.items():
         if not rows:
             continue
@@ -348,29 +359,17 @@ def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], fl
             ax.axhline(row[key], ls="--", lw=1, color="gray", label=name if ax is a1 else None)
     if best is not None:
         a1.axhline(best, ls=":", lw=1, color="black", label="best achievable")
-    a1.set_ylabel(f"held-out {metric.replace('_', ' ')}")
-    a2.set_ylabel("held-out tokens per task")
-    for a in (a1, a2):
-        a.set_xlabel("GRPO iterations")
     a1.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def plot_training(histories: Mapping[str, Sequence[Mapping[str, float]]], path: Path) -> None:
     """Per-iteration training accuracy and cost of each run."""
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
+    fig, a1, a2 = _two_panels("iteration", "train accuracy", "train tokens per episode")
     for name, hist in histories.items():
         if hist:
             it = [h["iteration"] for h in hist]
             a1.plot(it, [h["accuracy"] for h in hist], label=name, lw=1)
             a2.plot(it, [h["cost"] for h in hist], label=name, lw=1)
-    a1.set_ylabel("train accuracy")
-    a2.set_ylabel("train tokens per episode")
-    for a in (a1, a2):
-        a.set_xlabel("iteration")
     a1.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    _save(fig, path)
