@@ -79,7 +79,9 @@ def get_config() -> ConfigDict:
                                      "task_seed": 2000, "seeds": (0, 1, 2)})
     c.systems = SYSTEMS
     # w/o pi_theta (train.PriorPolicy): "greedy" executes GraphSpec's committed structure edge by edge;
-    # "most_probable" the path pi_prior makes most probable, STOP included (exact search; README compares them)
+    # "most_probable" the path pi_prior makes most probable, STOP included (exact search; README compares them);
+    # "reference" pi_ref (the untrained policy) greedy under GraphSpec's mask: the paper's reading for a pretrained
+    # LM policy (its Table 3 w/o pi_theta equals its Table 11 router + mask); here pi_ref is a random head
     c.no_policy_structure = "greedy"
     # held-out sensitivity; the configured (chosen) value reuses the main run
     c.sweeps = ConfigDict({"gamma": (0.2, 0.3, 0.4, 0.5, 0.6), "prior_kl_weight": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7)})

@@ -28,6 +28,7 @@ from porch_jax.maca.orchestrator import (
 )
 from porch_jax.maca.synthetic import SyntheticPool
 from porch_jax.maca.train import (
+    STRUCTURES,
     GRPOConfig,
     PriorPolicy,
     Variant,
@@ -187,6 +188,8 @@ def top2_mass(episodes: Sequence[Episode]) -> float:
 # Variants and sweeps.
 # ---------------------------------------------------------------------------------------------------
 
+NO_POLICY_READINGS = (*STRUCTURES, "reference")  # what "w/o pi_theta" acts by (Study.structure)
+
 
 @dataclasses.dataclass(frozen=True)
 class Study:
@@ -204,7 +207,13 @@ class Study:
     grpo: GRPOConfig
     gamma: float
     eval_rollout: RolloutConfig
-    structure: str = "greedy"  # w/o pi_theta: the structure it commits to (train.PriorPolicy)
+    # w/o pi_theta: a structure it commits to ("greedy" / "most_probable": train.PriorPolicy), or "reference":
+    # pi_ref, the untrained policy pi_theta starts from, acting greedily under GraphSpec's mask (`run_variant`)
+    structure: str = "greedy"
+
+    def __post_init__(self) -> None:
+        if self.structure not in NO_POLICY_READINGS:
+            raise ValueError(f"structure (no_policy_structure) must be one of {NO_POLICY_READINGS}, got {self.structure!r}")
 
     def specs(self, variant: Variant, gamma: float | None = None) -> tuple[dict | None, dict | None]:
         g = self.gamma if gamma is None else gamma
@@ -225,6 +234,11 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
+    if not variant.learn and study.structure == "reference":
+        # the paper's reading with a pretrained policy: its w/o pi_theta on GSM-Hard (Table 3, 47.96%) is its frozen
+        # router inside the mask (Table 11, 47.47%); with a from-scratch head pi_ref is an arbitrary initialisation
+        return evaluate(variant.name, study.make_policy(seed), study.eval_tasks, study.world, eval_specs, eval_cfg,
+                        seed=seed), []
     if not variant.learn:  # structure-centric: executes the structure GraphSpec commits to (PriorPolicy)
         policy = PriorPolicy(eval_specs, constraint.edge_threshold, study.structure, study.eval_rollout.max_steps,
                              study.grpo.stop_floor)

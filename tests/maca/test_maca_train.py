@@ -239,6 +239,19 @@ def test_held_out_learning_curve_probes_without_changing_training(small_study):
     assert {"avg_cost", "avg_calls", "invalid_action_rate"} <= set(curve[0])
 
 
+def test_without_pi_theta_reference_reading_is_the_untrained_policy_under_the_mask(small_study):
+    """no_policy_structure="reference": w/o pi_theta is pi_ref, the policy pi_theta starts from, acting greedily
+    inside GraphSpec's mask (the paper's Table 3 w/o pi_theta equals its Table 11 router + mask)."""
+    study = dataclasses.replace(small_study, structure="reference")
+    evaluation, history = run_variant(study, VARIANTS["no_policy"], seed=1)
+    _, specs = study.specs(VARIANTS["no_policy"])
+    expected = evaluate("ref", study.make_policy(1), study.eval_tasks, study.world, specs, study.eval_rollout, seed=1)
+    assert history == [] and [e.path for e in evaluation.episodes] == [e.path for e in expected.episodes]
+    assert all(s.mask[s.action] for e in evaluation.episodes for s in e.steps)  # every action inside H
+    with pytest.raises(ValueError, match="reference"):
+        dataclasses.replace(small_study, structure="oracle")
+
+
 def test_committed_structure_order():
     """w/o pi_theta's next agent: START's choice, then the strongest edge above the threshold from the agent
     called last to a retained, not yet called agent, then STOP (action N)."""
