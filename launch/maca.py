@@ -1,5 +1,6 @@
-"""MACA end to end: GraphSpec prior learning, token-aware GRPO, evaluation, Table 3 ablations, the gamma /
-lambda sweeps, transition analyses and (synthetic config) the LM-policy check. With `lambda_selection.enabled`
+"""MACA end to end: GraphSpec prior learning, token-aware GRPO, evaluation, Table 3 ablations with held-out
+learning curves (`curve_every`), the gamma / lambda sweeps, transition analyses, the comparison baselines
+(benchmark worlds: `baselines.systems`) and (synthetic config) the LM-policy check. With `lambda_selection.enabled`
 lambda is first chosen for MACA on a validation split drawn from the training distribution (`select_lambda`)
 and used for MACA and every ablation that keeps the prior KL.
 
