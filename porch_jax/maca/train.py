@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import functools
 import heapq
+import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,10 +171,13 @@ def relevance_scores(context_embs: np.ndarray, agent_embs: np.ndarray, budgets: 
 
 
 def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], context_embs: np.ndarray,
-                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0) -> tuple[EdgeMLP, dict[str, Any]]:
+                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0
+                   ) -> tuple[EdgeMLP | None, dict[str, Any]]:
     """Samples structures from the Bernoulli edge policy (Eq. 5) among each task's gate-passing agents,
     executes a walk on each through `world`, and fits the edge MLP (Eq. 6) on the successful walks.
-    The MLP reads e(x, b), the same embedding as the relevance score (one encoding per task)."""
+    The MLP reads e(x, b), the same embedding as the relevance score (one encoding per task). When no walk
+    succeeds there is nothing to fit: it warns and returns None (`edge_probs` then makes every edge plausible)
+    rather than stop a run whose agent calls are already spent."""
     rng = np.random.default_rng(seed)
     allowed = np.asarray(gate(jnp.asarray(q), cfg.gamma)) > 0
     n = agent_embs.shape[0]
@@ -207,18 +211,27 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
                                         keep_cheapest=cfg.keep_cheapest)
             hits, count = hits + rate * len(idx), count + len(idx)
         success.append(hits / count)
+    stats = {"walk_success": success, "buffer": len(buffer), "with_start": cfg.with_start}
+    if not len(buffer):  # nothing to learn interactions from: P_prior is left uninformative (`edge_probs`)
+        logging.warning("no prior-learning walk succeeded (%d rounds x %d samples over %d tasks): P_prior is "
+                        "uninformative, every edge p = 1, as in w/o P_prior", cfg.rounds, cfg.samples, len(tasks))
+        return None, stats | {"fallback": "no successful walk: every edge p = 1 (as w/o P_prior)"}
     mlp = EdgeMLP(agent_embs.shape[1], cfg.mlp_hidden, rngs=nnx.Rngs(seed))
     losses = train_edge_mlp(mlp, buffer, agent_embs, steps=cfg.mlp_steps, batch_size=cfg.mlp_batch,
                             learning_rate=cfg.mlp_learning_rate, seed=seed, with_start=cfg.with_start)
-    return mlp, {"walk_success": success, "buffer": len(buffer), "mlp_loss": [losses[0], losses[-1]],
-                 "with_start": cfg.with_start}
+    return mlp, stats | {"mlp_loss": [losses[0], losses[-1]]}
 
 
-def edge_probs(mlp: EdgeMLP, agent_embs: np.ndarray, context_embs: np.ndarray, *, with_start: bool = False) -> np.ndarray:
+def edge_probs(mlp: EdgeMLP | None, agent_embs: np.ndarray, context_embs: np.ndarray, *,
+               with_start: bool = False) -> np.ndarray:
     """p [M, N, N] from Eq. 6, self-loops zeroed (an agent does not hand off to itself; Eq. 5 samples none);
-    [M, N + 1, N + 1] `with_start`, START last, with nothing entering it."""
+    [M, N + 1, N + 1] `with_start`, START last, with nothing entering it. `mlp` None (no successful walk to
+    learn from, `learn_edge_mlp`): every allowed edge p = 1."""
     embs = with_start_node(agent_embs) if with_start else np.asarray(agent_embs)
-    p = np.asarray(jax.nn.sigmoid(mlp.pair_logits(jnp.asarray(embs), jnp.asarray(context_embs))))
+    if mlp is None:
+        p = np.ones((len(context_embs), len(embs), len(embs)), np.float32)
+    else:
+        p = np.asarray(jax.nn.sigmoid(mlp.pair_logits(jnp.asarray(embs), jnp.asarray(context_embs))))
     allowed = ~np.eye(len(embs), dtype=bool)
     if with_start:
         allowed[:, -1] = False

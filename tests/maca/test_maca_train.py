@@ -175,6 +175,26 @@ def small_study():
                  grpo, 0.0, rollout_cfg)
 
 
+def test_prior_learning_without_any_success_leaves_p_prior_uninformative():
+    """No walk succeeds (a judge that fails everything): nothing to fit Eq. 6 on, so learn_edge_mlp warns and
+    returns no MLP, and every allowed edge gets p = 1 (as w/o P_prior) instead of the run stopping."""
+    spool = SyntheticPool()
+    world = dataclasses.replace(synthetic_world(spool), judge=lambda task, path, answer, rng: False)
+    tasks = synthetic_tasks(make_tasks(6, seed=0))
+    encoder = HashingEncoder()
+    agents = encoder.encode([a.profile for a in spool.pool])
+    ctx = encoder.encode([context_text(t.prompt, t.budget) for t in tasks])
+    q = relevance_scores(ctx, agents, [t.budget for t in tasks], BudgetTemperature())
+    mlp, stats = learn_edge_mlp(world, tasks, ctx, agents, q, PriorConfig(gamma=0.0, rounds=1, samples=2, with_start=True))
+    assert mlp is None and stats["buffer"] == 0 and stats["walk_success"] == [0.0] and "fallback" in stats
+    p = edge_probs(mlp, agents, ctx, with_start=True)
+    n = len(agents)
+    expected = np.ones((n + 1, n + 1))
+    np.fill_diagonal(expected, 0.0)
+    expected[:, n] = 0.0  # nothing enters START
+    np.testing.assert_array_equal(p, np.broadcast_to(expected, (len(tasks), n + 1, n + 1)))
+
+
 def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
     study = small_study
     policy = study.make_policy(0)

@@ -1,0 +1,51 @@
+"""MACA's real-model path through a real vLLM server: experiments/maca_gsm_hard.py, shrunk, with the math pool's
+agents, Table 11's routers and the single-model baselines all served by vLLM (the tiny test model), and the LM
+policy scoring agent names in JAX. The model's weights are random, so vLLM's structured outputs (``choice``)
+make every reply "STOP": the router then stops at once (a valid decision) and no answer scores, which fixes the
+call counts while every request still runs the real path (chat template, HTTP, usage-based token counts)."""
+from __future__ import annotations
+
+import pytest
+
+from porch_jax.backends.vllm_http import VLLMBackend
+
+pytestmark = pytest.mark.slow
+
+
+def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
+    from experiments.maca_gsm_hard import get_config
+    from launch import maca as launcher
+    from porch_jax.envs.benchmarks import load_tasks
+
+    try:
+        load_tasks("gsm_hard", "test")
+    except (FileNotFoundError, OSError) as e:
+        pytest.skip(f"GSM-Hard data is not available: {e}")
+    cfg = get_config()
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.encoder = "hashing"
+    cfg.world.num_train = cfg.world.num_eval = 2
+    cfg.prior.update({"samples": 2, "mlp_steps": 10})
+    cfg.grpo.update({"iterations": 1, "tasks_per_iteration": 2, "group_size": 2})
+    cfg.policy.lm.overrides = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+                               "num_key_value_heads": 1, "num_hidden_layers": 1}
+    cfg.backend.max_tokens = 8
+    backend = VLLMBackend(vllm_server.base_url, vllm_server.model, api_key=vllm_server.api_key, timeout_s=300.0,
+                          extra_body={"structured_outputs": {"choice": ["STOP"]}})
+    results = launcher.run(cfg, backend=backend, log=lambda s: None)
+
+    # no walk succeeds with "STOP" answers: the prior is left uninformative and the run goes on
+    assert results["prior"]["buffer"] == 0 and "fallback" in results["prior"]
+    (maca,) = results["systems"]
+    assert maca["accuracy"] == 0.0 and maca["invalid_action_rate"] == 0.0
+    assert maca["avg_calls"] == 0 or maca["avg_cost"] > 10 * maca["avg_calls"]  # each call's prompt holds the task
+    base = {r["system"]: r for r in results["baselines"]}
+    assert all(r["accuracy"] == 0.0 and r["avg_cost"] > 0 for r in base.values())
+    assert {k: r["avg_calls"] for k, r in base.items()} == {
+        "vanilla": 1, "cot": 1, "self_consistency": 5,
+        "self_refine": 5,  # solve, then twice a critique that is not "NO ISSUES" and a refinement
+        "router_none": 1, "router_hint": 1, "router_mask": 1}  # "STOP" at the first decision
+    assert all(base[f"router_{m}"]["invalid_action_rate"] == 0.0 and base[f"router_{m}"]["avg_agents"] == 0
+               for m in ("none", "hint", "mask"))
+    assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the GraphSpec hint in the prompt
+    assert backend.retries == 0
