@@ -5,7 +5,9 @@ orchestration policy a JAX LM scoring agent names (a Hugging Face folder, or a t
         --config.backend.urls="('http://localhost:8000',)" --config.backend.model=Qwen/Qwen2.5-7B-Instruct
 
 Tasks come from the Table 4 split (porch_jax/envs/benchmarks); accuracy is the benchmark's numeric match on
-the latest final answer in the agents' transcript, cost is every call's prompt + completion tokens.
+the latest final answer in the agents' transcript, cost is every call's prompt + completion tokens. The same
+run on the paper's other benchmarks: `--config=experiments/maca_gsm_hard.py:humaneval` (or mbpp, svamp,
+mmlu_pro, arc_challenge; code is scored in the sandbox).
 """
 from ml_collections import ConfigDict
 
@@ -13,13 +15,19 @@ from experiments.maca_synthetic import get_config as synthetic_config
 from porch_jax.maca.baselines import BASELINES
 
 
-def get_config() -> ConfigDict:
+def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
+    """`benchmark` picks another of the paper's six (`--config=experiments/maca_gsm_hard.py:humaneval`): the pool
+    is then that benchmark's family (code, math or QA) plus the auxiliary roles."""
+    from porch_jax.envs.benchmarks import BENCHMARKS
+
+    if benchmark not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {benchmark!r}; choose from {sorted(BENCHMARKS)}")
     c = synthetic_config()
-    c.run_dir = "runs/maca_gsm_hard"
+    c.run_dir = f"runs/maca_{benchmark}"
     c.seeds = c.sweep_seeds = (0,)
-    c.world = ConfigDict({"kind": "benchmark", "benchmark": "gsm_hard", "num_train": 128, "num_eval": 128,
+    c.world = ConfigDict({"kind": "benchmark", "benchmark": benchmark, "num_train": 128, "num_eval": 128,
                           "budget": 4000, "data_dir": ""})
-    c.pool_families = ("math", "auxiliary")
+    c.pool_families = (BENCHMARKS[benchmark].family, "auxiliary")
     c.policy = ConfigDict({"kind": "lm", "hidden": 128,
                            "lm": {"model_path": "", "max_task_words": 0, "overrides": {}}})
     c.prior.rounds = 1

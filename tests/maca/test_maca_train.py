@@ -449,6 +449,56 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     assert results["config"]["grpo"]["prior_kl_weight"] == cfg.grpo.prior_kl_weight
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["humaneval", "mmlu_pro"])
+def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tmp_path):
+    """`--config=experiments/maca_gsm_hard.py:<name>`: the family's pool, its tasks and its scorer (code runs
+    in the sandbox). Every model reply is the task's reference completion, except the routers, which stop at
+    once: the single-model baselines score 100%, the routers 0%, and prior learning finds successful walks (any
+    walk that calls an agent succeeds)."""
+    from experiments.maca_gsm_hard import get_config
+    from launch import maca as launcher
+    from porch_jax.backends import ScriptedBackend
+    from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
+    from porch_jax.maca.baselines import COT_SUFFIX
+
+    try:
+        tasks = load_tasks(name, "train")[:3] + load_tasks(name, "test")[:3]
+    except (FileNotFoundError, OSError, ImportError) as e:
+        pytest.skip(f"{name} data is not available: {e}")
+    # what the roles are asked for: code as the whole function in one fenced block (the pool's prompts), so it
+    # survives a transcript of several agents; QA as "The answer is X."
+    reference = {t.prompt: f"```python\n{t.data['prompt']}{t.reference}```" if t.family == "code" else t.reference
+                 for t in tasks}
+
+    def model(request):
+        if request.role == "router":
+            return "STOP"
+        if request.role == "critic":
+            return "NO ISSUES"
+        prompt = request.messages[-1]["content"].split("\n\nWork so far:")[0].removesuffix(COT_SUFFIX)
+        return reference[prompt]
+
+    cfg = get_config(name)
+    assert cfg.pool_families == (BENCHMARKS[name].family, "auxiliary") and cfg.world.benchmark == name
+    cfg.run_dir = str(tmp_path / "run")
+    cfg.encoder = "hashing"
+    cfg.world.num_train = cfg.world.num_eval = 3
+    cfg.prior.update({"samples": 2, "mlp_steps": 10})
+    cfg.grpo.update({"iterations": 1, "tasks_per_iteration": 2, "group_size": 2})
+    cfg.policy.lm.overrides = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+                               "num_key_value_heads": 1, "num_hidden_layers": 1}
+    results = launcher.run(cfg, backend=ScriptedBackend(model), log=lambda s: None)
+    assert results["prior"]["buffer"] > 0 and "fallback" not in results["prior"]
+    (maca,) = results["systems"]
+    assert maca["invalid_action_rate"] == 0.0 and 0.0 <= maca["accuracy"] <= 1.0
+    assert {r["system"]: r["accuracy"] for r in results["baselines"]} == {
+        "vanilla": 1.0, "cot": 1.0, "self_consistency": 1.0, "self_refine": 1.0,
+        "router_none": 0.0, "router_hint": 0.0, "router_mask": 0.0}
+    with pytest.raises(ValueError, match="unknown benchmark"):
+        get_config("gsm8k")
+
+
 def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     """experiments/maca_synthetic.py, shrunk: lambda is chosen for MACA on new training-distribution tasks
     (disjoint from the train and eval tasks) by validation reward, and every KL-keeping system then uses it."""
