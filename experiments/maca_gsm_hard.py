@@ -44,3 +44,18 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c.backend = ConfigDict({"kind": "vllm", "urls": ("http://localhost:8000",), "model": "Qwen/Qwen2.5-7B-Instruct",
                             "timeout_s": 120.0, "max_retries": 3, "temperature": 0.0, "max_tokens": 512})
     return c
+
+
+def smoke_config(benchmark: str = "gsm_hard", *, run_dir: str, tasks: int = 3, iterations: int = 1,
+                 mlp_steps: int = 10) -> ConfigDict:
+    """The same run shrunk to seconds, to check the whole path against a backend before a real run: `tasks` train
+    and eval tasks, the hashing encoder, a short prior fit, `iterations` GRPO steps of 2 x 2 episodes, and the
+    synthetic config's 1-layer, 32-wide Qwen3 as the policy (the LM check's)."""
+    c = get_config(benchmark)
+    c.run_dir = run_dir
+    c.encoder = "hashing"
+    c.world.num_train = c.world.num_eval = tasks
+    c.prior.update({"samples": 2, "mlp_steps": mlp_steps})
+    c.grpo.update({"iterations": iterations, "tasks_per_iteration": 2, "group_size": 2})
+    c.policy.lm.overrides = c.lm_check.lm.overrides.to_dict()
+    return c

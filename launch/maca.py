@@ -263,6 +263,17 @@ def curve_orders(curves: dict[str, list[dict[str, Any]]], systems: Sequence[dict
     return out
 
 
+def iterations_to(curve: list[dict[str, Any]], key: str, best: float, shares: Sequence[float] = (0.9, 0.95)
+                  ) -> dict[str, int | None]:
+    """Sample efficiency: per share of the best achievable, the first probe whose seed mean reaches it (None:
+    none did)."""
+    out = {}
+    for share in shares:
+        hit = [r["iterations"] for r in curve if r[key] >= share * best]
+        out[f"iterations_to_{round(share * 100)}pct"] = hit[0] if hit else None
+    return out
+
+
 def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]) -> list[dict]:
     """MACA with one parameter varied (gamma: the relevance gate; prior_kl_weight: lambda)."""
     best = float(setup.best.mean()) if setup.best is not None else None
@@ -418,11 +429,9 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     if any(curves.values()):
         key = "expected_accuracy" if setup.best is not None else "accuracy"
         results["learning_curves"] = {"curves": curves, "orders": curve_orders(curves, rows, key)}
-        if setup.best is not None:  # sample efficiency: the first probe whose seed mean reaches a share of best
+        if setup.best is not None:
             for row in (r for r in rows if curves[r["system"]]):
-                for share in (0.9, 0.95):
-                    hit = [r["iterations"] for r in curves[row["system"]] if r[key] >= share * results["best_achievable"]]
-                    row[f"iterations_to_{round(share * 100)}pct"] = hit[0] if hit else None
+                row |= iterations_to(curves[row["system"]], key, results["best_achievable"])
         analysis.plot_learning_curves(curves, {r["system"]: r for r in rows if not curves[r["system"]]},
                                       run_dir / "learning_curves.png", metric=key, best=results.get("best_achievable"))
     results["sweeps"] = {}

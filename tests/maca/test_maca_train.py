@@ -379,7 +379,7 @@ def test_maca_lm_policy_learns_on_a_reduced_setting(small_study):
 def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     """experiments/maca_gsm_hard.py end to end (prior learning, LM-policy GRPO, evaluation, tables) with the
     agents served by a scripted backend in place of vLLM: MathSolver answers right, the others restate."""
-    from experiments.maca_gsm_hard import get_config
+    from experiments.maca_gsm_hard import smoke_config
     from launch import maca as launcher
     from porch_jax.backends import ScriptedBackend
     from porch_jax.envs.benchmarks import load_tasks
@@ -407,14 +407,8 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
             return f"The answer is {format_number(targets[task])}."
         return "Restating: " + task[:40]
 
-    cfg = get_config()
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.encoder = "hashing"
-    cfg.world.num_train = cfg.world.num_eval = 3
-    cfg.prior.update({"samples": 2, "mlp_steps": 20})
-    cfg.grpo.update({"iterations": 2, "tasks_per_iteration": 2, "group_size": 2, "learning_rate": 1e-3})
-    cfg.policy.lm.overrides = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
-                               "num_key_value_heads": 1, "num_hidden_layers": 1}
+    cfg = smoke_config(run_dir=str(tmp_path / "run"), iterations=2, mlp_steps=20)
+    cfg.grpo.learning_rate = 1e-3
     results = launcher.run(cfg, backend=ScriptedBackend(agent), log=lambda s: None)
     (row,) = results["systems"]
     assert row["system"] == "maca" and row["invalid_action_rate"] == 0.0 and row["avg_cost"] > 0
@@ -456,7 +450,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
     in the sandbox). Every model reply is the task's reference completion, except the routers, which stop at
     once: the single-model baselines score 100%, the routers 0%, and prior learning finds successful walks (any
     walk that calls an agent succeeds)."""
-    from experiments.maca_gsm_hard import get_config
+    from experiments.maca_gsm_hard import get_config, smoke_config
     from launch import maca as launcher
     from porch_jax.backends import ScriptedBackend
     from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
@@ -479,15 +473,8 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
         prompt = request.messages[-1]["content"].split("\n\nWork so far:")[0].removesuffix(COT_SUFFIX)
         return reference[prompt]
 
-    cfg = get_config(name)
+    cfg = smoke_config(name, run_dir=str(tmp_path / "run"))
     assert cfg.pool_families == (BENCHMARKS[name].family, "auxiliary") and cfg.world.benchmark == name
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.encoder = "hashing"
-    cfg.world.num_train = cfg.world.num_eval = 3
-    cfg.prior.update({"samples": 2, "mlp_steps": 10})
-    cfg.grpo.update({"iterations": 1, "tasks_per_iteration": 2, "group_size": 2})
-    cfg.policy.lm.overrides = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
-                               "num_key_value_heads": 1, "num_hidden_layers": 1}
     results = launcher.run(cfg, backend=ScriptedBackend(model), log=lambda s: None)
     assert results["prior"]["buffer"] > 0 and "fallback" not in results["prior"]
     (maca,) = results["systems"]

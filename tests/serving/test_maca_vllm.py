@@ -13,7 +13,7 @@ pytestmark = pytest.mark.slow
 
 
 def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
-    from experiments.maca_gsm_hard import get_config
+    from experiments.maca_gsm_hard import smoke_config
     from launch import maca as launcher
     from porch_jax.envs.benchmarks import load_tasks
 
@@ -21,14 +21,7 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
         load_tasks("gsm_hard", "test")
     except (FileNotFoundError, OSError) as e:
         pytest.skip(f"GSM-Hard data is not available: {e}")
-    cfg = get_config()
-    cfg.run_dir = str(tmp_path / "run")
-    cfg.encoder = "hashing"
-    cfg.world.num_train = cfg.world.num_eval = 2
-    cfg.prior.update({"samples": 2, "mlp_steps": 10})
-    cfg.grpo.update({"iterations": 1, "tasks_per_iteration": 2, "group_size": 2})
-    cfg.policy.lm.overrides = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
-                               "num_key_value_heads": 1, "num_hidden_layers": 1}
+    cfg = smoke_config(run_dir=str(tmp_path / "run"), tasks=2)
     cfg.backend.max_tokens = 8
     backend = VLLMBackend(vllm_server.base_url, vllm_server.model, api_key=vllm_server.api_key, timeout_s=300.0,
                           extra_body={"structured_outputs": {"choice": ["STOP"]}})
