@@ -52,6 +52,10 @@ from porch_jax.maca.train import (
     relevance_scores,
 )
 
+# Fig. 8's grid (the gate's precision / recall on the held-out tasks; no training, so every point is cheap);
+# a config's `gate_gammas` replaces it
+GATE_GAMMAS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/maca_*.py).",
                                           lock_config=True)
 
@@ -447,6 +451,10 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
             sweep.sort(key=lambda r: r[param])
             results["sweeps"][param] = sweep
             analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=best)
+    gammas = tuple(cfg.get("gate_gammas", GATE_GAMMAS))
+    results["gate_sparsity"] = analysis.gate_sparsity(setup.study.q_eval, setup.study.eval_tasks, setup.study.world.pool,
+                                                      gammas)
+    analysis.plot_gate_sparsity(results["gate_sparsity"], run_dir / "gate_sparsity.png", gamma=cfg.graphspec.gamma)
     if cfg.lm_check.enabled:
         results["lm_check"] = run_lm_check(cfg, setup, log)
     results["timings"] = setup.timings | {"total_s": time.perf_counter() - start}
@@ -532,6 +540,10 @@ def tables(results: dict[str, Any]) -> str:
                   analysis.markdown_table(sel["rows"], ["prior_kl_weight", "reward", "expected_accuracy",
                                                          "expected_accuracy_sd", "avg_cost", "avg_calls"]), "",
                   f"Chosen prior_kl_weight (max validation {sel['criterion']}): {sel['chosen']}", ""]
+    if "gate_sparsity" in results:
+        parts += ["## Agent-selection sparsity against gamma (Fig. 8; held-out tasks; correct domain: the task's family)",
+                  "", analysis.markdown_table(results["gate_sparsity"], ["gamma", "precision", "recall", "full_recall",
+                                                                         "retained"]), ""]
     for param, rows in results["sweeps"].items():
         parts += [f"## Sensitivity: {param} (held-out eval tasks)", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
     if "lm_check" in results:

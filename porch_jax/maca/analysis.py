@@ -1,6 +1,7 @@
 """Evaluation and analyses of MACA runs: held-out accuracy and token cost, the exact best achievable
 accuracy of the synthetic pool, agent transition matrices (Fig. 5) and the top-2 transition mass with and
-without the prior (Fig. 3), the Table 3 ablations and the gamma / lambda sensitivity sweeps (Fig. 7).
+without the prior (Fig. 3), the Table 3 ablations, the gamma / lambda sensitivity sweeps (Fig. 7) and the
+gate's agent-selection precision and recall against gamma (Fig. 8).
 Tables are written as markdown and JSON, figures as PNG, into the run directory.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ from porch_jax.maca.orchestrator import (
     RolloutConfig,
     rollout,
 )
+from porch_jax.maca.pools import AgentPool
 from porch_jax.maca.synthetic import SyntheticPool
 from porch_jax.maca.train import (
     STRUCTURES,
@@ -165,6 +167,29 @@ _RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token co
 # ---------------------------------------------------------------------------------------------------
 # Transitions.
 # ---------------------------------------------------------------------------------------------------
+
+
+def gate_sparsity(q: np.ndarray, tasks: Sequence[OrchestrationTask], pool: AgentPool,
+                  gammas: Sequence[float]) -> list[dict[str, float]]:
+    """MACA Fig. 8: how Eq. 4's gate at each gamma trades the retained set's precision (the share of retained
+    agents that belong to the task's family) against its recall (the share of the family's agents retained).
+    Auxiliary agents belong to no task's family, so retaining them lowers precision. Only the relevance q
+    [tasks, N] is involved: no training. Precision is averaged over the tasks that retain any agent;
+    `full_recall` is the share of tasks that keep their family's whole set, `retained` the mean set size."""
+    q = np.asarray(q)
+    if q.shape != (len(tasks), len(pool)):
+        raise ValueError(f"q has shape {q.shape}; expected (tasks, agents) = ({len(tasks)}, {len(pool)})")
+    domain = np.stack([pool.family_mask(t.family) for t in tasks])
+    rows = []
+    for gamma in gammas:
+        kept = q >= gamma
+        hits, size = (kept & domain).sum(1), kept.sum(1)
+        recall = hits / np.maximum(domain.sum(1), 1)
+        rows.append({"gamma": float(gamma),
+                     "precision": float(np.mean(hits[size > 0] / size[size > 0])) if size.any() else float("nan"),
+                     "recall": float(recall.mean()), "full_recall": float(np.mean(recall == 1.0)),
+                     "retained": float(size.mean())})
+    return rows
 
 
 def transition_matrix(episodes: Sequence[Episode], n_agents: int) -> np.ndarray:
@@ -351,6 +376,21 @@ def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, b
     twin.plot(xs, [r["avg_cost"] for r in rows], marker="s", color="tab:red", label="tokens")
     twin.set_ylabel("avg tokens per task", color="tab:red")
     ax.set_title(f"sensitivity to {param}", fontsize=9)
+    _save(fig, path)
+
+
+def plot_gate_sparsity(rows: Sequence[Mapping[str, float]], path: Path, *, gamma: float | None = None) -> None:
+    """Precision and recall of the gate's retained agents against gamma (Fig. 8), the configured gamma marked."""
+    xs = [r["gamma"] for r in rows]
+    fig, ax = plt.subplots(figsize=(4.5, 3.2))
+    for key, marker in (("precision", "o"), ("recall", "s"), ("full_recall", "^")):
+        ax.plot(xs, [r[key] for r in rows], marker=marker, lw=1.2, label=key.replace("_", " "))
+    if gamma is not None:
+        ax.axvline(gamma, color="gray", ls=":", lw=1, label=f"gamma = {gamma:g}")
+    ax.set_xlabel("gamma")
+    ax.set_ylim(0.0, 1.02)
+    ax.set_title("agent-selection sparsity (held-out tasks)", fontsize=9)
+    ax.legend(fontsize=7)
     _save(fig, path)
 
 

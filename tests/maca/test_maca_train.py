@@ -526,6 +526,11 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert orders[-1]["maca"] == pytest.approx(final["maca"])
     assert (tmp_path / "run" / "learning_curves.png").stat().st_size > 0
     assert "Held-out expected_accuracy during training" in (tmp_path / "run" / "tables.md").read_text()
+    # Fig. 8 on the held-out tasks' relevance: a higher gate keeps fewer agents and never more of the family
+    sparsity = results["gate_sparsity"]
+    assert [r["gamma"] for r in sparsity] == list(launcher.GATE_GAMMAS)
+    assert all(a["retained"] >= b["retained"] and a["recall"] >= b["recall"] for a, b in zip(sparsity, sparsity[1:]))
+    assert (tmp_path / "run" / "gate_sparsity.png").stat().st_size > 0
     bad = cfg.copy_and_resolve_references()
     bad.lambda_selection.task_seed = bad.world.eval_seed
     with pytest.raises(ValueError):
