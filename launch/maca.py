@@ -1,11 +1,13 @@
 """MACA end to end: GraphSpec prior learning, token-aware GRPO, evaluation, Table 3 ablations with held-out
 learning curves (`curve_every`), the gamma / lambda sweeps, transition analyses, the comparison baselines
-(benchmark worlds: `baselines.systems`) and (synthetic config) the LM-policy check. With `lambda_selection.enabled`
+(benchmark worlds: `baselines.systems`), the gate's precision / recall against gamma (Fig. 8) and (synthetic
+config) the LM-policy check. With `lambda_selection.enabled`
 lambda is first chosen for MACA on a validation split drawn from the training distribution (`select_lambda`)
 and used for MACA and every ablation that keeps the prior KL.
 
     python -m launch.maca --config=experiments/maca_synthetic.py
     python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.urls="('http://host:8000',)"
+    python -m launch.maca --config=experiments/maca_gsm_hard.py:humaneval --gate_only   # Fig. 8 only, no model
 
 Writes RUN_DIR/results.json, RUN_DIR/tables.md, PNG figures and the main MACA policy's Orbax checkpoint.
 """
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from absl import app
+from absl import app, flags
 from ml_collections import ConfigDict, config_flags
 
 from porch_jax.backends import Backend, Sampling
@@ -58,6 +60,8 @@ GATE_GAMMAS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/maca_*.py).",
                                           lock_config=True)
+_GATE_ONLY = flags.DEFINE_bool("gate_only", False, "Only the gate's precision / recall against gamma (Fig. 8) on the "
+                               "held-out tasks: no agent call, no training (`gate_report`).")
 
 # ---------------------------------------------------------------------------------------------------
 # Building the pieces from a config.
@@ -73,25 +77,38 @@ def build_backend(cfg: ConfigDict) -> Backend:
     raise ValueError(f"backend.kind must be 'vllm' for a benchmark world (or pass a backend), got {cfg.kind!r}")
 
 
+def build_tasks(cfg: ConfigDict) -> tuple[list[OrchestrationTask], list[OrchestrationTask]]:
+    """The configured world's train and held-out eval tasks (no agent is involved)."""
+    w = cfg.world
+    if w.kind == "synthetic":
+        return _synthetic_split(w, w.num_train, w.train_seed), _synthetic_split(w, w.num_eval, w.eval_seed)
+    if w.kind == "benchmark":
+        from porch_jax.envs.benchmarks import load_tasks
+
+        train = load_tasks(w.benchmark, "train", data_dir=w.data_dir or None)[: w.num_train]
+        test = load_tasks(w.benchmark, "test", data_dir=w.data_dir or None)[: w.num_eval]
+        return benchmark_tasks(train, w.budget), benchmark_tasks(test, w.budget)
+    raise ValueError(f"world.kind must be 'synthetic' or 'benchmark', got {w.kind!r}")
+
+
+def _synthetic_split(w: ConfigDict, n: int, seed: int) -> list[OrchestrationTask]:
+    return synthetic_tasks(make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction, budget=w.budget,
+                                      seed=seed))
+
+
 def build_world(cfg: ConfigDict, backend: Backend | None = None
                 ) -> tuple[AgentWorld, list[OrchestrationTask], list[OrchestrationTask], SyntheticPool | None]:
     """(world, train tasks, eval tasks, the synthetic pool when the world is synthetic)."""
-    w = cfg.world
     pool = load_pool(tuple(cfg.pool_families))
-    if w.kind == "synthetic":
+    train, evals = build_tasks(cfg)
+    if cfg.world.kind == "synthetic":
         spool = SyntheticPool(pool)
-        make = lambda n, seed: synthetic_tasks(make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction,
-                                                          budget=w.budget, seed=seed))
-        return synthetic_world(spool), make(w.num_train, w.train_seed), make(w.num_eval, w.eval_seed), spool
-    if w.kind == "benchmark":
-        from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
+        return synthetic_world(spool), train, evals, spool
+    from porch_jax.envs.benchmarks import BENCHMARKS
 
-        sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
-        world = benchmark_world(BENCHMARKS[w.benchmark], pool, backend or build_backend(cfg.backend), sampling)
-        train = load_tasks(w.benchmark, "train", data_dir=w.data_dir or None)[: w.num_train]
-        test = load_tasks(w.benchmark, "test", data_dir=w.data_dir or None)[: w.num_eval]
-        return world, benchmark_tasks(train, w.budget), benchmark_tasks(test, w.budget), None
-    raise ValueError(f"world.kind must be 'synthetic' or 'benchmark', got {w.kind!r}")
+    sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
+    world = benchmark_world(BENCHMARKS[cfg.world.benchmark], pool, backend or build_backend(cfg.backend), sampling)
+    return world, train, evals, None
 
 
 def build_encoder(name: str) -> SentenceEncoder:
@@ -100,6 +117,11 @@ def build_encoder(name: str) -> SentenceEncoder:
     if name == "hashing":
         return HashingEncoder()
     raise ValueError(f"encoder must be 'minilm' or 'hashing', got {name!r}")
+
+
+def contexts(encoder: SentenceEncoder, tasks: Sequence[OrchestrationTask]) -> np.ndarray:
+    """e(x, b) [M, d] of each task (Eq. 4's task side)."""
+    return encoder.encode([context_text(t.prompt, t.budget) for t in tasks])
 
 
 def prior_config(cfg: ConfigDict) -> PriorConfig:
@@ -156,8 +178,7 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     world, train, evals, spool = build_world(cfg, backend)
     encoder = build_encoder(cfg.encoder)
     agent_embs = encoder.encode([a.profile for a in world.pool])
-    ctx_train = encoder.encode([context_text(t.prompt, t.budget) for t in train])
-    ctx_eval = encoder.encode([context_text(t.prompt, t.budget) for t in evals])
+    ctx_train, ctx_eval = contexts(encoder, train), contexts(encoder, evals)
     timings["encode_s"] = time.perf_counter() - t0
     pcfg = prior_config(cfg)
     q_train = relevance_scores(ctx_train, agent_embs, [t.budget for t in train], pcfg.temperature)
@@ -169,7 +190,7 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
     val = validation_tasks(cfg)
     if val:
-        ctx_val = encoder.encode([context_text(t.prompt, t.budget) for t in val])
+        ctx_val = contexts(encoder, val)
         embeddings |= {t.task_id: e for t, e in zip(val, ctx_val)}
     eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
                                  constraint=Constraint(True, cfg.graphspec.edge_threshold,
@@ -200,8 +221,7 @@ def validation_tasks(cfg: ConfigDict) -> list[OrchestrationTask]:
         return []
     if sel.task_seed in (w.train_seed, w.eval_seed):
         raise ValueError(f"lambda_selection.task_seed {sel.task_seed} must differ from the train and eval seeds")
-    return synthetic_tasks(make_tasks(sel.num_tasks, families=tuple(w.families), hard_fraction=w.hard_fraction,
-                                      budget=w.budget, seed=sel.task_seed))
+    return _synthetic_split(w, sel.num_tasks, sel.task_seed)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -463,6 +483,30 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     return results
 
 
+def gate_report(cfg: ConfigDict, log: Callable[[str], None] = print) -> list[dict[str, float]]:
+    """Fig. 8 alone, before any agent call: the gate's precision / recall against gamma on the configured world's
+    held-out tasks, for choosing gamma (and judging the encoder) on a new pool or benchmark without a served model.
+    Writes gate_sparsity.json / .png / .md into the run directory."""
+    pool = load_pool(tuple(cfg.pool_families))
+    _, evals = build_tasks(cfg)
+    encoder = build_encoder(cfg.encoder)
+    q = relevance_scores(contexts(encoder, evals), encoder.encode([a.profile for a in pool]), [t.budget for t in evals],
+                         prior_config(cfg).temperature)
+    rows = analysis.gate_sparsity(q, evals, pool, tuple(cfg.get("gate_gammas", GATE_GAMMAS)))
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    analysis.write_json(run_dir / "gate_sparsity.json", rows)
+    analysis.plot_gate_sparsity(rows, run_dir / "gate_sparsity.png", gamma=cfg.graphspec.gamma)
+    table = _gate_table(rows)
+    (run_dir / "gate_sparsity.md").write_text(table + "\n")
+    log(table)
+    return rows
+
+
+def _gate_table(rows: Sequence[dict[str, float]]) -> str:
+    return analysis.markdown_table(rows, ["gamma", "precision", "recall", "full_recall", "retained"])
+
+
 def ceilings(cfg: ConfigDict, setup: Setup) -> list[dict[str, Any]]:
     """What an oracle that knows each eval task's hidden difficulty scores (synthetic pool, exact): the best
     expected accuracy, the path maximising Eq. 12's reward without the KL (accuracy - beta * tokens), and
@@ -542,8 +586,7 @@ def tables(results: dict[str, Any]) -> str:
                   f"Chosen prior_kl_weight (max validation {sel['criterion']}): {sel['chosen']}", ""]
     if "gate_sparsity" in results:
         parts += ["## Agent-selection sparsity against gamma (Fig. 8; held-out tasks; correct domain: the task's family)",
-                  "", analysis.markdown_table(results["gate_sparsity"], ["gamma", "precision", "recall", "full_recall",
-                                                                         "retained"]), ""]
+                  "", _gate_table(results["gate_sparsity"]), ""]
     for param, rows in results["sweeps"].items():
         parts += [f"## Sensitivity: {param} (held-out eval tasks)", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
     if "lm_check" in results:
@@ -563,6 +606,9 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     if cfg is None:
         raise app.UsageError("--config=experiments/maca_*.py is required")
+    if _GATE_ONLY.value:
+        gate_report(cfg)
+        return
     results = run(cfg)
     print(tables(results))
 

@@ -6,6 +6,9 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import json
+import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +46,8 @@ from porch_jax.maca.train import (
     restore_params,
     train_grpo,
 )
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _log_softmax(x, mask):
@@ -531,6 +536,17 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert [r["gamma"] for r in sparsity] == list(launcher.GATE_GAMMAS)
     assert all(a["retained"] >= b["retained"] and a["recall"] >= b["recall"] for a, b in zip(sparsity, sparsity[1:]))
     assert (tmp_path / "run" / "gate_sparsity.png").stat().st_size > 0
+    # --gate_only: the same figures from the tasks and the encoder alone, before any agent call
+    alone = cfg.copy_and_resolve_references()
+    alone.run_dir = str(tmp_path / "gate")
+    proc = subprocess.run([sys.executable, "-m", "launch.maca", "--gate_only", "--config=experiments/maca_synthetic.py",
+                           "--config.encoder=hashing", "--config.world.num_eval=12", f"--config.run_dir={alone.run_dir}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = json.loads((tmp_path / "gate" / "gate_sparsity.json").read_text())
+    assert json.dumps(written, sort_keys=True) == json.dumps(sparsity, sort_keys=True)  # NaN-safe equality
+    assert "| gamma | precision |" in (tmp_path / "gate" / "gate_sparsity.md").read_text()
+    assert not (tmp_path / "gate" / "results.json").exists()
     bad = cfg.copy_and_resolve_references()
     bad.lambda_selection.task_seed = bad.world.eval_seed
     with pytest.raises(ValueError):
