@@ -3,7 +3,8 @@
 A kernel is compiled once per machine with the system C++ compiler against the jaxlib headers
 (`jax.ffi.include_dir()`), cached under $PORCH_JAX_KERNEL_CACHE (default ~/.cache/porch_jax/kernels)
 by a hash of source, headers, jaxlib version, flags and the CPU's features, and registered with XLA.
-Nothing is downloaded.
+Nothing is downloaded. Each use refreshes its library's mtime; a build deletes the kernel's other libraries
+(older sources or jaxlibs, other CPUs of a shared home) unused for STALE_DAYS, and abandoned partial builds.
 Where no compiler is found or the build fails, `load` returns None and says why once (a warning):
 callers fall back to their pure-JAX form, which is also what runs on GPU and TPU.
 """
@@ -18,12 +19,14 @@ import platform
 import shutil
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 import jax
 import jaxlib
 
 _SOURCES = Path(__file__).parent
+STALE_DAYS = 30.0
 FLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-fno-math-errno", "-std=c++17", "-shared", "-fPIC", "-pthread")
 
 
@@ -56,6 +59,7 @@ def build(source: str) -> Path:
     key = key.hexdigest()[:16]
     target = cache_dir() / f"{path.stem}-{key}.so"
     if target.exists():
+        os.utime(target)  # in use: `prune` keeps it
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     # Built beside the target and renamed into place: concurrent processes never load a partial file.
@@ -68,7 +72,27 @@ def build(source: str) -> Path:
         partial.unlink(missing_ok=True)
         raise RuntimeError(f"compiling {path.name} failed ({' '.join(command)}):\n{result.stderr[-4000:]}")
     os.replace(partial, target)
+    prune(path.stem, target)
     return target
+
+
+def prune(stem: str, keep: Path, max_age_days: float = STALE_DAYS) -> list[Path]:
+    """Deletes the cached libraries of kernel `stem` other than `keep` that no process has used for
+    `max_age_days` (a library in use on another CPU sharing the folder is refreshed by each use, so it stays),
+    and partial builds a crashed compile left (tmp*.so) older than a day. Returns what it deleted."""
+    now, removed = time.time(), []
+    candidates = [(p, max_age_days) for p in keep.parent.glob(f"{stem}-*.so") if p != keep]
+    candidates += [(p, 1.0) for p in keep.parent.glob("tmp*.so")]
+    for lib, days in candidates:
+        try:
+            if now - lib.stat().st_mtime > days * 86400:
+                lib.unlink()
+                removed.append(lib)
+        except OSError:  # another process pruned or replaced it first
+            continue
+    if removed:
+        logging.info("porch_jax: removed %d stale kernel libraries from %s", len(removed), keep.parent)
+    return removed
 
 
 @functools.cache
