@@ -35,6 +35,9 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c.grpo.iterations = 40
     c.grpo.tasks_per_iteration = 4
     c.grpo.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
+    # every GRPO iteration calls the served agents ~tasks x group x calls times: save the policy every 5, so a
+    # crashed run, relaunched with the same command, loses at most 4 (the learned prior is kept as well)
+    c.checkpoint_every = 5
     c.systems = ("maca",)
     # Vanilla, CoT, Self-Consistency (CoT x 5), Self-Refine, and Table 11's LLM routers (no constraint, GraphSpec
     # as a prompt hint, GraphSpec as a hard mask) on the same held-out tasks and backend

@@ -24,6 +24,10 @@ def get_config() -> ConfigDict:
     # every 10 GRPO iterations each system's policy is also evaluated on the held-out tasks (greedy, ~0.05 s):
     # results.json "learning_curves", learning_curves.png, and the Table 3 order at each point (tables.md)
     c.curve_every = 10
+    # every training run (system x seed, selection and sweep points) is checkpointed under run_dir/checkpoints when
+    # it ends, and also every `checkpoint_every` iterations when > 0; rerunning the same command resumes a crashed
+    # run from there (a changed config in the same run_dir is refused). Runs here take seconds: at the end only.
+    c.checkpoint_every = 0
     c.world = ConfigDict({"kind": "synthetic", "families": ("qa", "math", "code"), "num_train": 96, "num_eval": 96,
                           "train_seed": 0, "eval_seed": 1000, "budget": 2000, "hard_fraction": 0.5})
     c.pool_families = ("qa", "math", "code", "auxiliary")

@@ -9,14 +9,15 @@ and used for MACA and every ablation that keeps the prior KL.
     python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.urls="('http://host:8000',)"
     python -m launch.maca --config=experiments/maca_gsm_hard.py:humaneval --gate_only   # Fig. 8 only, no model
 
-Writes RUN_DIR/results.json, RUN_DIR/tables.md, PNG figures and the main MACA policy's Orbax checkpoint.
+Writes RUN_DIR/results.json, RUN_DIR/tables.md and PNG figures; RUN_DIR/checkpoints holds the learned prior and
+an Orbax checkpoint of every training run (system x seed, lambda-selection and sweep points), so the same command
+after a crash resumes where the run stopped (RUN_DIR/config.json: another config there is refused).
 """
 from __future__ import annotations
 
 import asyncio
 import dataclasses
 import json
-import shutil
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -52,6 +53,8 @@ from porch_jax.maca.train import (
     edge_probs,
     learn_edge_mlp,
     relevance_scores,
+    restore_edge_mlp,
+    save_edge_mlp,
 )
 
 # Fig. 8's grid (the gate's precision / recall on the held-out tasks; no training, so every point is cheap);
@@ -173,6 +176,7 @@ class Setup:
 
 def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
+    claim_run_dir(Path(cfg.run_dir), cfg)  # the prior and the training runs resume from what it holds
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     world, train, evals, spool = build_world(cfg, backend)
@@ -184,9 +188,16 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     q_train = relevance_scores(ctx_train, agent_embs, [t.budget for t in train], pcfg.temperature)
     q_eval = relevance_scores(ctx_eval, agent_embs, [t.budget for t in evals], pcfg.temperature)
     t0 = time.perf_counter()
-    mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed)
+    prior_dir = Path(cfg.run_dir) / "checkpoints" / "prior"
+    cached = restore_edge_mlp(prior_dir, agent_embs.shape[1], pcfg.mlp_hidden)
+    if cached is None:
+        mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed)
+        save_edge_mlp(prior_dir, mlp, prior_stats)
+    else:
+        mlp, prior_stats = cached
     timings["prior_s"] = time.perf_counter() - t0
-    log(f"prior learned in {timings['prior_s']:.0f} s: {prior_stats}")
+    log(f"prior {'learned' if cached is None else 'restored from ' + str(prior_dir)} in {timings['prior_s']:.0f} s: "
+        f"{prior_stats}")
     embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
     val = validation_tasks(cfg)
     if val:
@@ -245,6 +256,13 @@ def _row(name: str, evals: Sequence[analysis.Evaluation], best: float | None, **
     return row
 
 
+def _resumable(cfg: ConfigDict, run: str, seed: int) -> dict[str, Any]:
+    """run_variant's checkpoint arguments for one training run of the experiment: its own directory under
+    RUN_DIR/checkpoints, saved every `checkpoint_every` iterations (0: at the end only) and resumed from there."""
+    return {"checkpoint_dir": Path(cfg.run_dir) / "checkpoints" / run / f"seed_{seed}",
+            "checkpoint_every": cfg.get("checkpoint_every", 0)}
+
+
 def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
                 ) -> tuple[list[dict[str, Any]], dict[str, list[analysis.Evaluation]], dict[str, list]]:
     """Every configured system over every seed: table rows, the evaluations per system (in seed order) and
@@ -254,9 +272,8 @@ def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str
     for name in cfg.systems:
         evals, hists, start = [], [], time.perf_counter()
         for seed in cfg.seeds:
-            ckpt = run_dir / "checkpoints" / name if name == "maca" and seed == cfg.seeds[0] else None
-            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed, checkpoint_dir=ckpt,
-                                                       curve_every=cfg.get("curve_every", 0))
+            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed,
+                                                       curve_every=cfg.get("curve_every", 0), **_resumable(cfg, name, seed))
             evals.append(evaluation)
             hists.append(history)
         evaluations[name], histories[name] = evals, hists
@@ -306,9 +323,11 @@ def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float]
         evals = []
         for seed in cfg.sweep_seeds:
             if param == "gamma":
-                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca"), seed=seed, gamma=value)
+                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca"), seed=seed, gamma=value,
+                                                     **_resumable(cfg, f"sweep_gamma_{value}", seed))
             else:
-                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca", prior_kl_weight=value), seed=seed)
+                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca", prior_kl_weight=value), seed=seed,
+                                                     **_resumable(cfg, f"sweep_prior_kl_weight_{value}", seed))
             evals.append(evaluation)
         rows.append(_row("maca", evals, best, **{param: value}))
         log(f"{param}={value}: {_brief(rows[-1])}")
@@ -366,8 +385,8 @@ def select_lambda(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
     g = cfg.grpo
     rows = []
     for value in sel.grid:
-        evals = [analysis.run_variant(setup.validation, variant(cfg, "maca", prior_kl_weight=value), seed=seed)[0]
-                 for seed in sel.seeds]
+        evals = [analysis.run_variant(setup.validation, variant(cfg, "maca", prior_kl_weight=value), seed=seed,
+                                      **_resumable(cfg, f"select_lambda_{value}", seed))[0] for seed in sel.seeds]
         row = {"prior_kl_weight": value, **analysis.mean_summary(evals)}
         row["reward"] = row["expected_accuracy"] - g.token_cost_weight * row["avg_cost"] / g.token_unit
         rows.append(row)
@@ -397,7 +416,7 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     before = analysis.evaluate("lm_init", reduced.make_policy(cfg.seed), reduced.eval_tasks, reduced.world, eval_specs,
                                reduced.eval_rollout, seed=cfg.seed)
     start = time.perf_counter()
-    after, history = analysis.run_variant(reduced, maca, seed=cfg.seed)
+    after, history = analysis.run_variant(reduced, maca, seed=cfg.seed, **_resumable(cfg, "lm_check", cfg.seed))
     seconds = time.perf_counter() - start
     best = None if setup.best is None else float(setup.best[ev].mean())
     out = {"families": list(lc.families), "train_tasks": len(tr), "eval_tasks": len(ev), "iterations": lc.iterations,
@@ -407,6 +426,28 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     log(f"LM policy ({lc.iterations} iterations, {seconds:.0f} s): before {_brief(before.summary)}; "
         f"after {_brief(after.summary)}")
     return out
+
+
+def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
+    """Makes RUN_DIR this config's: records the config there, or, where a run already recorded one, checks that it
+    is the same, so a rerun after a crash resumes (every training run from its checkpoint, the prior from its
+    cache) and a changed config never resumes another run's state."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path, current = run_dir / "config.json", json.loads(cfg.to_json())
+    if not path.exists():
+        analysis.write_json(path, current)
+        return
+    differ = _differences(json.loads(path.read_text()), current)
+    if differ:
+        raise ValueError(f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
+                         f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over")
+
+
+def _differences(before: Any, after: Any, where: str = "") -> list[str]:
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [d for k in sorted(set(before) | set(after))
+                for d in _differences(before.get(k, "<absent>"), after.get(k, "<absent>"), f"{where}{k}.")]
+    return [] if before == after else [f"{where[:-1]}: {before!r} -> {after!r}"]
 
 
 def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
@@ -419,8 +460,6 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     if unknown:
         raise ValueError(f"baselines.systems: unknown {sorted(unknown)}; choose from {baselines.BASELINES}")
     run_dir = Path(cfg.run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # a rerun replaces the run (Orbax refuses a step twice)
     start = time.perf_counter()
     setup = build_setup(cfg, backend, log)
     names = setup.study.world.pool.names

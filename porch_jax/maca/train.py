@@ -28,6 +28,7 @@ import asyncio
 import dataclasses
 import functools
 import heapq
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -220,6 +221,30 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
     losses = train_edge_mlp(mlp, buffer, agent_embs, steps=cfg.mlp_steps, batch_size=cfg.mlp_batch,
                             learning_rate=cfg.mlp_learning_rate, seed=seed, with_start=cfg.with_start)
     return mlp, stats | {"mlp_loss": [losses[0], losses[-1]]}
+
+
+def save_edge_mlp(directory: str | Path, mlp: EdgeMLP | None, stats: dict[str, Any]) -> None:
+    """Orbax checkpoint of a learned prior: Eq. 6's MLP (or that there is none, `learn_edge_mlp`'s fallback)
+    and its statistics, so a resumed run does not repeat prior learning's agent calls."""
+    state = nnx.state(mlp) if mlp is not None else {"none": jnp.zeros(())}
+    with Checkpointer(directory, keep=1, async_save=False) as ckpt:
+        ckpt.save(0, state, {"stats": stats}, {"mlp": mlp is not None})
+
+
+def restore_edge_mlp(directory: str | Path, embed_dim: int, hidden: int
+                     ) -> tuple[EdgeMLP | None, dict[str, Any]] | None:
+    """(MLP or None, statistics) saved by `save_edge_mlp`; None when the directory holds none."""
+    with Checkpointer(directory, keep=1, async_save=False) as ckpt:
+        if not ckpt.steps():
+            return None
+        mlp = EdgeMLP(embed_dim, hidden, rngs=nnx.Rngs(0)) if ckpt.config(ckpt.steps()[-1])["mlp"] else None
+        restored = ckpt.restore_latest(_abstract(nnx.state(mlp) if mlp is not None else {"none": jnp.zeros(())}))
+    if restored is None:
+        return None
+    _, state, data = restored
+    if mlp is not None:
+        nnx.update(mlp, state)
+    return mlp, data["stats"]
 
 
 def edge_probs(mlp: EdgeMLP | None, agent_embs: np.ndarray, context_embs: np.ndarray, *,
@@ -517,75 +542,124 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
 
 def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: AgentWorld,
                specs: Mapping[str, GraphSpec] | None, variant: Variant, cfg: GRPOConfig, *, seed: int = 0,
-               checkpoint_dir: str | Path | None = None, probe: Callable[[], Mapping[str, float]] | None = None,
-               probe_every: int = 0) -> TrainResult:
+               checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
+               probe: Callable[[], Mapping[str, float]] | None = None, probe_every: int = 0) -> TrainResult:
     """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
     `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
     held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
     metrics join that iteration's row as `heldout_<metric>`. It must not touch the training state: the
-    trained parameters are the same with or without it."""
+    trained parameters are the same with or without it.
+
+    With `checkpoint_dir` the state (parameters, optimizer, pi_ref, the sampler's RNG and the history) is
+    saved after every `checkpoint_every`-th iteration and after the last, and a call that finds a checkpoint
+    there resumes from it: a run interrupted and called again ends exactly as one that was not (the agents'
+    randomness comes from the same RNG; a real backend's replies may differ), and a finished one only
+    restores. The checkpoint must come from the same task set, variant and config; it records them."""
     if not variant.learn:
         raise ValueError(f"variant {variant.name!r} has no policy to train")
     rng = np.random.default_rng(seed)
     tx = make_optimizer(cfg)
     ref_params = jax.tree.map(jnp.copy, policy.params)
     opt_state = tx.init(policy.params)
+    history: list[dict[str, float]] = []
+    ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
+    identity = {"variant": dataclasses.asdict(variant), "seed": seed, "iterations": cfg.iterations,
+                "tasks": len(tasks), "first_task": tasks[0].task_id if tasks else None}
+    start, resumed = 0, None
+    if ckpt is not None:
+        try:
+            resumed = _resume(ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
+        except BaseException:
+            ckpt.close()
+            raise
+    if resumed is not None:
+        start, state, data = resumed
+        policy.params, opt_state, ref_params = state["params"], state["opt_state"], state["ref_params"]
+        rng.bit_generator.state = data["rng"]
+        history = list(data["history"])
     update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
                                variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
-    rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
-    history = []
-    for it in range(cfg.iterations):
-        picked = rng.choice(len(tasks), size=min(cfg.tasks_per_iteration, len(tasks)), replace=False)
-        batch_tasks = [tasks[i] for i in picked for _ in range(cfg.group_size)]
-        spec_list = None if specs is None else [specs[t.task_id] for t in batch_tasks]
-        episodes = asyncio.run(rollout(batch_tasks, policy, world, spec_list, rollout_cfg, rng))
-        batch = _decisions(episodes, rollout_cfg.max_steps)
-        inputs, masks = policy.inputs(batch.states, batch.masks)
-        rows = len(masks)
-        old = np.where(masks, 0.0, -np.inf).astype(np.float32)  # padding rows: all mass on STOP, as their masks
-        old[: len(batch.states)] = batch.log_probs
-        ref = policy.scored(inputs, masks, ref_params)
-        prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
-        valid = np.arange(rows) < len(batch.states)
-        targets = group_targets(
-            old, ref, prior, valid, pad_rows(batch.episode, rows), pad_rows(batch.step, rows), batch.tokens,
-            np.array([e.correct for e in episodes], np.float32), batch.step_mask, groups=len(picked),
-            token_cost_weight=cfg.token_cost_weight, token_unit=cfg.token_unit, eps=cfg.advantage_eps,
-            prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0,
-            actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None)
-        actions = pad_rows(batch.actions, rows)
-        old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
-        for _ in range(cfg.epochs):
-            policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
-                                                       targets["decision_advantages"], valid, targets["mix"])
-        returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
-        history.append({
-            "iteration": it, "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),
-            "cost": float(np.mean([e.cost for e in episodes])), "steps": float(np.mean([len(e.path) for e in episodes])),
-            "kl_mix_rollout": float(kl.mean()), **{k: float(v) for k, v in jax.device_get(metrics).items()}})
-        if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or it + 1 == cfg.iterations):
-            history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
-    if checkpoint_dir is not None:
-        save_policy(checkpoint_dir, cfg.iterations, policy.params, opt_state, {"variant": dataclasses.asdict(variant)})
+    try:
+        for it in range(start, cfg.iterations):
+            opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
+            history.append({"iteration": it, **row})
+            last = it + 1 == cfg.iterations
+            if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or last):
+                history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
+            if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):
+                ckpt.save(it + 1, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params},
+                          {"iteration": it + 1, "rng": rng.bit_generator.state, "history": history}, identity)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
     return TrainResult(policy.params, opt_state, history)
 
 
-def save_policy(directory: str | Path, step: int, params: nnx.State, opt_state: optax.OptState, config: dict[str, Any]) -> None:
-    """Orbax checkpoint of the policy's parameters and optimizer state (the trainers' Checkpointer)."""
-    ckpt = Checkpointer(directory, async_save=False)
-    try:
-        ckpt.save(step, {"params": params, "opt_state": opt_state}, {"step": step}, config)
-    finally:
-        ckpt.close()
+def _iteration(policy: ActionPolicy, opt_state: optax.OptState, ref_params: nnx.State, update: Callable,
+               tasks: Sequence[OrchestrationTask], world: AgentWorld, specs: Mapping[str, GraphSpec] | None,
+               variant: Variant, cfg: GRPOConfig, rng: np.random.Generator) -> tuple[optax.OptState, dict[str, float]]:
+    """One GRPO iteration (updates `policy.params` in place): groups of rollouts, Eq. 12's returns, Eq. 9's
+    advantages, `cfg.epochs` updates. Returns the optimizer state and the iteration's metrics."""
+    rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
+    picked = rng.choice(len(tasks), size=min(cfg.tasks_per_iteration, len(tasks)), replace=False)
+    batch_tasks = [tasks[i] for i in picked for _ in range(cfg.group_size)]
+    spec_list = None if specs is None else [specs[t.task_id] for t in batch_tasks]
+    episodes = asyncio.run(rollout(batch_tasks, policy, world, spec_list, rollout_cfg, rng))
+    batch = _decisions(episodes, rollout_cfg.max_steps)
+    inputs, masks = policy.inputs(batch.states, batch.masks)
+    rows = len(masks)
+    old = np.where(masks, 0.0, -np.inf).astype(np.float32)  # padding rows: all mass on STOP, as their masks
+    old[: len(batch.states)] = batch.log_probs
+    ref = policy.scored(inputs, masks, ref_params)
+    prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
+    valid = np.arange(rows) < len(batch.states)
+    targets = group_targets(
+        old, ref, prior, valid, pad_rows(batch.episode, rows), pad_rows(batch.step, rows), batch.tokens,
+        np.array([e.correct for e in episodes], np.float32), batch.step_mask, groups=len(picked),
+        token_cost_weight=cfg.token_cost_weight, token_unit=cfg.token_unit, eps=cfg.advantage_eps,
+        prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0,
+        actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None)
+    actions = pad_rows(batch.actions, rows)
+    old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
+    for _ in range(cfg.epochs):
+        policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
+                                                   targets["decision_advantages"], valid, targets["mix"])
+    returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
+    return opt_state, {
+        "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),
+        "cost": float(np.mean([e.cost for e in episodes])), "steps": float(np.mean([len(e.path) for e in episodes])),
+        "kl_mix_rollout": float(kl.mean()), **{k: float(v) for k, v in jax.device_get(metrics).items()}}
+
+
+def _resume(ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
+            ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+    """(iteration, state shaped like `target`, data) of `ckpt`'s newest readable step; None when there is none.
+    A checkpoint of another run (its recorded identity differs) is refused, naming what differs."""
+    steps = ckpt.steps()
+    if not steps:
+        return None
+    saved = ckpt.config(steps[-1])
+    differ = sorted(k for k in identity if json.loads(json.dumps(identity[k])) != saved.get(k))
+    if differ:
+        raise ValueError(f"{ckpt.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
+                         f"{ {k: saved.get(k) for k in differ} }); use another checkpoint directory or delete it")
+    restored = ckpt.restore_latest(_abstract(target))
+    if restored is not None:
+        logging.info("GRPO (%s) resumes from iteration %d of %s", identity["variant"]["name"], restored[0],
+                     ckpt.directory)
+    return restored
+
+
+def _abstract(target: Any) -> Any:
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
 
 
 def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.GradientTransformation) -> nnx.State:
     """The latest checkpointed parameters, shaped like `policy.params`."""
-    target = {"params": policy.params, "opt_state": tx.init(policy.params)}
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
+    target = {"params": policy.params, "opt_state": tx.init(policy.params), "ref_params": policy.params}
     ckpt = Checkpointer(directory, async_save=False)
     try:
-        restored = ckpt.restore_latest(abstract)
+        restored = ckpt.restore_latest(_abstract(target))
     finally:
         ckpt.close()
     if restored is None:

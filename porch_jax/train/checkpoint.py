@@ -45,6 +45,10 @@ class Checkpointer:
         )
         self.manager.save(step, args=args, force=True)
 
+    def config(self, step: int) -> dict[str, Any]:
+        """The config saved with `step` (what the run was), without reading its arrays."""
+        return self.manager.restore(step, args=ocp.args.Composite(config=ocp.args.JsonRestore()))["config"]
+
     def restore(self, step: int, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
         """(state on abstract_state's shardings, data-iterator state) of `step`; CheckpointError if unreadable."""
         args = ocp.args.Composite(state=ocp.args.StandardRestore(abstract_state), data=ocp.args.JsonRestore())

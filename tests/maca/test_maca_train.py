@@ -46,6 +46,7 @@ from porch_jax.maca.train import (
     restore_params,
     train_grpo,
 )
+from porch_jax.train.checkpoint import Checkpointer
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -419,7 +420,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     assert row["system"] == "maca" and row["invalid_action_rate"] == 0.0 and row["avg_cost"] > 0
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
     assert saved["systems"][0]["accuracy"] == row["accuracy"]
-    assert (tmp_path / "run" / "tables.md").exists() and (tmp_path / "run" / "checkpoints" / "maca").exists()
+    assert (tmp_path / "run" / "tables.md").exists() and (tmp_path / "run" / "checkpoints" / "maca" / "seed_0").exists()
     # the baselines on the same held-out tasks and backend, scored by the benchmark's checker
     base = {r["system"]: r for r in results["baselines"]}
     assert list(base) == list(BASELINES)
@@ -551,3 +552,95 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     bad.lambda_selection.task_seed = bad.world.eval_seed
     with pytest.raises(ValueError):
         launcher.validation_tasks(bad)
+
+
+def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
+    """GRPO killed mid-run (here: its probe raises after iteration 2's checkpoint) and called again resumes from
+    the checkpoint and ends exactly as an uninterrupted run; a finished run only restores; a checkpoint of
+    another run is refused with what differs."""
+    study = dataclasses.replace(small_study, grpo=dataclasses.replace(small_study.grpo, iterations=4))
+    specs, _ = study.specs(VARIANTS["maca"])
+
+    def train(**kwargs):
+        policy = study.make_policy(0)
+        result = train_grpo(policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, **kwargs)
+        return policy, [{k: v for k, v in h.items() if not k.startswith("heldout_")} for h in result.history]
+
+    plain, plain_history = train()
+
+    class Killed(Exception):
+        pass
+
+    calls = []
+
+    def probe():
+        calls.append(len(calls))
+        if len(calls) == 3:
+            raise Killed
+        return {"probe": 1.0}
+
+    ckpt = tmp_path / "ckpt"
+    with pytest.raises(Killed):
+        train(checkpoint_dir=ckpt, checkpoint_every=1, probe=probe, probe_every=1)
+    assert Checkpointer(ckpt).steps() == [1, 2]  # iteration 3 died before its save
+    for _ in range(2):  # the resumed run, then a finished one that only restores
+        resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1)
+        assert history == plain_history
+        for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert Checkpointer(ckpt).steps() == [3, 4]
+    other = dataclasses.replace(study, grpo=dataclasses.replace(study.grpo, iterations=5))
+    with pytest.raises(ValueError, match="another run.*iterations"):
+        train_grpo(study.make_policy(0), study.train_tasks, study.world, specs, VARIANTS["maca"], other.grpo,
+                   checkpoint_dir=ckpt)
+
+
+def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, monkeypatch):
+    """A run killed during its second system, relaunched with the same config, restores the prior and the finished
+    system from RUN_DIR/checkpoints, trains only what was left, and writes what an uninterrupted run writes; the
+    same RUN_DIR with another config is refused, naming the difference."""
+    from experiments.maca_synthetic import get_config
+    from launch import maca as launcher
+    from porch_jax.maca import train as maca_train
+
+    def config(run_dir):
+        cfg = get_config()
+        cfg.run_dir = str(run_dir)
+        cfg.encoder = "hashing"
+        cfg.world.update({"num_train": 6, "num_eval": 6})
+        cfg.prior.update({"rounds": 1, "samples": 2, "mlp_steps": 10})
+        cfg.grpo.update({"iterations": 3, "tasks_per_iteration": 2, "group_size": 2})
+        cfg.lambda_selection.enabled = False
+        cfg.seeds, cfg.systems, cfg.curve_every, cfg.checkpoint_every = (0,), ("maca", "grpo", "no_policy"), 1, 2
+        cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
+        cfg.lm_check.enabled = False
+        return cfg
+
+    def comparable(results):
+        rows = [{k: v for k, v in r.items() if k != "seconds"} for r in results["systems"]]
+        return rows, results["prior"], results["learning_curves"], results["transitions"]
+
+    clean = launcher.run(config(tmp_path / "clean"), log=lambda s: None)
+    iterations = []
+    real_iteration = maca_train._iteration
+
+    def counting(*args, **kwargs):
+        iterations.append(args[7].name)  # the variant
+        if len(iterations) == 6:  # maca's 3, then grpo's 3rd: killed after grpo's checkpoint at iteration 2
+            raise KeyboardInterrupt
+        return real_iteration(*args, **kwargs)
+
+    monkeypatch.setattr(maca_train, "_iteration", counting)
+    with pytest.raises(KeyboardInterrupt):
+        launcher.run(config(tmp_path / "run"), log=lambda s: None)
+    assert iterations == ["maca"] * 3 + ["grpo"] * 3
+    iterations.clear()
+    logs = []
+    resumed = launcher.run(config(tmp_path / "run"), log=logs.append)
+    assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-2 checkpoint
+    assert any(line.startswith("prior restored from") for line in logs)
+    assert comparable(resumed) == comparable(clean)
+    changed = config(tmp_path / "run")
+    changed.grpo.learning_rate = 1e-2
+    with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
+        launcher.run(changed, log=lambda s: None)
