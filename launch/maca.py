@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import ConfigDict, config_flags
 
 from porch_jax.backends import Backend, Sampling
@@ -258,9 +258,10 @@ def _row(name: str, evals: Sequence[analysis.Evaluation], best: float | None, **
 
 def _resumable(cfg: ConfigDict, run: str, seed: int) -> dict[str, Any]:
     """run_variant's checkpoint arguments for one training run of the experiment: its own directory under
-    RUN_DIR/checkpoints, saved every `checkpoint_every` iterations (0: at the end only) and resumed from there."""
+    RUN_DIR/checkpoints, saved every `checkpoint_every` iterations (0: at the end only) and resumed from there;
+    training's progress lines go to the log (absl's, so they carry time stamps)."""
     return {"checkpoint_dir": Path(cfg.run_dir) / "checkpoints" / run / f"seed_{seed}",
-            "checkpoint_every": cfg.get("checkpoint_every", 0)}
+            "checkpoint_every": cfg.get("checkpoint_every", 0), "progress": lambda line: logging.info("%s: %s", run, line)}
 
 
 def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]

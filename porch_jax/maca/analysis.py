@@ -251,13 +251,13 @@ class Study:
 
 
 def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float | None = None,
-                checkpoint_dir: Path | None = None, checkpoint_every: int = 0,
-                curve_every: int = 0) -> tuple[Evaluation, list[dict[str, float]]]:
+                checkpoint_dir: Path | None = None, checkpoint_every: int = 0, curve_every: int = 0,
+                progress: Callable[[str], None] | None = None) -> tuple[Evaluation, list[dict[str, float]]]:
     """Trains (unless the variant has no policy) and evaluates one variant; returns the evaluation and the
     training history. `curve_every` > 0 also evaluates the policy on the held-out tasks every that many
     iterations (the history's `heldout_*` entries: `learning_curve`); it reads the policy only, so the
     trained policy and its final evaluation are unchanged. With `checkpoint_dir` training resumes from (or,
-    finished, restores) the checkpoint there (`train_grpo`)."""
+    finished, restores) the checkpoint there; `progress` gets training's periodic lines (`train_grpo`)."""
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
@@ -278,7 +278,7 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
 
     result = train_grpo(policy, study.train_tasks, study.world, train_specs, variant, grpo, seed=seed,
                         checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, probe=probe,
-                        probe_every=curve_every)
+                        probe_every=curve_every, progress=progress)
     return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), result.history
 
 

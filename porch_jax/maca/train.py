@@ -30,6 +30,7 @@ import functools
 import heapq
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ from porch_jax.maca.synthetic import walk
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
+from porch_jax.train.metrics import format_duration
 
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 
@@ -543,7 +545,8 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
 def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: AgentWorld,
                specs: Mapping[str, GraphSpec] | None, variant: Variant, cfg: GRPOConfig, *, seed: int = 0,
                checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
-               probe: Callable[[], Mapping[str, float]] | None = None, probe_every: int = 0) -> TrainResult:
+               probe: Callable[[], Mapping[str, float]] | None = None, probe_every: int = 0,
+               progress: Callable[[str], None] | None = None, progress_every_s: float = 30.0) -> TrainResult:
     """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
     `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
     held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
@@ -554,7 +557,10 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     saved after every `checkpoint_every`-th iteration and after the last, and a call that finds a checkpoint
     there resumes from it: a run interrupted and called again ends exactly as one that was not (the agents'
     randomness comes from the same RNG; a real backend's replies may differ), and a finished one only
-    restores. The checkpoint must come from the same task set, variant and config; it records them."""
+    restores. The checkpoint must come from the same task set, variant and config; it records them.
+
+    `progress` gets a line (iteration, return, accuracy, tokens, rate, ETA) at most every `progress_every_s`
+    seconds and after the last iteration: against served agents an iteration can take minutes."""
     if not variant.learn:
         raise ValueError(f"variant {variant.name!r} has no policy to train")
     rng = np.random.default_rng(seed)
@@ -579,11 +585,18 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
         history = list(data["history"])
     update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
                                variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
+    t0 = shown = time.perf_counter()
     try:
         for it in range(start, cfg.iterations):
             opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
             history.append({"iteration": it, **row})
             last = it + 1 == cfg.iterations
+            if progress is not None and (last or time.perf_counter() - shown >= progress_every_s):
+                shown = time.perf_counter()
+                rate = (it + 1 - start) / max(shown - t0, 1e-9)
+                progress(f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
+                         f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f} | {rate:.2f} it/s, "
+                         f"ETA {format_duration((cfg.iterations - it - 1) / rate)}")
             if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or last):
                 history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
             if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):

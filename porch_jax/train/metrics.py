@@ -29,7 +29,7 @@ def check_finite(step: int, metrics: Mapping[str, float], last_good: int | None)
         raise NonFiniteError(f"non-finite values at step {step}: {bad}; stopping without saving this state ({where})")
 
 
-def _format_duration(seconds: float) -> str:
+def format_duration(seconds: float) -> str:
     seconds = int(max(seconds, 0))
     return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
@@ -79,7 +79,7 @@ class MetricsLogger:
         parts += [f"grad_norm {m['grad_norm']:.3f}", f"lr {m['learning_rate']:.2e}"]
         if "steps_per_s" in m:
             rate = m["steps_per_s"]
-            parts += [f"{m['tokens_per_s']:,.0f} tok/s", f"{rate:.2f} it/s", f"ETA {_format_duration((self.total - step) / rate)}"]
+            parts += [f"{m['tokens_per_s']:,.0f} tok/s", f"{rate:.2f} it/s", f"ETA {format_duration((self.total - step) / rate)}"]
         return " | ".join(parts)
 
     def text(self, message: str) -> None:

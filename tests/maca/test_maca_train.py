@@ -583,9 +583,13 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
     with pytest.raises(Killed):
         train(checkpoint_dir=ckpt, checkpoint_every=1, probe=probe, probe_every=1)
     assert Checkpointer(ckpt).steps() == [1, 2]  # iteration 3 died before its save
-    for _ in range(2):  # the resumed run, then a finished one that only restores
-        resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1)
+    for attempt in range(2):  # the resumed run, then a finished one that only restores
+        lines = []
+        resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1, progress=lines.append, progress_every_s=0.0)
         assert history == plain_history
+        assert len(lines) == (2 if attempt == 0 else 0)  # a line per iteration trained (interval 0)
+        assert all(line.startswith(f"maca seed 0: iteration {i}/4 return ") and " it/s, ETA 0:00:" in line
+                   for i, line in zip((3, 4), lines))
         for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert Checkpointer(ckpt).steps() == [3, 4]
