@@ -5,10 +5,12 @@ Saves are asynchronous (training continues while the arrays are written) and kee
 run saved on one mesh shape resumes on another. A step that fails to restore (truncated or
 corrupt files) is reported by name, moved aside (never deleted: it is evidence) and the previous
 kept step is tried, so a crash during a save costs at most the steps since the one before it.
+Orbax's INFO lines (~40 per save) are kept out of absl's log (`quiet_orbax`); PORCH_JAX_ORBAX_LOGS=1 keeps them.
 """
 from __future__ import annotations
 
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Self
@@ -24,8 +26,23 @@ class CheckpointError(RuntimeError):
     """A checkpoint step that cannot be restored; the message names the step and directory."""
 
 
+def _not_orbax_info(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def quiet_orbax() -> None:
+    """Drops orbax's records below WARNING from absl's handler, where they would bury a run's own progress lines
+    (a MACA experiment saves ~50 checkpoints); its warnings and errors still show. Idempotent."""
+    from absl import logging as absl_logging
+
+    handler = absl_logging.get_absl_handler()
+    if os.environ.get("PORCH_JAX_ORBAX_LOGS") != "1" and _not_orbax_info not in handler.filters:
+        handler.addFilter(_not_orbax_info)
+
+
 class Checkpointer:
     def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True):
+        quiet_orbax()
         self.directory = Path(directory).absolute()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=async_save, create=True, cleanup_tmp_directories=True

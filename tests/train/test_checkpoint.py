@@ -99,3 +99,24 @@ def test_nan_stops_with_the_step_and_keeps_the_last_good_checkpoint(examples, tm
         assert checkpointer.steps() == [4]
         state, _ = checkpointer.restore(4, trainer.abstract_state)
     assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state))
+
+
+def test_orbax_info_lines_stay_out_of_the_log_and_its_warnings_do_not(tmp_path):
+    """A Checkpointer filters orbax's INFO records from absl's handler (a MACA run saves ~50 checkpoints, ~40
+    lines each); orbax's warnings and everyone else's INFO pass."""
+    import logging
+
+    from absl import logging as absl_logging
+
+    from porch_jax.train.checkpoint import Checkpointer
+
+    Checkpointer(tmp_path / "c", async_save=False).close()
+    handler = absl_logging.get_absl_handler()
+
+    def record(path, level):
+        return logging.LogRecord("absl", level, path, 1, "message", None, None)
+
+    orbax_file = "/site-packages/orbax/checkpoint/checkpoint_manager.py"
+    assert not handler.filter(record(orbax_file, logging.INFO))
+    assert handler.filter(record(orbax_file, logging.WARNING))
+    assert handler.filter(record("/work/porch_jax/maca/train.py", logging.INFO))
