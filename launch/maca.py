@@ -429,6 +429,10 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     return out
 
 
+# where the agents are served and how patiently: a relaunch after a crash may point at a restarted server
+RESUME_MAY_CHANGE = ("backend.urls:", "backend.timeout_s:", "backend.max_retries:", "baselines.concurrency:")
+
+
 def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
     """Makes RUN_DIR this config's: records the config there, or, where a run already recorded one, checks that it
     is the same, so a rerun after a crash resumes (every training run from its checkpoint, the prior from its
@@ -438,7 +442,7 @@ def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
     if not path.exists():
         analysis.write_json(path, current)
         return
-    differ = _differences(json.loads(path.read_text()), current)
+    differ = [d for d in _differences(json.loads(path.read_text()), current) if not d.startswith(RESUME_MAY_CHANGE)]
     if differ:
         raise ValueError(f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
                          f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over")

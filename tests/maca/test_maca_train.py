@@ -644,6 +644,9 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-2 checkpoint
     assert any(line.startswith("prior restored from") for line in logs)
     assert comparable(resumed) == comparable(clean)
+    moved = config(tmp_path / "run")
+    moved.backend = {"kind": "synthetic", "urls": ("http://elsewhere:8000",)}  # a restarted server may move
+    assert comparable(launcher.run(moved, log=lambda s: None)) == comparable(clean)
     changed = config(tmp_path / "run")
     changed.grpo.learning_rate = 1e-2
     with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
