@@ -191,7 +191,8 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     prior_dir = Path(cfg.run_dir) / "checkpoints" / "prior"
     cached = restore_edge_mlp(prior_dir, agent_embs.shape[1], pcfg.mlp_hidden)
     if cached is None:
-        mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed)
+        mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed,
+                                          progress=logging.info)
         save_edge_mlp(prior_dir, mlp, prior_stats)
     else:
         mlp, prior_stats = cached

@@ -30,7 +30,6 @@ import functools
 import heapq
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -83,7 +82,7 @@ from porch_jax.maca.synthetic import walk
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
-from porch_jax.train.metrics import format_duration
+from porch_jax.train.metrics import ProgressLine
 
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 
@@ -174,14 +173,17 @@ def relevance_scores(context_embs: np.ndarray, agent_embs: np.ndarray, budgets: 
 
 
 def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], context_embs: np.ndarray,
-                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0
-                   ) -> tuple[EdgeMLP | None, dict[str, Any]]:
+                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0,
+                   progress: Callable[[str], None] | None = None) -> tuple[EdgeMLP | None, dict[str, Any]]:
     """Samples structures from the Bernoulli edge policy (Eq. 5) among each task's gate-passing agents,
     executes a walk on each through `world`, and fits the edge MLP (Eq. 6) on the successful walks.
     The MLP reads e(x, b), the same embedding as the relevance score (one encoding per task). When no walk
     succeeds there is nothing to fit: it warns and returns None (`edge_probs` then makes every edge plausible)
-    rather than stop a run whose agent calls are already spent."""
+    rather than stop a run whose agent calls are already spent. `progress` gets a line (walks done, successes,
+    rate, ETA) at most every 30 s: against served agents this stage makes rounds x tasks x samples walks."""
     rng = np.random.default_rng(seed)
+    walks = {"done": 0, "ok": 0}
+    line = None if progress is None else ProgressLine(cfg.rounds * len(tasks) * cfg.samples, progress, unit="walks")
     allowed = np.asarray(gate(jnp.asarray(q), cfg.gamma)) > 0
     n = agent_embs.shape[0]
     init_logit = 0.0
@@ -202,10 +204,15 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
         for g in groups:
             idx = [m for m, t in enumerate(tasks) if g is None or t.family == g]
 
-            def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool, int]:
+            def execute(k: int, graph: np.ndarray, idx=idx, r=r) -> tuple[list[int], bool, int]:
                 m = idx[k]
                 path = walk(graph, allowed[m, :n], rng, max_steps=cfg.walk_steps)
                 correct, tokens = asyncio.run(run_path(world, tasks[m], path, rng))
+                walks["done"] += 1
+                walks["ok"] += int(correct)
+                if line is not None:
+                    line(walks["done"], f"prior learning, round {r + 1}/{cfg.rounds}: walk {walks['done']}/{line.total}, "
+                                        f"{walks['ok']} succeeded")
                 return path, correct, tokens
 
             key, sub = jax.random.split(key)
@@ -585,18 +592,15 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
         history = list(data["history"])
     update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
                                variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
-    t0 = shown = time.perf_counter()
+    line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
     try:
         for it in range(start, cfg.iterations):
             opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
             history.append({"iteration": it, **row})
             last = it + 1 == cfg.iterations
-            if progress is not None and (last or time.perf_counter() - shown >= progress_every_s):
-                shown = time.perf_counter()
-                rate = (it + 1 - start) / max(shown - t0, 1e-9)
-                progress(f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
-                         f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f} | {rate:.2f} it/s, "
-                         f"ETA {format_duration((cfg.iterations - it - 1) / rate)}")
+            if line is not None:
+                line(it + 1, f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
+                             f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f}")
             if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or last):
                 history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
             if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):
