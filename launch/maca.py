@@ -417,13 +417,12 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     _, eval_specs = reduced.specs(maca)
     before = analysis.evaluate("lm_init", reduced.make_policy(cfg.seed), reduced.eval_tasks, reduced.world, eval_specs,
                                reduced.eval_rollout, seed=cfg.seed)
-    start = time.perf_counter()
     after, history = analysis.run_variant(reduced, maca, seed=cfg.seed, **_resumable(cfg, "lm_check", cfg.seed))
-    seconds = time.perf_counter() - start
+    seconds = sum(h["seconds"] for h in history)  # recorded per iteration: right also when restored
     best = None if setup.best is None else float(setup.best[ev].mean())
     out = {"families": list(lc.families), "train_tasks": len(tr), "eval_tasks": len(ev), "iterations": lc.iterations,
            "episodes_per_iteration": lc.tasks_per_iteration * grpo.group_size, "seconds": seconds,
-           "seconds_per_iteration": seconds / max(lc.iterations, 1), "before": before.summary, "after": after.summary,
+           "seconds_per_iteration": seconds / max(len(history), 1), "before": before.summary, "after": after.summary,
            "best_achievable": best, "train_accuracy": [h["accuracy"] for h in history]}
     log(f"LM policy ({lc.iterations} iterations, {seconds:.0f} s): before {_brief(before.summary)}; "
         f"after {_brief(after.summary)}")

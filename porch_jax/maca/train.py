@@ -30,6 +30,7 @@ import functools
 import heapq
 import json
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -557,8 +558,8 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
     `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
     held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
-    metrics join that iteration's row as `heldout_<metric>`. It must not touch the training state: the
-    trained parameters are the same with or without it.
+    metrics join that iteration's row as `heldout_<metric>` (`seconds`, the iteration's wall time, leaves the probe
+    out). It must not touch the training state: the trained parameters are the same with or without it.
 
     With `checkpoint_dir` the state (parameters, optimizer, pi_ref, the sampler's RNG and the history) is
     saved after every `checkpoint_every`-th iteration and after the last, and a call that finds a checkpoint
@@ -595,8 +596,9 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
     try:
         for it in range(start, cfg.iterations):
+            began = time.perf_counter()
             opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
-            history.append({"iteration": it, **row})
+            history.append({"iteration": it, **row, "seconds": time.perf_counter() - began})
             last = it + 1 == cfg.iterations
             if line is not None:
                 line(it + 1, f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
