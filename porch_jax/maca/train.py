@@ -80,10 +80,10 @@ from porch_jax.maca.policy import (
     trajectory_return,
 )
 from porch_jax.maca.synthetic import walk
+from porch_jax.progress import ProgressLine
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
-from porch_jax.train.metrics import ProgressLine
 
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from porch_jax.progress import ProgressLine
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore, encode_record
 
 EpisodeFn = Callable[[Any], Awaitable[EpisodeRecord]]
@@ -65,21 +66,18 @@ class RunSummary:
 
 class _Progress:
     def __init__(self, todo: int, skipped: int, enabled: bool, interval_s: float):
-        self.todo, self.skipped, self.enabled, self.interval_s = todo, skipped, enabled, interval_s
+        self.todo, self.skipped = todo, skipped
         self.done = self.ok = self.errors = 0
-        self.t0 = self._last = time.monotonic()
+        self.line = ProgressLine(todo, lambda s: print(f"[runner] {s}", file=sys.stderr, flush=True),
+                                 every_s=interval_s, unit="ep") if enabled else None
 
     def update(self, record: EpisodeRecord) -> None:
         self.done += 1
         self.ok += record.outcome.success
         self.errors += record.outcome.reason.startswith("error:")
-        now = time.monotonic()
-        if self.enabled and (now - self._last >= self.interval_s or self.done == self.todo):
-            self._last = now
-            rate = self.done / max(now - self.t0, 1e-9)
-            eta = (self.todo - self.done) / rate if rate else float("inf")
-            print(f"[runner] {self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.skipped} skipped"
-                  f" earlier) {rate:.2f} ep/s, ETA {eta:.0f}s", file=sys.stderr, flush=True)
+        if self.line is not None:
+            self.line(self.done, f"{self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.skipped} "
+                                 "skipped earlier)")
 
 
 async def _run_one(task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float | None,

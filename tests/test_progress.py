@@ -3,12 +3,12 @@ from __future__ import annotations
 
 
 def test_progress_line_is_throttled_and_always_reports_the_end(monkeypatch):
-    from porch_jax.train import metrics
+    from porch_jax import progress
 
     clock = iter([0.0, 1.0, 10.0, 31.0, 32.0, 40.0])  # creation, then one reading per call
-    monkeypatch.setattr(metrics.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
     lines = []
-    line = metrics.ProgressLine(5, lines.append, every_s=30.0, unit="walks")
+    line = progress.ProgressLine(5, lines.append, every_s=30.0, unit="walks")
     for done in range(1, 6):
         line(done, f"walk {done}")
     # 31 s: due (3 walks in 31 s, 2 left); 32 s: not due; 40 s: the last walk
