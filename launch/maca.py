@@ -30,7 +30,7 @@ from ml_collections import ConfigDict, config_flags
 from porch_jax.backends import Backend, Sampling
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines
-from porch_jax.maca.encoder import HashingEncoder, MiniLMEncoder, SentenceEncoder
+from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
 from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
@@ -115,11 +115,14 @@ def build_world(cfg: ConfigDict, backend: Backend | None = None
 
 
 def build_encoder(name: str) -> SentenceEncoder:
+    """`encoder` in a config: "minilm" (the packaged all-MiniLM-L6-v2), "hashing" (a test stand-in), or any
+    sentence-transformers model: a local folder, or a hub id such as "BAAI/bge-small-en-v1.5" (the paper's BGE)
+    where a hub is reachable."""
     if name == "minilm":
-        return MiniLMEncoder()
+        return SentenceTransformerEncoder()
     if name == "hashing":
         return HashingEncoder()
-    raise ValueError(f"encoder must be 'minilm' or 'hashing', got {name!r}")
+    return SentenceTransformerEncoder(name)
 
 
 def contexts(encoder: SentenceEncoder, tasks: Sequence[OrchestrationTask]) -> np.ndarray:

