@@ -443,9 +443,16 @@ def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     path, current = run_dir / "config.json", json.loads(cfg.to_json())
     if not path.exists():
-        analysis.write_json(path, current)
+        partial = path.with_suffix(".json.partial")
+        analysis.write_json(partial, current)
+        partial.replace(path)  # atomic: a crash never leaves a torn record
         return
-    differ = [d for d in _differences(json.loads(path.read_text()), current) if not d.startswith(RESUME_MAY_CHANGE)]
+    try:
+        recorded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start "
+                         "over") from e
+    differ = [d for d in _differences(recorded, current) if not d.startswith(RESUME_MAY_CHANGE)]
     if differ:
         raise ValueError(f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
                          f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over")

@@ -656,3 +656,6 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     changed.grpo.learning_rate = 1e-2
     with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
         launcher.run(changed, log=lambda s: None)
+    (tmp_path / "run" / "config.json").write_text('{"run_dir": ')  # a torn write
+    with pytest.raises(ValueError, match="config.json is not the JSON a run records"):
+        launcher.run(config(tmp_path / "run"), log=lambda s: None)
