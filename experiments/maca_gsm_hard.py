@@ -28,8 +28,10 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c.world = ConfigDict({"kind": "benchmark", "benchmark": benchmark, "num_train": 128, "num_eval": 128,
                           "budget": 4000, "data_dir": ""})
     c.pool_families = (BENCHMARKS[benchmark].family, "auxiliary")
+    # mesh (data, fsdp, tensor): a 7B policy is split over the host's accelerators as the trainers split it,
+    # e.g. --config.policy.lm.mesh="(1, 8, 1)" on 8 GPUs (the paper trains on 8 x A800)
     c.policy = ConfigDict({"kind": "lm", "hidden": 128,
-                           "lm": {"model_path": "", "max_task_words": 0, "overrides": {}}})
+                           "lm": {"model_path": "", "max_task_words": 0, "overrides": {}, "mesh": (1, 1, 1)}})
     c.prior.rounds = 1
     c.prior.samples = 4
     c.grpo.iterations = 40

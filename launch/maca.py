@@ -56,6 +56,7 @@ from porch_jax.maca.train import (
     restore_edge_mlp,
     save_edge_mlp,
 )
+from porch_jax.train.mesh import make_mesh
 
 # Fig. 8's grid (the gate's precision / recall on the held-out tasks; no training, so every point is cheap);
 # a config's `gate_gammas` replaces it
@@ -153,17 +154,20 @@ def policy_factory(cfg: ConfigDict, names: Sequence[str], embeddings: dict[str, 
 
 
 def lm_factory(cfg: ConfigDict, names: Sequence[str]) -> Callable[[int], ActionPolicy]:
-    """LM policies: a Hugging Face folder (model_path) or a tiny Qwen3 built in-process."""
+    """LM policies: a Hugging Face folder (model_path) or a tiny Qwen3 built in-process; `mesh` (data, fsdp,
+    tensor) splits the policy over devices as the trainers do (one device when absent or (1, 1, 1))."""
+    shape = tuple(cfg.get("mesh") or (1, 1, 1))
+    mesh = make_mesh(shape) if int(np.prod(shape)) > 1 else None
     if cfg.model_path:
         from transformers import AutoTokenizer
 
         from porch_jax.models import from_pretrained
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        return lambda seed: lm_policy(from_pretrained(cfg.model_path), tokenizer, names,
+        return lambda seed: lm_policy(from_pretrained(cfg.model_path), tokenizer, names, mesh=mesh,
                                       max_task_words=cfg.max_task_words or None, uniform_offset=False)
     _, tokenizer = tiny_lm(0, **cfg.overrides.to_dict())  # the tokenizer is the same for every seed
-    return lambda seed: lm_policy(tiny_lm(seed, **cfg.overrides.to_dict())[0], tokenizer, names,
+    return lambda seed: lm_policy(tiny_lm(seed, **cfg.overrides.to_dict())[0], tokenizer, names, mesh=mesh,
                                   max_task_words=cfg.max_task_words or None, uniform_offset=True)
 
 

@@ -15,6 +15,7 @@ same distribution as a pure function of the parameters, which the GRPO loss diff
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 from collections.abc import Callable, Mapping, Sequence
@@ -24,10 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from porch_jax.maca.orchestrator import STOP, State, bucket, render_state
 from porch_jax.maca.policy import masked_log_probs
 from porch_jax.models import KVCache, ModelConfig, init_model
+from porch_jax.models.sharding import logical_to_spec, shard_model
 
 Inputs = dict[str, np.ndarray]
 Encoder = Callable[[Sequence[State], np.ndarray], Inputs]  # (states, masks padded to the batch bucket)
@@ -51,21 +54,43 @@ _log_probs = jax.jit(policy_log_probs, static_argnums=0)
 
 class ActionPolicy:
     """A scorer module plus the host-side encoder of its inputs. Batches are padded to powers of two of
-    at least `min_rows` rows: every new shape costs a compilation, which for an LM is seconds."""
+    at least `min_rows` rows: every new shape costs a compilation, which for an LM is seconds.
 
-    def __init__(self, module: nnx.Module, encode: Encoder, *, min_rows: int = 8):
+    With a `mesh` (train.mesh.make_mesh: data, fsdp, tensor) the parameters are placed by the model's logical
+    axes, as the trainers place them (an LM's matrices over fsdp and tensor; a module without annotations,
+    the head, replicated), each batch's rows go over the data-parallel axes where they divide, and scoring and
+    GRPO's updates run under the mesh, so the same code trains a policy too large for one device."""
+
+    def __init__(self, module: nnx.Module, encode: Encoder, *, min_rows: int = 8, mesh: Mesh | None = None):
+        if mesh is not None:
+            shard_model(module, mesh)
         self.graphdef, self.params = nnx.split(module)
         self.encode = encode
         self.min_rows = min_rows
+        self.mesh = mesh
+
+    def placement(self) -> contextlib.AbstractContextManager:
+        """The context scoring and updates run in: the mesh, where there is one."""
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
 
     def inputs(self, states: Sequence[State], masks: np.ndarray) -> tuple[Inputs, np.ndarray]:
         """Encoded inputs and masks, both padded to the batch bucket of len(states)."""
         padded = pad_masks(masks, bucket(len(states), self.min_rows))
-        return self.encode(states, padded), padded
+        encoded = self.encode(states, padded)
+        if self.mesh is not None:  # rows over the data-parallel axes (where they divide); the rest replicated
+            rows = len(padded)
+            encoded = {k: jax.device_put(v, self._row_sharding(v) if v.shape[:1] == (rows,) else NamedSharding(self.mesh, PartitionSpec()))
+                       for k, v in encoded.items()}
+        return encoded, padded
+
+    def _row_sharding(self, v: np.ndarray) -> NamedSharding:
+        return NamedSharding(self.mesh, logical_to_spec(("batch",) + (None,) * (v.ndim - 1), mesh=self.mesh,
+                                                        shape=v.shape))
 
     def scored(self, inputs: Inputs, masks: np.ndarray, params: nnx.State | None = None) -> jax.Array:
         """Eq. 11 log-probs of encoded inputs (compiled once per padded shape), by default at `self.params`."""
-        return _log_probs(self.graphdef, self.params if params is None else params, inputs, masks)
+        with self.placement():
+            return _log_probs(self.graphdef, self.params if params is None else params, inputs, masks)
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
         inputs, padded = self.inputs(states, masks)
@@ -164,9 +189,9 @@ def tiny_lm(seed: int = 0, vocab_size: int = 1024, **overrides: Any) -> tuple[nn
 
 
 def lm_policy(lm: nnx.Module, tokenizer: Any, names: Sequence[str], *, max_task_words: int | None = None,
-              uniform_offset: bool = True, min_rows: int = 32) -> ActionPolicy:
+              uniform_offset: bool = True, min_rows: int = 32, mesh: Mesh | None = None) -> ActionPolicy:
     encoder = LMEncoder(tokenizer, names, lm.config.vocab_size, max_task_words, uniform_offset)
-    return ActionPolicy(LMScorer(lm), encoder, min_rows=min_rows)
+    return ActionPolicy(LMScorer(lm), encoder, min_rows=min_rows, mesh=mesh)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -640,9 +640,10 @@ def _iteration(policy: ActionPolicy, opt_state: optax.OptState, ref_params: nnx.
         actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None)
     actions = pad_rows(batch.actions, rows)
     old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
-    for _ in range(cfg.epochs):
-        policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
-                                                   targets["decision_advantages"], valid, targets["mix"])
+    with policy.placement():
+        for _ in range(cfg.epochs):
+            policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
+                                                       targets["decision_advantages"], valid, targets["mix"])
     returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
     return opt_state, {
         "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),

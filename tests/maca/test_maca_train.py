@@ -659,3 +659,35 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     (tmp_path / "run" / "config.json").write_text('{"run_dir": ')  # a torn write
     with pytest.raises(ValueError, match="config.json is not the JSON a run records"):
         launcher.run(config(tmp_path / "run"), log=lambda s: None)
+
+
+@pytest.mark.slow
+def test_lm_policy_trains_on_a_mesh_as_on_one_device(small_study):
+    """The LM policy on a (data 2, fsdp 2, tensor 2) mesh of fake CPU devices: its matrices are split over the
+    mesh, not replicated, and MACA's GRPO follows the 1-device run (same history, parameters within 1e-4)."""
+    from porch_jax.train.mesh import make_mesh
+
+    keep = [i for i, t in enumerate(small_study.train_tasks) if t.family == "math"][:6]
+    _, tokenizer = tiny_lm(0)
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2,
+            "num_hidden_layers": 1}
+    tasks = [small_study.train_tasks[i] for i in keep]
+    grpo = dataclasses.replace(small_study.grpo, iterations=2, tasks_per_iteration=2, group_size=4,
+                               learning_rate=3e-3, epochs=2)
+    specs, _ = small_study.specs(VARIANTS["maca"])
+
+    def train(mesh):
+        policy = lm_policy(tiny_lm(0, **size)[0], tokenizer, small_study.world.pool.names, max_task_words=8, mesh=mesh)
+        result = train_grpo(policy, tasks, small_study.world, specs, VARIANTS["maca"], grpo)
+        return policy, [_timeless(h) for h in result.history]
+
+    one, one_history = train(None)
+    split, split_history = train(make_mesh((2, 2, 2)))
+    kernel = split.params["lm"]["layers"][0]["mlp"]["gate_proj"][...]
+    assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
+    assert kernel.addressable_shards[0].data.shape == (kernel.shape[0] // 2, kernel.shape[1] // 2)
+    assert [h["accuracy"] for h in split_history] == [h["accuracy"] for h in one_history]
+    for a, b in zip(split_history, one_history):
+        assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
+    for a, b in zip(jax.tree.leaves(split.params), jax.tree.leaves(one.params)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)
