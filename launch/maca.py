@@ -437,7 +437,7 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
 
 
 # where the agents are served and how patiently: a relaunch after a crash may point at a restarted server
-RESUME_MAY_CHANGE = ("backend.urls:", "backend.timeout_s:", "backend.max_retries:", "baselines.concurrency:")
+RESUME_MAY_CHANGE = frozenset({"backend.urls", "backend.timeout_s", "backend.max_retries", "baselines.concurrency"})
 
 
 def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
@@ -456,17 +456,21 @@ def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start "
                          "over") from e
-    differ = [d for d in _differences(recorded, current) if not d.startswith(RESUME_MAY_CHANGE)]
+    differ = _differences(recorded, current, ignore=RESUME_MAY_CHANGE)
     if differ:
         raise ValueError(f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
                          f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over")
 
 
-def _differences(before: Any, after: Any, where: str = "") -> list[str]:
+def _differences(before: Any, after: Any, *, ignore: frozenset[str] = frozenset(), key: str = "") -> list[str]:
+    """"key: before -> after" for each dotted config key whose value differs, except those in `ignore`."""
+    if key in ignore:
+        return []
     if isinstance(before, dict) and isinstance(after, dict):
         return [d for k in sorted(set(before) | set(after))
-                for d in _differences(before.get(k, "<absent>"), after.get(k, "<absent>"), f"{where}{k}.")]
-    return [] if before == after else [f"{where[:-1]}: {before!r} -> {after!r}"]
+                for d in _differences(before.get(k, "<absent>"), after.get(k, "<absent>"), ignore=ignore,
+                                      key=f"{key}.{k}" if key else k)]
+    return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
 
 
 def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:

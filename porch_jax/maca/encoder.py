@@ -56,7 +56,6 @@ class SentenceTransformerEncoder:
                                      f"{type(e).__name__}: {str(e)[:300]}") from e
         dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
         self.dim = int(dimension())
-        self.name = model
         self._batch_size = batch_size
         self._cache: dict[str, np.ndarray] = {}
 

@@ -25,12 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding
 
 from porch_jax.maca.orchestrator import STOP, State, bucket, render_state
 from porch_jax.maca.policy import masked_log_probs
 from porch_jax.models import KVCache, ModelConfig, init_model
 from porch_jax.models.sharding import logical_to_spec, shard_model
+from porch_jax.train.mesh import replicated
 
 Inputs = dict[str, np.ndarray]
 Encoder = Callable[[Sequence[State], np.ndarray], Inputs]  # (states, masks padded to the batch bucket)
@@ -79,7 +80,7 @@ class ActionPolicy:
         encoded = self.encode(states, padded)
         if self.mesh is not None:  # rows over the data-parallel axes (where they divide); the rest replicated
             rows = len(padded)
-            encoded = {k: jax.device_put(v, self._row_sharding(v) if v.shape[:1] == (rows,) else NamedSharding(self.mesh, PartitionSpec()))
+            encoded = {k: jax.device_put(v, self._row_sharding(v) if v.shape[:1] == (rows,) else replicated(self.mesh))
                        for k, v in encoded.items()}
         return encoded, padded
 
