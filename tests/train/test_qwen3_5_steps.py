@@ -103,3 +103,26 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
     assert m0["loss"] == pytest.approx(float(mr["rwr"]), rel=1e-5) and m0["rwr"] == pytest.approx(float(mr["rwr"]), rel=1e-5)
     assert m0["rwr_count"] == float(mr["rwr_count"]) == len(rwr_exs)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads0, grads_rwr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")  # a collective deadlock hangs in C++
+def test_sharded_sft_step_equals_one_device(tok, eps):
+    """A (data 2, fsdp 2, tensor 2) mesh of fake CPU devices gives the one-device loss and gradients. The
+    native kernels fan out over XLA's thread pool while other devices wait in a collective: before their
+    fan-out stopped waiting for helpers that had not started, this step never finished."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
+    batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
+    out = []
+    for shape in ((1, 1, 1), (2, 2, 2)):
+        mesh = mesh_lib.make_mesh(shape)
+        tx = optax.sgd(1.0)
+        graphdef, state, shardings = S.init_train_state(_model(tok), tx, mesh)
+        before = _params(state)
+        step = S.TrainStep("sft", graphdef, tx, lambda s: 1.0, S.LossConfig(), mesh=mesh, state_shardings=shardings)
+        state, metrics = step(state, batch)
+        out.append((float(metrics["loss"]), jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])))
+    (one, g1), (many, g8) = out
+    assert many == pytest.approx(one, rel=1e-5)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g8, g1)
