@@ -125,6 +125,22 @@ class CausalLM(nnx.Module):
         logits = dense(hidden, self.lm_head_kernel().astype(self.dtype), jnp.float32)
         return logits if cache is None else (logits, new_cache)
 
+    # FSDP layouts: a weight split over 'fsdp' along the hidden dim is gathered over it where it is used, as
+    # the layers' matrices are. Used as stored, a lookup in the table (or a product with the head) leaves
+    # activations split along the hidden dim, and moving them back to rows split over the batch axes is a
+    # reshard GSPMD and Shardy can only do by replicating the whole activation ("Involuntary full
+    # rematerialization"; tests/train/test_sharded.py counts them).
+
+    def embed(self, input_ids: jax.Array) -> jax.Array:
+        """Token embeddings [B, T, H] in the compute dtype, rows over the batch axes."""
+        table = constrain(self.embed_tokens[...], ("vocab", None))
+        return constrain(jnp.take(table, input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
+
+    def lm_head_kernel(self) -> jax.Array:
+        """The output projection [H, V] (the embedding transposed when tied)."""
+        w = self.embed_tokens[...].T if self.config.tie_word_embeddings else self.lm_head[...]
+        return constrain(w, (None, "vocab"))
+
 
 class Qwen3ForCausalLM(CausalLM):
     """Decoder-only Qwen3. See docs/CONTRACTS.md for the call signature.
@@ -159,12 +175,6 @@ class Qwen3ForCausalLM(CausalLM):
         if not config.tie_word_embeddings:
             self.lm_head = param(rngs, (h, config.vocab_size), ("embed", "vocab"), param_dtype, std)
 
-    def lm_head_kernel(self) -> jax.Array:
-        """The output projection [H, V] (the embedding transposed when tied)."""
-        if self.config.tie_word_embeddings:
-            return self.embed_tokens[...].T
-        return self.lm_head[...]
-
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
         """An empty cache of max_len slots per row (what `cache=` takes)."""
         return KVCache.init(self.config, batch, max_len, dtype)
@@ -188,7 +198,7 @@ class Qwen3ForCausalLM(CausalLM):
                 raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
         rope = forward_rope(positions, b, t, self.config.head_dim, self.config.rope_theta,
                             attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
-        x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
+        x = self.embed(input_ids)
 
         if cache is None:
             run = _run_layer

@@ -265,12 +265,6 @@ class Qwen3_5ForCausalLM(CausalLM):
         kinds = config.layer_types
         self.cache_slots = tuple(kinds[:i].count(kind) for i, kind in enumerate(kinds))
 
-    def lm_head_kernel(self) -> jax.Array:
-        """The output projection [H, V] (the embedding transposed when tied)."""
-        if self.config.tie_word_embeddings:
-            return self.embed_tokens[...].T
-        return self.lm_head[...]
-
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> HybridCache:
         """An empty cache; the delta-rule state is float32 whatever `dtype` (as in transformers)."""
         c = self.config
@@ -308,7 +302,7 @@ class Qwen3_5ForCausalLM(CausalLM):
         rotary = int(self.config.head_dim * self.config.partial_rotary_factor)
         rope = forward_rope(positions, b, t, rotary, self.config.rope_theta,
                             attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
-        x = constrain(jnp.take(self.embed_tokens[...], input_ids, axis=0).astype(self.dtype), ACTIVATION_AXES)
+        x = self.embed(input_ids)
         if attention_mask is not None:
             attention_mask = attention_mask.astype(bool)
 

@@ -205,3 +205,41 @@ def test_bf16_compute_keeps_fp32_master_params(tok, eps):
     bf16, grads = _grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), S.LossConfig())
     assert {x.dtype for x in jax.tree.leaves(grads)} == {np.dtype("float32")}
     assert bf16["ce"] == pytest.approx(f32["ce"], rel=2e-2)
+
+
+REMAT = "Involuntary full rematerialization"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300, method="thread")  # a collective deadlock hangs in C++
+@pytest.mark.parametrize("model_kind", ["qwen3", "qwen3.5"])
+def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kind):
+    """On a (data 2, fsdp 2, tensor 2) mesh, compiling the SFT, OPOD and GRPO steps must not make the
+    partitioner replicate a whole activation to reshard it: XLA logs each such fallback as an involuntary
+    full rematerialization (the embedding lookup in an fsdp-split table and the row-major transposes of
+    the CPU backward pass did, 13 of them for SFT). The persistent compilation cache is off so every
+    program is compiled here, where its log is read."""
+    if jax.device_count() < 8:
+        pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
+    from test_qwen3_5_steps import _model as qwen3_5_model
+
+    def model(seed=0):
+        return tiny_data.model(seed=seed) if model_kind == "qwen3" else qwen3_5_model(tok, seed=seed)
+
+    opod = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    groups = [{"key": "g", "context": [{"role": "user", "content": "choose the next agent"}], "samples": [
+        {"token_ids": [11 + i, 12, 13], "logprobs": [-4.0, -5.0, -6.0], "reward": float(i % 2)} for i in range(8)]}]
+    runs = [("sft", _batch(D.sft_examples(eps, tok)[:8], ("policy",)), S.LossConfig(), None),
+            ("opod", _batch(opod, ("rwr", "student", "teacher")), S.LossConfig(opd_weight=0.5), model(1)),
+            ("grpo", _batch(D.grpo_examples(groups, tok), ("policy",), ("advantage",), t=64, k=16), S.LossConfig(), None)]
+    cache = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        capfd.readouterr()
+        for method, batch, cfg, frozen in runs:
+            metrics, _ = _grads_via_sgd(method, model(), batch, cfg, frozen_model=frozen, mesh_shape=(2, 2, 2))
+            assert np.isfinite(metrics["loss"]), method
+            log = capfd.readouterr().err
+            assert REMAT not in log, f"{method}: {log.count(REMAT)} full rematerializations\n{log[:2000]}"
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache)
