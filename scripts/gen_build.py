@@ -77,14 +77,15 @@ def test_files(root: pathlib.Path = ROOT) -> list[pathlib.Path]:
     return sorted((root / "tests").rglob("test_*.py"))
 
 
-def _conftests(test: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
-    """Every conftest.py pytest loads for `test`, outermost first."""
+def _support(test: pathlib.Path, root: pathlib.Path) -> list[pathlib.Path]:
+    """What `test` needs besides itself: every conftest.py pytest loads for it and the helper modules next to
+    them (tests/train/tiny_data.py: any module that is not a test), outermost folder first."""
     found, folder = [], test.parent
     while folder != root:
-        if (folder / "conftest.py").exists():
-            found.append(folder / "conftest.py")
+        here = sorted(p for p in folder.glob("*.py") if not p.name.startswith("test_") and p.name != "__init__.py")
+        found.append(sorted(here, key=lambda p: p.name != "conftest.py"))  # conftest.py first
         folder = folder.parent
-    return found[::-1]
+    return [p for level in found[::-1] for p in level]
 
 
 def render(root: pathlib.Path = ROOT) -> str:
@@ -97,8 +98,8 @@ def render(root: pathlib.Path = ROOT) -> str:
         )
     for test in test_files(root):
         rel = test.relative_to(root).as_posix()
-        conftests = [c.relative_to(root).as_posix() for c in _conftests(test, root)]
-        srcs = ", ".join(f'"{s}"' for s in [rel, *conftests])
+        support = [c.relative_to(root).as_posix() for c in _support(test, root)]
+        srcs = ", ".join(f'"{s}"' for s in [rel, *support])
         size = "large" if "pytest.mark.slow" in test.read_text(encoding="utf-8") else "medium"
         parts.append(
             f'py_test(\n    name = "{_target_name(test, root)}",\n    size = "{size}",\n    srcs = [{srcs}],\n'

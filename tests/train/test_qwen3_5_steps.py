@@ -15,8 +15,6 @@ import pytest
 import tiny_data
 from flax import nnx
 
-from porch_jax.models import ModelConfig, init_model
-from porch_jax.models.presets import preset
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
@@ -25,14 +23,8 @@ from porch_jax.train import step as S
 T, K = 128, 32
 
 
-def _model(tok, seed: int = 0) -> Qwen3_5ForCausalLM:
-    # A Gated DeltaNet then a gated attention layer; GQA in both; untied head.
-    hf = preset(
-        "qwen3.5-tiny", vocab_size=len(tok), hidden_size=32, intermediate_size=64, head_dim=16,
-        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-        linear_key_head_dim=8, linear_value_head_dim=8, tie_word_embeddings=False, initializer_range=0.05,
-    )
-    model = init_model(ModelConfig.from_hf(hf), seed=seed)
+def _model(seed: int = 0) -> Qwen3_5ForCausalLM:
+    model = tiny_data.qwen3_5_model(seed)
     assert isinstance(model, Qwen3_5ForCausalLM)
     return model
 
@@ -53,7 +45,7 @@ def _params(state):
 
 def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
     exs = D.sft_examples(eps, tok)[:8]
-    step, state, _ = _setup("sft", _model(tok), S.LossConfig(), optax.adamw(3e-3))
+    step, state, _ = _setup("sft", _model(), S.LossConfig(), optax.adamw(3e-3))
     batch = _batch(exs, ("policy",))
     losses = []
     for _ in range(6):
@@ -66,13 +58,13 @@ def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
 def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, eps):
     exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
     assert any("teacher" in e.views for e in exs) and any("rwr" in e.views for e in exs)
-    teacher = _model(tok, seed=1)
+    teacher = _model(seed=1)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
     batch = _batch(exs, ("rwr", "student", "teacher"))
     sgd = optax.sgd(1.0)  # grads = params_before - params_after
 
     def opod(lam):
-        step, state, shardings = _setup("opod", _model(tok), S.LossConfig(aggregation="decision", opd_weight=lam), sgd)
+        step, state, shardings = _setup("opod", _model(), S.LossConfig(aggregation="decision", opd_weight=lam), sgd)
         frozen = jax.device_put(nnx.state(teacher, nnx.Param), shardings["params"], may_alias=False)
         before = _params(state)
         state, metrics = step(state, batch, frozen)
@@ -96,7 +88,7 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
     m0, grads0, _ = opod(0.0)
     rwr_exs = [e for e in exs if "rwr" in e.views]
     rwr_batch = _batch([D.Example(e.key, {"policy": e.views["rwr"]}) for e in rwr_exs], ("policy",))
-    rwr_step, state, _ = _setup("rwr", _model(tok), S.LossConfig(aggregation="decision"), sgd)
+    rwr_step, state, _ = _setup("rwr", _model(), S.LossConfig(aggregation="decision"), sgd)
     before = _params(state)
     state, mr = rwr_step(state, rwr_batch)
     grads_rwr = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
@@ -118,7 +110,7 @@ def test_sharded_sft_step_equals_one_device(tok, eps):
     for shape in ((1, 1, 1), (2, 2, 2)):
         mesh = mesh_lib.make_mesh(shape)
         tx = optax.sgd(1.0)
-        graphdef, state, shardings = S.init_train_state(_model(tok), tx, mesh)
+        graphdef, state, shardings = S.init_train_state(_model(), tx, mesh)
         before = _params(state)
         step = S.TrainStep("sft", graphdef, tx, lambda s: 1.0, S.LossConfig(), mesh=mesh, state_shardings=shardings)
         state, metrics = step(state, batch)

@@ -221,10 +221,8 @@ def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kin
     program is compiled here, where its log is read."""
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
-    from test_qwen3_5_steps import _model as qwen3_5_model
-
     def model(seed=0):
-        return tiny_data.model(seed=seed) if model_kind == "qwen3" else qwen3_5_model(tok, seed=seed)
+        return tiny_data.model(seed=seed) if model_kind == "qwen3" else tiny_data.qwen3_5_model(seed=seed)
 
     opod = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
     groups = [{"key": "g", "context": [{"role": "user", "content": "choose the next agent"}], "samples": [

@@ -151,3 +151,16 @@ def model(seed: int = 0):
     from porch_jax.models import ModelConfig, init_model
 
     return init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tokenizer())}), seed=seed)
+
+
+def qwen3_5_model(seed: int = 0):
+    """A tiny Qwen3.5: a Gated DeltaNet then a gated attention layer, GQA in both, untied head."""
+    from porch_jax.models import ModelConfig, init_model
+    from porch_jax.models.presets import preset
+
+    hf = preset(
+        "qwen3.5-tiny", vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, head_dim=16,
+        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
+        linear_key_head_dim=8, linear_value_head_dim=8, tie_word_embeddings=False, initializer_range=0.05,
+    )
+    return init_model(ModelConfig.from_hf(hf), seed=seed)
