@@ -105,8 +105,8 @@ def row_major(x: jax.Array) -> jax.Array:
     as a strided view of its input, and a dot reading such a view is a transposed-operand dot,
     which its fast dot (YNNPACK) does not take in bf16: XLA upcasts it to f32 (~2.5x slower). A
     barrier alone keeps the view; merging the last two axes pairwise behind it leaves none. Other
-    backends transpose inside their dots: x as is. So on a CPU mesh of several devices, where the reshape
-    of a row-sharded activation is a reshard the partitioner can only do by replicating it."""
+    backends transpose inside their dots: x as is there, and on a CPU mesh of several devices too, where
+    the reshape of a row-sharded activation is a reshard the partitioner can only do by replicating it."""
     mesh = jax.sharding.get_abstract_mesh()
     if jax.default_backend() != "cpu" or (not mesh.empty and mesh.size > 1):
         return x

@@ -129,7 +129,7 @@ class CausalLM(nnx.Module):
     # the layers' matrices are. Used as stored, a lookup in the table (or a product with the head) leaves
     # activations split along the hidden dim, and moving them back to rows split over the batch axes is a
     # reshard GSPMD and Shardy can only do by replicating the whole activation ("Involuntary full
-    # rematerialization"; tests/train/test_sharded.py counts them).
+    # rematerialization"; tests/train/test_step.py counts them).
 
     def embed(self, input_ids: jax.Array) -> jax.Array:
         """Token embeddings [B, T, H] in the compute dtype, rows over the batch axes."""
