@@ -25,12 +25,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh, NamedSharding
+from jax.sharding import Mesh
 
 from porch_jax.maca.orchestrator import STOP, State, bucket, render_state
 from porch_jax.maca.policy import masked_log_probs
 from porch_jax.models import KVCache, ModelConfig, init_model
-from porch_jax.models.sharding import logical_to_spec, shard_model
+from porch_jax.models.sharding import data_sharding, shard_model
 from porch_jax.train.mesh import replicated
 
 Inputs = dict[str, np.ndarray]
@@ -80,13 +80,10 @@ class ActionPolicy:
         encoded = self.encode(states, padded)
         if self.mesh is not None:  # rows over the data-parallel axes (where they divide); the rest replicated
             rows = len(padded)
-            encoded = {k: jax.device_put(v, self._row_sharding(v) if v.shape[:1] == (rows,) else replicated(self.mesh))
+            by_row = data_sharding(self.mesh, rows=rows)
+            encoded = {k: jax.device_put(v, by_row if v.shape[:1] == (rows,) else replicated(self.mesh))
                        for k, v in encoded.items()}
         return encoded, padded
-
-    def _row_sharding(self, v: np.ndarray) -> NamedSharding:
-        return NamedSharding(self.mesh, logical_to_spec(("batch",) + (None,) * (v.ndim - 1), mesh=self.mesh,
-                                                        shape=v.shape))
 
     def scored(self, inputs: Inputs, masks: np.ndarray, params: nnx.State | None = None) -> jax.Array:
         """Eq. 11 log-probs of encoded inputs (compiled once per padded shape), by default at `self.params`."""

@@ -25,6 +25,7 @@ Choices the paper leaves open, and why:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import functools
 import heapq
@@ -84,6 +85,7 @@ from porch_jax.progress import ProgressLine
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
+from porch_jax.train.mesh import abstract_like
 
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 
@@ -248,7 +250,7 @@ def restore_edge_mlp(directory: str | Path, embed_dim: int, hidden: int
         if not ckpt.steps():
             return None
         mlp = EdgeMLP(embed_dim, hidden, rngs=nnx.Rngs(0)) if ckpt.config(ckpt.steps()[-1])["mlp"] else None
-        restored = ckpt.restore_latest(_abstract(nnx.state(mlp) if mlp is not None else {"none": jnp.zeros(())}))
+        restored = ckpt.restore_latest(abstract_like(nnx.state(mlp) if mlp is not None else {"none": jnp.zeros(())}))
     if restored is None:
         return None
     _, state, data = restored
@@ -576,25 +578,21 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     ref_params = jax.tree.map(jnp.copy, policy.params)
     opt_state = tx.init(policy.params)
     history: list[dict[str, float]] = []
-    ckpt = None if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
     identity = {"variant": dataclasses.asdict(variant), "seed": seed, "iterations": cfg.iterations,
                 "tasks": len(tasks), "first_task": tasks[0].task_id if tasks else None}
-    start, resumed = 0, None
-    if ckpt is not None:
-        try:
-            resumed = _resume(ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
-        except BaseException:
-            ckpt.close()
-            raise
-    if resumed is not None:
-        start, state, data = resumed
-        policy.params, opt_state, ref_params = state["params"], state["opt_state"], state["ref_params"]
-        rng.bit_generator.state = data["rng"]
-        history = list(data["history"])
     update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
                                variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
-    line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
-    try:
+    saver = contextlib.nullcontext() if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
+    with saver as ckpt:
+        start = 0
+        resumed = None if ckpt is None else _resume(
+            ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
+        if resumed is not None:
+            start, state, data = resumed
+            policy.params, opt_state, ref_params = state["params"], state["opt_state"], state["ref_params"]
+            rng.bit_generator.state = data["rng"]
+            history = list(data["history"])
+        line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
         for it in range(start, cfg.iterations):
             began = time.perf_counter()
             opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
@@ -608,9 +606,6 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
             if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):
                 ckpt.save(it + 1, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params},
                           {"iteration": it + 1, "rng": rng.bit_generator.state, "history": history}, identity)
-    finally:
-        if ckpt is not None:
-            ckpt.close()
     return TrainResult(policy.params, opt_state, history)
 
 
@@ -663,15 +658,11 @@ def _resume(ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
     if differ:
         raise ValueError(f"{ckpt.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
                          f"{ {k: saved.get(k) for k in differ} }); use another checkpoint directory or delete it")
-    restored = ckpt.restore_latest(_abstract(target))
+    restored = ckpt.restore_latest(abstract_like(target))
     if restored is not None:
         logging.info("GRPO (%s) resumes from iteration %d of %s", identity["variant"]["name"], restored[0],
                      ckpt.directory)
     return restored
-
-
-def _abstract(target: Any) -> Any:
-    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), target)
 
 
 def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.GradientTransformation) -> nnx.State:
@@ -679,7 +670,7 @@ def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.Gradie
     target = {"params": policy.params, "opt_state": tx.init(policy.params), "ref_params": policy.params}
     ckpt = Checkpointer(directory, async_save=False)
     try:
-        restored = ckpt.restore_latest(_abstract(target))
+        restored = ckpt.restore_latest(abstract_like(target))
     finally:
         ckpt.close()
     if restored is None:

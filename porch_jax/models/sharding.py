@@ -104,6 +104,7 @@ def constrain(x: jax.Array, axes: Sequence[str | None], rules: Rules = RULES) ->
     return jax.lax.with_sharding_constraint(x, logical_to_spec(axes, rules, mesh=mesh, shape=x.shape))
 
 
-def data_sharding(mesh: Mesh, rules: Rules = RULES) -> NamedSharding:
-    """Sharding for [batch, ...] inputs: the batch over the data-parallel axes."""
-    return NamedSharding(mesh, logical_to_spec(("batch",), rules, mesh=mesh))
+def data_sharding(mesh: Mesh, rules: Rules = RULES, *, rows: int | None = None) -> NamedSharding:
+    """Sharding for [batch, ...] inputs: the batch over the data-parallel axes (replicated when `rows`, the
+    batch size, does not divide over them)."""
+    return NamedSharding(mesh, logical_to_spec(("batch",), rules, mesh=mesh, shape=None if rows is None else (rows,)))

@@ -89,8 +89,11 @@ def train_state_shardings(tx: optax.GradientTransformation, params: nnx.State, s
     }
 
 
-def abstract_like(tree: Any, shardings: Any) -> Any:
-    """ShapeDtypeStructs carrying `shardings`: a restore target for a (possibly different) mesh."""
+def abstract_like(tree: Any, shardings: Any = None) -> Any:
+    """ShapeDtypeStructs carrying `shardings` (default: each array's own): a restore target for a (possibly
+    different) mesh."""
+    if shardings is None:
+        shardings = jax.tree.map(lambda x: x.sharding, tree)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), tree, shardings)
 
 

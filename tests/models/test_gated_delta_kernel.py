@@ -150,4 +150,3 @@ def test_under_a_mesh_the_kernels_run_per_batch_shard_without_gathering():
     assert "all-gather" not in hlo
     for a, b in zip(got, want):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())), rtol=0)
-

@@ -120,4 +120,3 @@ def test_orbax_info_lines_stay_out_of_the_log_and_its_warnings_do_not(tmp_path):
     assert not handler.filter(record(orbax_file, logging.INFO))
     assert handler.filter(record(orbax_file, logging.WARNING))
     assert handler.filter(record("/work/porch_jax/maca/train.py", logging.INFO))
-

@@ -106,15 +106,7 @@ def test_sharded_sft_step_equals_one_device(tok, eps):
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
     batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
-    out = []
-    for shape in ((1, 1, 1), (2, 2, 2)):
-        mesh = mesh_lib.make_mesh(shape)
-        tx = optax.sgd(1.0)
-        graphdef, state, shardings = S.init_train_state(_model(), tx, mesh)
-        before = _params(state)
-        step = S.TrainStep("sft", graphdef, tx, lambda s: 1.0, S.LossConfig(), mesh=mesh, state_shardings=shardings)
-        state, metrics = step(state, batch)
-        out.append((float(metrics["loss"]), jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])))
-    (one, g1), (many, g8) = out
-    assert many == pytest.approx(one, rel=1e-5)
+    (one, g1), (many, g8) = (tiny_data.grads_via_sgd("sft", _model(), batch, S.LossConfig(), mesh_shape=shape)
+                             for shape in ((1, 1, 1), (2, 2, 2)))
+    assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g8, g1)

@@ -6,13 +6,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import pytest
 import tiny_data
 from flax import nnx
 
 from porch_jax.train import data as D
-from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import step as S
 
 
@@ -20,19 +18,6 @@ def _batch(exs, views, scalars=(), accum=1, t=128, k=32):
     rows = len(exs) // accum
     parts = [D.collate(exs[i * rows:(i + 1) * rows], views, scalars, t, k, pad_id=0) for i in range(accum)]
     return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *parts)
-
-
-def _grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1, 1)):
-    """(metrics, grads) of one step: with SGD(1) and no clipping, grads = params_before - params_after."""
-    mesh = mesh_lib.make_mesh(mesh_shape)
-    tx = optax.sgd(1.0)
-    graphdef, state, shardings = S.init_train_state(model, tx, mesh)
-    before = jax.tree.map(np.asarray, state["params"])
-    step = S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings)
-    frozen = None if frozen_model is None else jax.device_put(nnx.state(frozen_model, nnx.Param), shardings["params"], may_alias=False)
-    state, metrics = step(state, batch, *(() if frozen is None else (frozen,)))
-    grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
-    return {k: float(v) for k, v in metrics.items()}, grads
 
 
 def _target_logps(model, view_list, t=128):
@@ -79,7 +64,7 @@ def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
             return jnp.sum(jnp.concatenate(ce)) / sum(len(c) for c in ce)
         return jnp.mean(jnp.stack([c.mean() for c in ce]))
 
-    metrics, grads = _grads_via_sgd("sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation))
+    metrics, grads = tiny_data.grads_via_sgd("sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation))
     want, want_grads = _ref(model, ref)
     assert metrics["ce"] == pytest.approx(float(want), rel=1e-5)
     assert metrics["ce_count"] == (sum(len(v.target) for v in views) if aggregation == "token" else 8)
@@ -89,8 +74,8 @@ def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
 def test_gradient_accumulation_is_exact(tok, eps):
     exs = D.sft_examples(eps, tok)[:8]
     cfg = S.LossConfig(aggregation="decision")
-    whole, g1 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=1), cfg)
-    split, g4 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=4), cfg)
+    whole, g1 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=1), cfg)
+    split, g4 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=4), cfg)
     assert split["ce"] == pytest.approx(whole["ce"], rel=1e-6) and split["ce_count"] == whole["ce_count"] == 8
     _assert_grads_close(g4, g1, rtol=1e-5, atol=1e-7)
 
@@ -108,8 +93,8 @@ def test_step_on_a_sharded_mesh_equals_one_device_and_traces_under_the_mesh(tok,
                         or constrain(x, axes))
     exs = D.sft_examples(eps, tok)[:8]
     cfg = S.LossConfig(aggregation="decision")
-    one, g1 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg)
-    many, g8 = _grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg, mesh_shape=(2, 2, 2))
+    one, g1 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg)
+    many, g8 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg, mesh_shape=(2, 2, 2))
     assert dict(seen[-1]) == {"data": 2, "fsdp": 2, "tensor": 2}
     assert many["ce"] == pytest.approx(one["ce"], rel=1e-5) and many["ce_count"] == one["ce_count"]
     _assert_grads_close(g8, g1, rtol=1e-4, atol=1e-6)
@@ -136,7 +121,7 @@ def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(to
 
     cfg = S.LossConfig(aggregation="decision", opd_weight=lam)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
-    metrics, grads = _grads_via_sgd("opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher)
+    metrics, grads = tiny_data.grads_via_sgd("opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher)
     def ref(m):
         rwr, kl = parts(m)
         return rwr + lam * kl, (rwr, kl)
@@ -170,7 +155,7 @@ def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
             count += len(tgt)
         return total / count
 
-    metrics, grads = _grads_via_sgd("grpo", model, _batch(exs, ("policy",), ("advantage",), t=64, k=16), cfg)
+    metrics, grads = tiny_data.grads_via_sgd("grpo", model, _batch(exs, ("policy",), ("advantage",), t=64, k=16), cfg)
     want, want_grads = _ref(model, ref)
     assert metrics["pg"] == pytest.approx(float(want), rel=1e-5, abs=1e-7)
     assert metrics["clip_fraction"] > 0
@@ -190,7 +175,7 @@ def test_sampler_hook_resamples_opd_targets_and_the_logprob_gap_is_small(tok, ep
         assert s.target == ex.views["teacher"].target != old.views["student"].target
         assert len(s.logprobs) == len(s.target) <= 8 and s.prompt == old.views["student"].prompt
     batch = _batch(new.rows[0], ("rwr", "student", "teacher"))
-    metrics, _ = _grads_via_sgd("opod", model, batch, S.LossConfig(), frozen_model=model)
+    metrics, _ = tiny_data.grads_via_sgd("opod", model, batch, S.LossConfig(), frozen_model=model)
     # Same weights in the sampler and the trainer: only numerics separate their log-probs.
     assert metrics["sampled_tokens"] > 0 and metrics["logprob_gap"] < 1e-3
 
@@ -200,9 +185,9 @@ def test_bf16_compute_keeps_fp32_master_params(tok, eps):
 
     exs = D.sft_examples(eps, tok)[:8]
     config = ModelConfig.from_hf(tiny_data.TINY_HF | {"vocab_size": len(tok)})
-    f32, _ = _grads_via_sgd("sft", init_model(config, seed=0), _batch(exs, ("policy",)), S.LossConfig())
+    f32, _ = tiny_data.grads_via_sgd("sft", init_model(config, seed=0), _batch(exs, ("policy",)), S.LossConfig())
     bf16_model = init_model(config, seed=0, dtype=jnp.bfloat16, param_dtype=jnp.float32)
-    bf16, grads = _grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), S.LossConfig())
+    bf16, grads = tiny_data.grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), S.LossConfig())
     assert {x.dtype for x in jax.tree.leaves(grads)} == {np.dtype("float32")}
     assert bf16["ce"] == pytest.approx(f32["ce"], rel=2e-2)
 
@@ -235,7 +220,7 @@ def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kin
     try:
         capfd.readouterr()
         for method, batch, cfg, frozen in runs:
-            metrics, _ = _grads_via_sgd(method, model(), batch, cfg, frozen_model=frozen, mesh_shape=(2, 2, 2))
+            metrics, _ = tiny_data.grads_via_sgd(method, model(), batch, cfg, frozen_model=frozen, mesh_shape=(2, 2, 2))
             assert np.isfinite(metrics["loss"]), method
             log = capfd.readouterr().err
             assert REMAT not in log, f"{method}: {log.count(REMAT)} full rematerializations\n{log[:2000]}"

@@ -153,6 +153,26 @@ def model(seed: int = 0):
     return init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tokenizer())}), seed=seed)
 
 
+def grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1, 1)):
+    """(metrics, grads) of one training step on a mesh of `mesh_shape`: with SGD(1) and no clipping, grads =
+    params_before - params_after."""
+    import optax
+    from flax import nnx
+
+    from porch_jax.train import mesh as mesh_lib
+    from porch_jax.train import step as S
+
+    mesh = mesh_lib.make_mesh(mesh_shape)
+    tx = optax.sgd(1.0)
+    graphdef, state, shardings = S.init_train_state(model, tx, mesh)
+    before = jax.tree.map(np.asarray, state["params"])
+    step = S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings)
+    frozen = None if frozen_model is None else jax.device_put(nnx.state(frozen_model, nnx.Param), shardings["params"], may_alias=False)
+    state, metrics = step(state, batch, *(() if frozen is None else (frozen,)))
+    grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
+    return {k: float(v) for k, v in metrics.items()}, grads
+
+
 def qwen3_5_model(seed: int = 0):
     """A tiny Qwen3.5: a Gated DeltaNet then a gated attention layer, GQA in both, untied head."""
     from porch_jax.models import ModelConfig, init_model
