@@ -102,6 +102,38 @@ class CausalLM(nnx.Module):
     """Logits from a subclass's `hidden_states` and `lm_head_kernel`: the one forward every model shares
     (trainers call the two halves directly so full [tokens, vocab] logits never need to exist)."""
 
+    norm_class: type[nnx.Module]  # the final norm, built as norm_class(hidden_size, eps, param_dtype=...)
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        rngs: nnx.Rngs,
+        dtype=jnp.float32,
+        param_dtype=jnp.float32,
+        remat: bool = False,
+        remat_policy: str = "nothing_saveable",
+    ):
+        """dtype is the compute dtype, param_dtype the storage dtype; norms, softmax and logits are float32
+        regardless. remat recomputes each layer in the backward pass (`remat_policy` names a
+        jax.checkpoint_policies member). Parameters are drawn in one order (embedding, layers, head), so a
+        seed gives the same model whatever a subclass adds."""
+        if remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"remat_policy {remat_policy!r} not in {REMAT_POLICIES}")
+        h, std = config.hidden_size, config.initializer_range
+        self.config = config
+        self.dtype, self.param_dtype = dtype, param_dtype
+        self.remat, self.remat_policy = remat, remat_policy
+        self.embed_tokens = param(rngs, (config.vocab_size, h), ("vocab", "embed"), param_dtype, std)
+        self.layers = nnx.List(self.make_layer(i, rngs=rngs) for i in range(config.num_hidden_layers))
+        self.norm = self.norm_class(h, config.rms_norm_eps, param_dtype=param_dtype)
+        if not config.tie_word_embeddings:
+            self.lm_head = param(rngs, (h, config.vocab_size), ("embed", "vocab"), param_dtype, std)
+
+    def make_layer(self, index: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        """Decoder layer `index` (config, dtype and param_dtype are set when this is called)."""
+        raise NotImplementedError
+
     def __call__(
         self,
         input_ids: jax.Array,
@@ -143,37 +175,12 @@ class CausalLM(nnx.Module):
 
 
 class Qwen3ForCausalLM(CausalLM):
-    """Decoder-only Qwen3. See docs/CONTRACTS.md for the call signature.
+    """Decoder-only Qwen3. See docs/CONTRACTS.md for the call signature."""
 
-    dtype is the compute dtype, param_dtype the storage dtype; norms, softmax and logits are
-    float32 regardless. remat recomputes each layer in the backward pass (`remat_policy` names a
-    jax.checkpoint_policies member).
-    """
+    norm_class = RMSNorm
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        rngs: nnx.Rngs,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        remat: bool = False,
-        remat_policy: str = "nothing_saveable",
-    ):
-        if remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"remat_policy {remat_policy!r} not in {REMAT_POLICIES}")
-        h, std = config.hidden_size, config.initializer_range
-        self.config = config
-        self.dtype, self.param_dtype = dtype, param_dtype
-        self.remat, self.remat_policy = remat, remat_policy
-        self.embed_tokens = param(rngs, (config.vocab_size, h), ("vocab", "embed"), param_dtype, std)
-        self.layers = nnx.List(
-            DecoderLayer(config, rngs=rngs, dtype=dtype, param_dtype=param_dtype)
-            for _ in range(config.num_hidden_layers)
-        )
-        self.norm = RMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = param(rngs, (h, config.vocab_size), ("embed", "vocab"), param_dtype, std)
+    def make_layer(self, index: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        return DecoderLayer(self.config, rngs=rngs, dtype=self.dtype, param_dtype=self.param_dtype)
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> KVCache:
         """An empty cache of max_len slots per row (what `cache=` takes)."""

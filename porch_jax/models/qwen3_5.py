@@ -26,7 +26,6 @@ from porch_jax.models.layers import (
 )
 from porch_jax.models.qwen3 import (
     ACTIVATION_AXES,
-    REMAT_POLICIES,
     CausalLM,
     forward_rope,
 )
@@ -238,32 +237,17 @@ class Qwen3_5ForCausalLM(CausalLM):
     """Decoder-only Qwen3.5 (text). Same constructor and call signature as Qwen3ForCausalLM
     (docs/CONTRACTS.md); its cache is a `HybridCache` from `init_cache`."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        rngs: nnx.Rngs,
-        dtype=jnp.float32,
-        param_dtype=jnp.float32,
-        remat: bool = False,
-        remat_policy: str = "nothing_saveable",
-    ):
-        if remat_policy not in REMAT_POLICIES:
-            raise ValueError(f"remat_policy {remat_policy!r} not in {REMAT_POLICIES}")
-        h, std = config.hidden_size, config.initializer_range
-        self.config = config
-        self.dtype, self.param_dtype = dtype, param_dtype
-        self.remat, self.remat_policy = remat, remat_policy
-        self.embed_tokens = param(rngs, (config.vocab_size, h), ("vocab", "embed"), param_dtype, std)
-        self.layers = nnx.List(
-            DecoderLayer(config, kind, rngs=rngs, dtype=dtype, param_dtype=param_dtype) for kind in config.layer_types
-        )
-        self.norm = ZeroCenteredRMSNorm(h, config.rms_norm_eps, param_dtype=param_dtype)
-        if not config.tie_word_embeddings:
-            self.lm_head = param(rngs, (h, config.vocab_size), ("embed", "vocab"), param_dtype, std)
+    norm_class = ZeroCenteredRMSNorm
+
+    def __init__(self, config: ModelConfig, **kwargs):
+        super().__init__(config, **kwargs)
         # Each layer's index among the layers of its kind: its slot in the cache arrays.
         kinds = config.layer_types
         self.cache_slots = tuple(kinds[:i].count(kind) for i, kind in enumerate(kinds))
+
+    def make_layer(self, index: int, *, rngs: nnx.Rngs) -> nnx.Module:
+        return DecoderLayer(self.config, self.config.layer_types[index], rngs=rngs, dtype=self.dtype,
+                            param_dtype=self.param_dtype)
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> HybridCache:
         """An empty cache; the delta-rule state is float32 whatever `dtype` (as in transformers)."""
