@@ -40,7 +40,7 @@ def get_config() -> ConfigDict:
         # True: the threshold applies to P_prior's row normalised over the retained agents (policy.structural_mask).
         # Measured with the out-degree-1 prior of session 3: it lifted the mask's cap (reward oracle 0.913 against
         # 0.894) but GRPO did not find the longer paths (validation reward 0.845 against 0.852); the adopted
-        # out-degree-3 prior lifts the cap with the absolute rule instead (README, MACA section).
+        # out-degree-3 prior lifts the cap with the absolute rule instead (docs/results/maca_synthetic.md).
         "conditional_edges": False,
         "stop_floor": 0.05,
         "temperature": {"base": 0.25, "reference": 2000.0, "exponent": 0.5},
@@ -48,12 +48,13 @@ def get_config() -> ConfigDict:
     # Structural prior learning (Algorithm 1, lines 3-7; edges.py for each choice): one pi_phi per task family
     # (the paper learns its prior per dataset), initial structures of expected out-degree 3 (walks go on past a
     # checker, so P_prior keeps the checker -> fixer / second-checker edges the best paths need; out-degree 1
-    # capped the mask's reward oracle at 0.951 of best, 3 at 0.980; README, "How this configuration was
-    # chosen"), Eq. 5 credited on the executed edges, the success buffer from the last 4 of 10 rounds
-    # (trajectories of the learned pi_phi), and a START node for where successful work begins.
+    # capped the mask's reward oracle at 0.951 of best, 3 at 0.980; "How this configuration was chosen" in
+    # docs/results/maca_synthetic.md), Eq. 5 credited on the executed edges, the success buffer from the last 4
+    # of 10 rounds (trajectories of the learned pi_phi), and a START node for where successful work begins.
     # `keep_cheapest` (buffer: each task's cheapest successful walk per round) with `phi_start` (walks open where
     # pi_phi's START edges point) and H threshold 0.02 sharpen the prior: executed alone (w/o pi_theta) 0.63 -> 0.79,
-    # MACA equal on seeds 0-2 but worse on fresh seeds 3-6 (validation 0.840 against 0.855), so they stay off (README).
+    # MACA equal on seeds 0-2 but worse on fresh seeds 3-6 (validation 0.840 against 0.855), so they stay off
+    # (docs/results/maca_synthetic.md).
     c.prior = ConfigDict({"rounds": 10, "samples": 8, "walk_steps": 6, "sparsity": 0.05, "edge_learning_rate": 0.1,
                           "credit": "executed", "init_out_degree": 3.0, "per_family": True, "buffer_rounds": 4,
                           "with_start": True, "keep_cheapest": False, "phi_start": False,
@@ -62,7 +63,7 @@ def get_config() -> ConfigDict:
     c.policy = ConfigDict({"kind": "head", "hidden": 128})
     c.grpo = ConfigDict({
         # G = 8 (paper, App. D.3); 16 tasks per iteration: the out-degree-3 mask leaves a larger space, and with
-        # 8 tasks GRPO's validation reward varied ~5x more across seeds (README)
+        # 8 tasks GRPO's validation reward varied ~5x more across seeds (docs/results/maca_synthetic.md)
         "iterations": 250, "tasks_per_iteration": 16, "group_size": 8,
         "learning_rate": 3e-3, "epochs": 4, "clip_eps": 0.2, "max_grad_norm": 1.0,
         "token_cost_weight": 0.02, "token_unit": 1000.0,  # beta = 0.02 per 1000 tokens
@@ -80,12 +81,13 @@ def get_config() -> ConfigDict:
     # reward 0.852 / 0.861 / 0.850 / 0.830 / 0.803 / 0.722 / 0.626 for 0.005 / 0.01 / 0.02 / 0.05 / 0.1 / 0.3 / 0.7:
     # lambda = 0.01 chosen, an interior maximum. With it (held-out, 3 seeds) MACA 0.898 = 0.956 of the best
     # achievable 0.940 at 1640 tokens, GRPO 0.837 at 2190; the Eq. 11 mask caps a reward-optimal oracle at 0.922
-    # (0.980): results.json "ceilings", README.
+    # (0.980): results.json "ceilings", docs/results/maca_synthetic.md.
     c.lambda_selection = ConfigDict({"enabled": True, "grid": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7), "num_tasks": 96,
                                      "task_seed": 2000, "seeds": (0, 1, 2)})
     c.systems = SYSTEMS
     # w/o pi_theta (train.PriorPolicy): "greedy" executes GraphSpec's committed structure edge by edge;
-    # "most_probable" the path pi_prior makes most probable, STOP included (exact search; README compares them);
+    # "most_probable" the path pi_prior makes most probable, STOP included (exact search; compared in
+    # docs/results/maca_synthetic.md);
     # "reference" pi_ref (the untrained policy) greedy under GraphSpec's mask: the paper's reading for a pretrained
     # LM policy (its Table 3 w/o pi_theta equals its Table 11 router + mask); here pi_ref is a random head
     c.no_policy_structure = "greedy"

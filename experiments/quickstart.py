@@ -17,7 +17,7 @@ The miniature (see DESIGN.md, "The miniature"):
   blind majority while its rollouts (temperature 1.0) sometimes fix it, and successful rollouts
   carry the fix more often than failed ones: outcome supervision (RWR) has something to reweight.
   handover_2back acts always: the policy never makes that fix, so only attribution reaches it.
-  Why (measured, README "OPOD quickstart results"): with every blind spot always on, RWR equalled
+  Why (measured, docs/results/opod_quickstart.md): with every blind spot always on, RWR equalled
   SFT in every run (its successes never held a fix), and RWR > SFT could not be shown; with all
   three at 55-70% RWR went from +0.00 to +0.24 depending on the seed, and when it fixed everything
   it tied OPOD at the ceiling (0.98). A fix the policy never makes is the paper's case for OPD.
@@ -26,7 +26,8 @@ The miniature (see DESIGN.md, "The miniature"):
   0.950; OPOD > RWR > SFT with paired 95% intervals excluding 0 on all four, by small margins where
   smallest (OPOD - RWR +0.030, RWR - SFT +0.025). That was commit 14eeb35. On main (session 8) float-level
   drift from later kernels moved both knife edges: the ordering holds on seed sets 2 and 3; on the default
-  seeds RWR stays at SFT (0.745 / 0.735), on the other seeds OPOD ties RWR (0.940 / 0.935); README.
+  seeds RWR stays at SFT (0.745 / 0.735), on the other seeds OPOD ties RWR (0.940 / 0.935); README,
+  "OPOD quickstart results".
 - Policy: a 0.45M-parameter Qwen3 (2 layers, 128 wide, tied embeddings) trained from scratch that reads and writes
   the suite's compact action-and-state language (view "dsl", envs/workplace/codec.py), with a BPE
   tokenizer built over that language. Decision (why): with Hermes JSON in 500-1000-token contexts
@@ -45,7 +46,7 @@ The miniature (see DESIGN.md, "The miniature"):
   to (a clause done without a revision never occurs in the expert's data, so the tiny model kept
   re-delegating instead of finishing: OPOD 0.585 vs SFT 0.715); with progress explicit in the
   state the finish decision generalizes. With always-on blind spots OPOD's gain was not robust
-  across seeds (README, "OPOD quickstart results"): OPD fixed every flagged blind spot, but could
+  across seeds (docs/results/opod_quickstart.md): OPD fixed every flagged blind spot, but could
   also teach malformed actions where the student's sampled prefix left what the tiny teacher had
   seen.
 - Hint following: the SFT data holds hint-following rows (expert contexts ⊕ the judge's hint, in
@@ -61,7 +62,8 @@ The miniature (see DESIGN.md, "The miniature"):
   OPOD differs from RWR only by λ·OPD. Learning rate 3e-4: at 1e-3 training after SFT drifted for
   every method on two of four seed sets (RWR's validation success fell back to SFT's, OPOD's dipped
   to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4 OPOD's validation success was
-  flat (0.93-0.94) on every seed set tried. (Chosen by looking at held-out runs, README says so.)
+  flat (0.93-0.94) on every seed set tried. (Chosen by looking at held-out runs, as
+  docs/results/opod_quickstart.md says.)
 - Checkpoint selection (selection): every method trained after SFT exports every 25 steps (DA-GRPO
   every 10); the export with the most successes on 100 validation tasks (training mixture, seeds
   disjoint from everything else) is evaluated, the same rule for all. Why: OPOD's earlier failures

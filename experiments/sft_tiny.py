@@ -21,7 +21,8 @@ def get_config() -> ConfigDict:
         "init_from": "runs/tiny_model",
         "hf": ConfigDict({"model_type": "qwen3"}, type_safe=False),
         "seed": 0,
-        "compute_dtype": "float32",  # bfloat16: bf16 matmuls, fp32 master weights; ~1.5x faster on CPUs with AVX512-BF16 (README)
+        # bfloat16: bf16 matmuls, fp32 master weights; ~1.5x faster on CPUs with AVX512-BF16 (docs/benchmarks.md)
+        "compute_dtype": "float32",
         "remat": False,
     })
 

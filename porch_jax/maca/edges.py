@@ -27,7 +27,7 @@ Paper ambiguities and how they are resolved here:
   a second solver after it); the cheapest success of K mostly does not, so the MLP learns from the
   interactions that mattered (synthetic pool, with pi_phi's START edges: the prior executed alone,
   "w/o pi_theta", 0.63 -> 0.79 expected accuracy; off in the shipped config because MACA itself did
-  worse on fresh seeds; README, MACA section).
+  worse on fresh seeds; docs/results/maca_synthetic.md).
 - Credit (`prior_learning_round(credit=...)`): "sampled" applies Eq. 5 to every edge of G^(k), as
   written; "executed" to the edges the trajectory executed on G^(k), the interactions that actually
   took place. On the synthetic pool a walk uses 1-5 of ~100 sampled edges, so the sampled reading

@@ -384,7 +384,8 @@ class PriorPolicy:
 
     `structure="most_probable"` commits instead to the path pi_prior makes most probable, STOP included
     (`most_probable_path`, exact), and executes it. On the synthetic pool that path is short (the prior's
-    STOP mass after a solver or checker is large), so it scores below the greedy reading (README)."""
+    STOP mass after a solver or checker is large), so it scores below the greedy reading
+    (docs/results/maca_synthetic.md)."""
 
     specs: Mapping[str, GraphSpec]
     edge_threshold: float = 0.0
