@@ -12,6 +12,10 @@ table and plots.
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
 their newest checkpoint). Rerunning a finished run only rebuilds the report.
+
+With `seed_sets` (e.g. `--config.seed_sets="(0, 1, 2, 3)"`, or experiments/quickstart_seeds.py) the loop
+runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`) and RUN_DIR/seed_sets.{md,json,png} report
+the sets as the unit: per-method mean and spread, paired differences with t-intervals over sets.
 """
 from __future__ import annotations
 
@@ -124,10 +128,39 @@ def main(argv: list[str]) -> None:
     from porch_jax import runtime
 
     runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
-
-    run = Run(cfg)
-    jax.config.update("jax_compilation_cache_dir", str((run / "jax_cache").absolute()))
+    base = Path(cfg.run_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str((base / "jax_cache").absolute()))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    seed_sets = tuple(int(k) for k in cfg.get("seed_sets", ()))
+    if not seed_sets:
+        run_pipeline(cfg)
+        return
+    from porch_jax.eval.seed_sets import with_seed_set
+
+    for k in seed_sets:
+        print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
+        run_pipeline(with_seed_set(cfg, k))
+    report_seed_sets(base, seed_sets)
+
+
+def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
+    """RUN_DIR/seed_sets.{md,json,png} from each set's results.json (eval/seed_sets.py)."""
+    from porch_jax.eval import plots
+    from porch_jax.eval import seed_sets as seed_sets_lib
+
+    agg = seed_sets_lib.aggregate({k: json.loads((base / f"seed_set_{k}" / "results.json").read_text())
+                                      for k in seed_sets})
+    table = seed_sets_lib.format_table(agg)
+    (base / "seed_sets.md").write_text(table + "\n")
+    (base / "seed_sets.json").write_text(json.dumps(agg, indent=1))
+    plots.plot_seed_sets(agg, base / "seed_sets.png")
+    print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
+
+
+def run_pipeline(cfg: ConfigDict) -> None:
+    """One seed set's whole loop in cfg.run_dir (module docstring)."""
+    run = Run(cfg)
     (run / "config.json").write_text(cfg.to_json(indent=1))
 
     from transformers import AutoTokenizer

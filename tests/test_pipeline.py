@@ -72,3 +72,30 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "train sft: done, skipped" in second.stdout and "step 1/" not in second.stdout
     assert (run_dir / "results.md").read_text() == table
+
+
+@pytest.mark.slow
+def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
+    run_dir = tmp_path / "run"
+    config = tmp_path / "tiny_seed_sets.py"
+    text = CONFIG.format(run_dir=str(run_dir))
+    assert text.count("    return c\n") == 1
+    config.write_text(text.replace("    return c\n", "    c.seed_sets = (0, 1)\n    return c\n"))
+    done = _pipeline(config)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "##### seed set 1 (2 of 2)" in done.stdout
+    per_set = {k: json.loads((run_dir / f"seed_set_{k}" / "results.json").read_text()) for k in (0, 1)}
+    configs = {k: json.loads((run_dir / f"seed_set_{k}" / "config.json").read_text()) for k in (0, 1)}
+    assert configs[1]["sft"]["seed"] == configs[0]["sft"]["seed"] + 10
+    assert configs[1]["rollouts"]["seed_start"] == configs[0]["rollouts"]["seed_start"] + 1000
+    rollout_seeds = {k: {json.loads(line)["seed"] for line in (run_dir / f"seed_set_{k}" / "rollouts.jsonl").open()}
+                     for k in (0, 1)}
+    assert rollout_seeds[0].isdisjoint(rollout_seeds[1])  # each set rolls out on its own tasks
+    agg = json.loads((run_dir / "seed_sets.json").read_text())
+    assert agg["seed_sets"] == [0, 1]
+    for m in agg["methods"]:
+        assert m["success"] == [next(r["success"] for r in per_set[k]["methods"] if r["system"] == m["system"])
+                                for k in (0, 1)]
+    assert [(c["better"], c["worse"]) for c in agg["comparisons"]] == [
+        (c["better"], c["worse"]) for c in per_set[0]["comparisons"]]
+    assert "| sft |" in (run_dir / "seed_sets.md").read_text() and (run_dir / "seed_sets.png").is_file()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
@@ -57,6 +58,23 @@ def plot_success(rows: Sequence[Summary], path: str | Path) -> Path:
     ax.set_xticks(list(xs), [r.system for r in rows])
     ax.set_ylim(0, 1)
     ax.set_ylabel("held-out success (95% CI)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_seed_sets(agg: Mapping[str, Any], path: str | Path) -> Path:
+    """Held-out success per method over seed sets: one dot per set, the bar at their mean."""
+    methods = agg["methods"]
+    fig, ax = plt.subplots(figsize=(1.3 * len(methods) + 1.5, 3.2))
+    xs = range(len(methods))
+    ax.bar(xs, [m["mean"] for m in methods], color="#7aa6c2")
+    for x, m in zip(xs, methods):
+        ax.plot([x] * len(m["success"]), m["success"], "o", color="k", markersize=3)
+    ax.set_xticks(list(xs), [m["system"] for m in methods])
+    ax.set_ylim(0, 1)
+    ax.set_ylabel(f"held-out success ({len(agg['seed_sets'])} seed sets)")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,0 +1,123 @@
+"""Seed sets as the reported unit of the OPOD pipeline (launch/pipeline.py, `seed_sets`).
+
+One pipeline run draws every source of training randomness once (initial weights, batch order, rollouts,
+OPD and GRPO samples); on the quickstart single runs moved with float-level rounding (README). Running the
+loop once per seed set and reporting the sets' mean and spread, with paired differences whose intervals are
+taken over sets, is the claim that survives that.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from ml_collections import ConfigDict
+from scipy import stats
+
+SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
+
+
+def with_seed_set(cfg: ConfigDict, k: int) -> ConfigDict:
+    """The config of seed set `k`, run in RUN_DIR/seed_set_k: every `seed` field + 10k (initial weights, batch
+    order, OPD and GRPO samples, rollout sampling) and the SFT rollouts' task seeds + 1,000k. The expert data,
+    validation and held-out tasks stay the same, so every set is compared on the same tasks; set 0 is the
+    config as written."""
+    if k < 0:
+        raise ValueError(f"seed sets are numbered from 0, got {k}")
+    start = cfg.rollouts.seed_start + ROLLOUT_SEED_STRIDE * k
+    others = {"expert_rollouts": cfg.expert_rollouts, "eval.tasks": cfg.eval.tasks}
+    if cfg.get("selection"):
+        others["selection.tasks"] = cfg.selection.tasks
+    for name, tasks in others.items():
+        if start < tasks.seed_start + tasks.num_tasks and tasks.seed_start < start + cfg.rollouts.num_tasks:
+            raise ValueError(f"seed set {k}: the SFT rollouts' task seeds {start}-{start + cfg.rollouts.num_tasks - 1} "
+                             f"overlap {name} ({tasks.seed_start}-{tasks.seed_start + tasks.num_tasks - 1})")
+    out = ConfigDict(cfg.to_dict())
+
+    def shift(node: ConfigDict) -> None:
+        for key, value in node.items():
+            if isinstance(value, ConfigDict):
+                shift(value)
+            elif key == "seed" and isinstance(value, int):
+                node[key] = value + SEED_SET_STRIDE * k
+
+    shift(out)
+    out.rollouts.seed_start = start
+    out.run_dir = str(Path(cfg.run_dir) / f"seed_set_{k}")
+    out.seed_sets = ()
+    return out
+
+
+def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
+    """Seed sets as the reported unit: `results` maps each seed set to its run's results.json.
+
+    One run per seed set measures one draw of every source of training randomness (initial weights,
+    batch order, rollouts, OPD samples). Per method: mean, sample sd and range of held-out success over
+    the sets. Per comparison: the mean of the sets' paired differences with a 95% t-interval over sets
+    (the sets, not the tasks, are the independent units: every set is evaluated on the same held-out
+    tasks), and the number of sets whose own paired interval lies above zero.
+    """
+    if not results:
+        raise ValueError("no seed-set results to aggregate")
+    sets = sorted(results)
+
+    def by_name(k: int) -> dict[str, Mapping[str, Any]]:
+        return {m["system"]: m for m in results[k]["methods"]}
+
+    def by_pair(k: int) -> dict[tuple[str, str], Mapping[str, Any]]:
+        return {(c["better"], c["worse"]): c for c in results[k]["comparisons"] if c["delta"] is not None}
+
+    # A method a set could not train (no data) is left out of every set's mean and named in `partial`.
+    names = list(dict.fromkeys(name for k in sets for name in by_name(k)))
+    common = [name for name in names if all(name in by_name(k) for k in sets)]
+    pairs = list(dict.fromkeys(pair for k in sets for pair in by_pair(k)))
+    out: dict[str, Any] = {"seed_sets": sets, "methods": [], "comparisons": [],
+                           "partial": {name: [k for k in sets if name in by_name(k)] for name in names
+                                       if name not in common}}
+    for name in common:
+        values = [by_name(k)[name]["success"] for k in sets]
+        out["methods"].append({"system": name, "success": values, **_spread(values)})
+    for pair in pairs:
+        if not all(pair in by_pair(k) for k in sets):
+            continue
+        deltas = [by_pair(k)[pair]["delta"][0] for k in sets]
+        above = sum(by_pair(k)[pair]["delta"][1] > 0 for k in sets)
+        out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas),
+                                   "sets_above_zero": above})
+    return out
+
+
+def _spread(values: Sequence[float]) -> dict[str, Any]:
+    """Mean, sample sd, range and the 95% t-interval of the mean (None for a single value)."""
+    v = np.asarray(values, float)
+    mean = float(v.mean())
+    if len(v) < 2:
+        return {"mean": mean, "sd": 0.0, "min": mean, "max": mean, "ci": None}
+    sd = float(v.std(ddof=1))
+    half = float(stats.t.ppf(0.975, len(v) - 1)) * sd / len(v) ** 0.5
+    return {"mean": mean, "sd": sd, "min": float(v.min()), "max": float(v.max()), "ci": [mean - half, mean + half]}
+
+
+def format_table(agg: Mapping[str, Any]) -> str:
+    """Markdown tables of `aggregate`: success per set, then the paired differences."""
+    sets = agg["seed_sets"]
+    head = " | ".join(f"set {k}" for k in sets)
+    lines = [f"Held-out success over {len(sets)} seed sets (one run each):", "",
+             f"| method | mean | sd | 95% CI of the mean | {head} |", "|---|---|---|---|" + "---|" * len(sets)]
+    for m in agg["methods"]:
+        ci = f"[{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]" if m["ci"] else ""
+        lines.append(f"| {m['system']} | {m['mean']:.3f} | {m['sd']:.3f} | {ci} | "
+                     + " | ".join(f"{s:.3f}" for s in m["success"]) + " |")
+    for name, present in agg.get("partial", {}).items():
+        lines.append(f"\n{name}: trained in seed sets {present} only (no training data in the others); left out")
+    if not agg["comparisons"]:
+        return "\n".join(lines)
+    lines += ["", "Paired differences on the same held-out tasks, mean over seed sets (95% t-interval over sets):", "",
+              f"| comparison | mean | 95% CI over sets | sets with a paired CI above 0 | {head} |",
+              "|---|---|---|---|" + "---|" * len(sets)]
+    for c in agg["comparisons"]:
+        ci = f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c["ci"] else ""
+        lines.append(f"| {c['better']} - {c['worse']} | {c['mean']:+.3f} | {ci} | {c['sets_above_zero']}/{len(sets)} | "
+                     + " | ".join(f"{d:+.3f}" for d in c["delta"]) + " |")
+    return "\n".join(lines)

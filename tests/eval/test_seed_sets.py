@@ -1,0 +1,87 @@
+"""Seed sets as the reported unit: each set's config, and the aggregation of the sets' results."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from experiments import quickstart
+from porch_jax.eval import plots, report, seed_sets
+from tests.eval.test_report import _records
+
+T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
+
+
+def _seeds(node, path=""):
+    out = {}
+    for key, value in node.items():
+        if hasattr(value, "items"):
+            out.update(_seeds(value, f"{path}{key}."))
+        elif key == "seed":
+            out[path + key] = value
+    return out
+
+
+def test_a_seed_set_shifts_every_seed_and_keeps_the_compared_tasks():
+    cfg = quickstart.get_config()
+    base = _seeds(cfg)
+    assert {"seed", "model.seed", "sft.seed", "rwr.seed", "opod.opd.seed", "dagrpo.group.seed"} <= set(base)
+    zero = seed_sets.with_seed_set(cfg, 0)
+    assert _seeds(zero) == base and zero.rollouts.seed_start == cfg.rollouts.seed_start
+    assert zero.run_dir == "runs/quickstart/seed_set_0"
+    two = seed_sets.with_seed_set(cfg, 2)
+    assert _seeds(two) == {k: v + 20 for k, v in base.items()}
+    assert two.rollouts.seed_start == cfg.rollouts.seed_start + 2000
+    for section in ("expert_rollouts", "eval", "selection"):  # the tasks every set is compared on
+        assert two[section].to_dict() == cfg[section].to_dict() or section == "eval"
+    assert two.eval.tasks.to_dict() == cfg.eval.tasks.to_dict() and two.seed_sets == ()
+    assert cfg.sft.seed == 1  # the input config is left as it was
+    with pytest.raises(ValueError, match=r"50000-50299 overlap selection.tasks \(50000-50099\)"):
+        seed_sets.with_seed_set(cfg, 30)
+
+
+def _results(tmp_path, k, sft, rwr, opod):
+    records = {"sft": _records(sft), "rwr": _records(rwr), "opod": _records(opod)}
+    path = tmp_path / f"r{k}.json"
+    report.write_results(report.summaries(records, reference="sft"),
+                         [report.compare(records, "opod", "rwr"), report.compare(records, "rwr", "sft")], path)
+    return json.loads(path.read_text())
+
+
+def test_sets_aggregate_to_means_and_t_intervals_over_sets(tmp_path):
+    n = 100
+    # set 0: RWR loses 10 of SFT's successes and wins 15 others (net +0.05, a wide paired interval)
+    sets = {0: ([1] * 70 + [0] * 30, [0] * 10 + [1] * 75 + [0] * 15, [1] * 95 + [0] * 5),
+            1: ([1] * 76 + [0] * 24, [1] * 93 + [0] * 7, [1] * 94 + [0] * 6),
+            4: ([1] * 71 + [0] * 29, [1] * 90 + [0] * 10, [1] * 93 + [0] * 7)}
+    agg = seed_sets.aggregate({k: _results(tmp_path, k, *v) for k, v in sets.items()})
+    assert agg["seed_sets"] == [0, 1, 4]
+    opod = next(m for m in agg["methods"] if m["system"] == "opod")
+    values = np.array([0.95, 0.94, 0.93])
+    assert opod["success"] == pytest.approx(list(values))
+    assert opod["mean"] == pytest.approx(values.mean()) and opod["sd"] == pytest.approx(values.std(ddof=1))
+    half = T_975_DF2 * values.std(ddof=1) / np.sqrt(3)
+    assert opod["ci"] == pytest.approx([values.mean() - half, values.mean() + half])
+    rwr_sft = next(c for c in agg["comparisons"] if (c["better"], c["worse"]) == ("rwr", "sft"))
+    deltas = np.array([75, 93, 90]) / n - np.array([70, 76, 71]) / n
+    assert rwr_sft["delta"] == pytest.approx(list(deltas)) and rwr_sft["mean"] == pytest.approx(deltas.mean())
+    # set 0's own paired interval (+0.05 on 100 tasks) includes zero; sets 1 and 4 lie above it
+    assert rwr_sft["sets_above_zero"] == 2
+    table = seed_sets.format_table(agg)
+    assert "| opod | 0.940 | 0.010 |" in table and f"| rwr - sft | {deltas.mean():+.3f} |" in table and "| 2/3 |" in table
+    assert plots.plot_seed_sets(agg, tmp_path / "s.png").stat().st_size > 1000
+
+
+def test_a_method_missing_from_a_set_is_left_out_and_named(tmp_path):
+    one = _results(tmp_path, 0, [1, 0, 1], [1, 1, 1], [1, 1, 0])
+    other = _results(tmp_path, 1, [1, 0, 0], [1, 1, 0], [1, 1, 1])
+    other["methods"] = [m for m in other["methods"] if m["system"] != "rwr"]  # set 1 could not train RWR
+    other["comparisons"] = [c for c in other["comparisons"] if "rwr" not in (c["better"], c["worse"])]
+    agg = seed_sets.aggregate({0: one, 1: other})
+    assert [m["system"] for m in agg["methods"]] == ["sft", "opod"] and agg["partial"] == {"rwr": [0]}
+    assert agg["comparisons"] == []  # both pairs involve RWR
+    table = seed_sets.format_table(agg)
+    assert "rwr: trained in seed sets [0] only" in table and "Paired differences" not in table
+    with pytest.raises(ValueError, match="no seed-set results"):
+        seed_sets.aggregate({})
