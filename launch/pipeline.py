@@ -14,8 +14,9 @@ interrupted midway resumes (trajectory and attribution stores skip what they hol
 their newest checkpoint). Rerunning a finished run only rebuilds the report.
 
 With `seed_sets` (e.g. `--config.seed_sets="(0, 1, 2, 3)"`, or experiments/quickstart_seeds.py) the loop
-runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`) and RUN_DIR/seed_sets.{md,json,png} report
-the sets as the unit: per-method mean and spread, paired differences with t-intervals over sets.
+runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`), and
+RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
+differences with t-intervals over sets.
 """
 from __future__ import annotations
 
@@ -136,8 +137,11 @@ def main(argv: list[str]) -> None:
     if not seed_sets:
         run_pipeline(cfg)
         return
+    if len(set(seed_sets)) != len(seed_sets):
+        raise ValueError(f"config field 'seed_sets' repeats a set: {seed_sets}")
     from porch_jax.eval.seed_sets import with_seed_set
 
+    (base / "config.json").write_text(cfg.to_json(indent=1))  # each set's own config is in its folder
     for k in seed_sets:
         print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
         run_pipeline(with_seed_set(cfg, k))
@@ -149,8 +153,8 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     from porch_jax.eval import plots
     from porch_jax.eval import seed_sets as seed_sets_lib
 
-    agg = seed_sets_lib.aggregate({k: json.loads((base / f"seed_set_{k}" / "results.json").read_text())
-                                      for k in seed_sets})
+    agg = seed_sets_lib.aggregate(
+        {k: json.loads((base / f"seed_set_{k}" / "results.json").read_text()) for k in seed_sets})
     table = seed_sets_lib.format_table(agg)
     (base / "seed_sets.md").write_text(table + "\n")
     (base / "seed_sets.json").write_text(json.dumps(agg, indent=1))
