@@ -61,30 +61,24 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     if not results:
         raise ValueError("no seed-set results to aggregate")
     sets = sorted(results)
-
-    def by_name(k: int) -> dict[str, Mapping[str, Any]]:
-        return {m["system"]: m for m in results[k]["methods"]}
-
-    def by_pair(k: int) -> dict[tuple[str, str], Mapping[str, Any]]:
-        return {(c["better"], c["worse"]): c for c in results[k]["comparisons"] if c["delta"] is not None}
-
+    named = {k: {m["system"]: m for m in results[k]["methods"]} for k in sets}
+    paired = {k: {(c["better"], c["worse"]): c for c in results[k]["comparisons"] if c["delta"] is not None}
+              for k in sets}
     # A method a set could not train (no data) is left out of every set's mean and named in `partial`.
-    names = list(dict.fromkeys(name for k in sets for name in by_name(k)))
-    common = [name for name in names if all(name in by_name(k) for k in sets)]
-    pairs = list(dict.fromkeys(pair for k in sets for pair in by_pair(k)))
+    names = list(dict.fromkeys(name for k in sets for name in named[k]))
+    common = [name for name in names if all(name in named[k] for k in sets)]
     out: dict[str, Any] = {"seed_sets": sets, "methods": [], "comparisons": [],
-                           "partial": {name: [k for k in sets if name in by_name(k)] for name in names
+                           "partial": {name: [k for k in sets if name in named[k]] for name in names
                                        if name not in common}}
     for name in common:
-        values = [by_name(k)[name]["success"] for k in sets]
+        values = [named[k][name]["success"] for k in sets]
         out["methods"].append({"system": name, "success": values, **_spread(values)})
-    for pair in pairs:
-        if not all(pair in by_pair(k) for k in sets):
-            continue
-        deltas = [by_pair(k)[pair]["delta"][0] for k in sets]
-        above = sum(by_pair(k)[pair]["delta"][1] > 0 for k in sets)
-        out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas),
-                                   "sets_above_zero": above})
+    for pair in dict.fromkeys(pair for k in sets for pair in paired[k]):
+        if all(pair in paired[k] for k in sets):
+            deltas = [paired[k][pair]["delta"][0] for k in sets]
+            above = sum(paired[k][pair]["delta"][1] > 0 for k in sets)
+            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas),
+                                       "sets_above_zero": above})
     return out
 
 

@@ -116,8 +116,8 @@ class CausalLM(nnx.Module):
     ):
         """dtype is the compute dtype, param_dtype the storage dtype; norms, softmax and logits are float32
         regardless. remat recomputes each layer in the backward pass (`remat_policy` names a
-        jax.checkpoint_policies member). Parameters are drawn in one order (embedding, layers, head), so a
-        seed gives the same model whatever a subclass adds."""
+        jax.checkpoint_policies member). Parameters are drawn in a fixed order (embedding, layers, head), so a
+        seed always gives the same model."""
         if remat_policy not in REMAT_POLICIES:
             raise ValueError(f"remat_policy {remat_policy!r} not in {REMAT_POLICIES}")
         h, std = config.hidden_size, config.initializer_range
