@@ -26,9 +26,9 @@ The miniature (see DESIGN.md, "The miniature"):
   0.950; OPOD > RWR > SFT with paired 95% intervals excluding 0 on all four, by small margins where
   smallest (OPOD - RWR +0.030, RWR - SFT +0.025). That was commit 14eeb35. On main (session 8) float-level
   drift from later kernels moved both knife edges: the ordering holds on seed sets 2 and 3; on the default
-  seeds RWR stays at SFT (0.745 / 0.735), on the other seeds OPOD ties RWR (0.940 / 0.935). Over four
-  seed sets (experiments/quickstart_seeds.py, session 13; README, "OPOD quickstart results"): SFT 0.734,
-  RWR 0.872, OPOD 0.938 on average, OPOD never below RWR in a set.
+  seeds RWR stays at SFT (0.745 / 0.735), on the other seeds OPOD ties RWR (0.940 / 0.935). Over eight
+  seed sets (experiments/quickstart_seeds.py, session 13; README, "OPOD quickstart results"): SFT 0.731,
+  RWR 0.868, OPOD 0.941 on average, each difference's 95% interval over sets above zero.
 - Policy: a 0.45M-parameter Qwen3 (2 layers, 128 wide, tied embeddings) trained from scratch that reads and writes
   the suite's compact action-and-state language (view "dsl", envs/workplace/codec.py), with a BPE
   tokenizer built over that language. Decision (why): with Hermes JSON in 500-1000-token contexts
