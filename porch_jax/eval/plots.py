@@ -41,40 +41,39 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | P
         ax.set_title(key)
         ax.set_xlabel("step")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_success(rows: Sequence[Summary], path: str | Path) -> Path:
     """Held-out success per method with its Wilson 95% interval."""
-    fig, ax = plt.subplots(figsize=(1.3 * len(rows) + 1.5, 3.2))
-    xs = range(len(rows))
-    ax.bar(xs, [r.success for r in rows], color="#7aa6c2")
-    ax.errorbar(xs, [r.success for r in rows], yerr=[[r.success - r.ci[0] for r in rows],
-                                                     [r.ci[1] - r.success for r in rows]], fmt="none", color="k",
-                capsize=4)
-    ax.set_xticks(list(xs), [r.system for r in rows])
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("held-out success (95% CI)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    fig, ax = _success_bars([r.system for r in rows], [r.success for r in rows], "held-out success (95% CI)")
+    ax.errorbar(range(len(rows)), [r.success for r in rows], yerr=[[r.success - r.ci[0] for r in rows],
+                                                                   [r.ci[1] - r.success for r in rows]],
+                fmt="none", color="k", capsize=4)
+    return _save(fig, path)
 
 
 def plot_seed_sets(agg: Mapping[str, Any], path: str | Path) -> Path:
     """Held-out success per method over seed sets: one dot per set, the bar at their mean."""
     methods = agg["methods"]
-    fig, ax = plt.subplots(figsize=(1.3 * len(methods) + 1.5, 3.2))
-    xs = range(len(methods))
-    ax.bar(xs, [m["mean"] for m in methods], color="#7aa6c2")
-    for x, m in zip(xs, methods):
+    fig, ax = _success_bars([m["system"] for m in methods], [m["mean"] for m in methods],
+                            f"held-out success ({len(agg['seed_sets'])} seed sets)")
+    for x, m in enumerate(methods):
         ax.plot([x] * len(m["success"]), m["success"], "o", color="k", markersize=3)
-    ax.set_xticks(list(xs), [m["system"] for m in methods])
+    return _save(fig, path)
+
+
+def _success_bars(names: Sequence[str], heights: Sequence[float], ylabel: str) -> tuple[Any, Any]:
+    """A bar per method on a 0-1 success axis; callers draw the spread on top."""
+    fig, ax = plt.subplots(figsize=(1.3 * len(names) + 1.5, 3.2))
+    ax.bar(range(len(names)), heights, color="#7aa6c2")
+    ax.set_xticks(list(range(len(names))), list(names))
     ax.set_ylim(0, 1)
-    ax.set_ylabel(f"held-out success ({len(agg['seed_sets'])} seed sets)")
+    ax.set_ylabel(ylabel)
+    return fig, ax
+
+
+def _save(fig: Any, path: str | Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

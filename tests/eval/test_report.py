@@ -5,26 +5,19 @@ import json
 
 from porch_jax.eval import plots, report
 from porch_jax.rollout.compare import wilson
-from porch_jax.trajectories import EpisodeRecord, Outcome, RoleCost
-
-
-def _records(successes):
-    return [EpisodeRecord(episode_id=f"m/t{i}", task_id=f"t{i}", env="workplace", system="m", config_hash="h", seed=i,
-                          outcome=Outcome(bool(s), float(s), "ok" if s else "failed"),
-                          cost={"orchestrator": RoleCost(4, 300, 50), "subagent": RoleCost(10, 1000, 100)})
-            for i, s in enumerate(successes)]
+from tests.eval.outcomes import records_with
 
 
 def test_table_intervals_and_paired_differences(tmp_path):
-    records = {"sft": _records([0] * 70 + [1] * 30), "rwr": _records([0] * 50 + [1] * 50),
-               "opod": _records([0] * 20 + [1] * 80)}
+    records = {"sft": records_with([0] * 70 + [1] * 30), "rwr": records_with([0] * 50 + [1] * 50),
+               "opod": records_with([0] * 20 + [1] * 80)}
     rows = report.summaries(records, reference="sft")
     assert [r.system for r in rows] == ["sft", "rwr", "opod"]
     assert rows[2].ci == wilson(80, 100) and rows[0].delta is None
     assert rows[2].delta[0] == 0.5 and rows[2].delta[1] > 0.35
     better = report.compare(records, "opod", "rwr")
     assert better.separated and better.delta[0] == 0.3
-    close = report.compare({"a": _records([1] * 52 + [0] * 48), "b": _records([1] * 50 + [0] * 50)}, "a", "b")
+    close = report.compare({"a": records_with([1] * 52 + [0] * 48), "b": records_with([1] * 50 + [0] * 50)}, "a", "b")
     assert not close.separated
     table = report.format_table(rows, records, [better, close])
     assert "| opod | 100 | 0.800 | [0.711, 0.867] | +0.500" in table and "| 1450 | 350 |" in table
@@ -37,7 +30,7 @@ def test_plots_are_written(tmp_path):
     runs = {"rwr": [{"step": s, "ce": 1.0 / s} for s in range(1, 20)],
             "opod": [{"step": s, "ce": 1.0 / s, "opd": 0.5 / s} for s in range(1, 20)]}
     assert plots.plot_curves(runs, tmp_path / "c.png").stat().st_size > 1000
-    rows = report.summaries({"sft": _records([0, 1, 1]), "opod": _records([1, 1, 1])}, reference="sft")
+    rows = report.summaries({"sft": records_with([0, 1, 1]), "opod": records_with([1, 1, 1])}, reference="sft")
     assert plots.plot_success(rows, tmp_path / "s.png").stat().st_size > 1000
     (tmp_path / "m.jsonl").write_text('{"step": 1, "ce": 2.0}\n')
     assert plots.read_metrics(tmp_path / "m.jsonl") == [{"step": 1, "ce": 2.0}]

@@ -8,7 +8,7 @@ import pytest
 
 from experiments import quickstart
 from porch_jax.eval import plots, report, seed_sets
-from tests.eval.test_report import _records
+from tests.eval.outcomes import records_with
 
 T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
 
@@ -42,7 +42,7 @@ def test_a_seed_set_shifts_every_seed_and_keeps_the_compared_tasks():
 
 
 def _results(tmp_path, k, sft, rwr, opod):
-    records = {"sft": _records(sft), "rwr": _records(rwr), "opod": _records(opod)}
+    records = {"sft": records_with(sft), "rwr": records_with(rwr), "opod": records_with(opod)}
     path = tmp_path / f"r{k}.json"
     report.write_results(report.summaries(records, reference="sft"),
                          [report.compare(records, "opod", "rwr"), report.compare(records, "rwr", "sft")], path)
@@ -69,7 +69,8 @@ def test_sets_aggregate_to_means_and_t_intervals_over_sets(tmp_path):
     # set 0's own paired interval (+0.05 on 100 tasks) includes zero; sets 1 and 4 lie above it
     assert rwr_sft["sets_above_zero"] == 2
     table = seed_sets.format_table(agg)
-    assert "| opod | 0.940 | 0.010 |" in table and f"| rwr - sft | {deltas.mean():+.3f} |" in table and "| 2/3 |" in table
+    assert ("| opod | 0.940 | 0.010 |" in table and f"| rwr - sft | {deltas.mean():+.3f} |" in table
+            and "| 2/3 |" in table)
     assert plots.plot_seed_sets(agg, tmp_path / "s.png").stat().st_size > 1000
 
 
