@@ -161,6 +161,50 @@ def masked_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], spe
     return acc, tokens
 
 
+def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int, *,
+                      token_cost_weight: float = 0.0, token_unit: float = 1000.0
+                      ) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, ...]]]:
+    """The best structure a structure-centric system could commit to upfront (MACA Sec. 1): one agent sequence per
+    task family, chosen knowing the family but not a task's hidden difficulty, best by the mean over the family's
+    tasks of p - token_cost_weight * tokens / token_unit. Each task runs the prefix of it the rollout would run
+    (a call starts while tokens remain, at most `max_steps` calls). This is also the ceiling of any policy that,
+    like ours on the synthetic pool, sees the task's family but nothing of its difficulty: its agents' replies
+    carry no signal, so the best it can do is one sequence per family. Returns per task (success probability,
+    tokens) and each family's sequence. Exhaustive over sequences of agents with a role in the family."""
+    acc, tokens, paths = np.zeros(len(tasks)), np.zeros(len(tasks)), {}
+    for family in sorted({t.source.family for t in tasks}):
+        members = [m for m, t in enumerate(tasks) if t.source.family == family]
+        src = [tasks[m].source for m in members]
+        hard = np.array([s.hard for s in src])
+        reps = {h: next(s for s in src if s.hard == h) for h in set(hard.tolist())}  # p depends on difficulty only
+        prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in src])
+        budget = np.array([s.budget for s in src])
+        useful = [i for i in range(len(world.pool)) if world.competence(i, family).role != "none"]
+        completion = {i: np.array([world.run(s, (i,), _RNG).completion_tokens[0] for s in src]) for i in useful}
+        best = (-np.inf, None, None, ())
+        # DFS state: path, per task (calls run, tokens spent, completions so far), per difficulty p of each prefix
+        stack: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray, dict[bool, list[float]]]] = [
+            ((), np.zeros(len(src), int), np.zeros(len(src)), np.zeros(len(src)), {h: [0.0] for h in reps})]
+        while stack:
+            path, calls, spent, history, p = stack.pop()
+            if path:
+                p_run = np.array([p[h][c] for h, c in zip(hard, calls)])
+                score = float(np.mean(p_run - token_cost_weight * spent / token_unit))
+                if score > best[0]:
+                    best = (score, p_run, spent, path)
+            if len(path) == max_steps:
+                continue
+            live = (calls == len(path)) & (spent < budget)  # tasks the rollout is still running this sequence on
+            if not live.any():
+                continue
+            for a in useful:
+                c = np.where(live, completion[a], 0)
+                step = {h: [*p[h], world.success_probability(reps[h], (*path, a))] for h in reps}
+                stack.append(((*path, a), calls + live, spent + np.where(live, prompt + history + c, 0), history + c, step))
+        _, acc[members], tokens[members], paths[family] = best
+    return acc, tokens, paths
+
+
 _RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token counts are used here
 
 

@@ -18,6 +18,7 @@ from porch_jax.envs.benchmarks.base import BenchmarkTask
 from porch_jax.envs.benchmarks.math_tasks import GSM_HARD
 from porch_jax.maca.analysis import (
     best_achievable,
+    committed_optimum,
     masked_optimum,
     reward_optimal,
     top2_mass,
@@ -236,6 +237,31 @@ def test_oracle_ceilings_match_brute_force(spool):
         assert (acc[k], tokens[k]) == (pytest.approx(best[1]), pytest.approx(best[2]))
         assert (m_acc[k], m_tokens[k]) == (pytest.approx(best_h[1]), pytest.approx(best_h[2]))
         assert cap[k] == pytest.approx(cap_h)
+
+
+def test_committed_optimum_matches_brute_force(spool):
+    """One sequence per family, each task running the prefix the rollout would (calls start while tokens remain):
+    the best mean score over every sequence enumerated, bystanders and repeats included."""
+    tasks = synthetic_tasks(make_tasks(7, seed=5, budget=700))  # a budget small enough to cut sequences short
+    n, beta, steps = len(spool.pool), 0.05, 3
+    rng = np.random.default_rng(0)
+
+    def executed(task, path):
+        out = spool.run(task.source, path, rng)
+        k = int(np.sum(np.cumsum((0, *out.step_tokens))[:-1] < task.budget))
+        return spool.success_probability(task.source, path[:k]), sum(out.step_tokens[:k])
+
+    for weight in (0.0, beta):
+        acc, tokens, paths = committed_optimum(spool, tasks, steps, token_cost_weight=weight)
+        assert sorted(paths) == ["code", "math", "qa"]
+        for family, path in paths.items():
+            members = [m for m, t in enumerate(tasks) if t.source.family == family]
+            runs = [executed(tasks[m], path) for m in members]
+            assert [(acc[m], tokens[m]) for m in members] == [pytest.approx(r) for r in runs]
+            top = max(np.mean([p - weight * c / 1000 for p, c in (executed(tasks[m], seq) for m in members)])
+                      for length in range(1, steps + 1) for seq in itertools.product(range(n), repeat=length))
+            assert np.mean(acc[members] - weight * tokens[members] / 1000) == pytest.approx(top)
+    assert (acc <= best_achievable(spool, tasks, steps) + 1e-9).all()
 
 
 def test_transition_matrix_and_top2_mass():

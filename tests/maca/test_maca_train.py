@@ -525,6 +525,12 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert set(rewards) == {0.05, 0.7} and sel["chosen"] == max(rewards, key=rewards.get)
     assert results["config"]["grpo"]["prior_kl_weight"] == sel["chosen"]
     assert [r["system"] for r in results["systems"]] == list(cfg.systems)
+    # the oracles: one structure per family can match but never beat knowing each task's difficulty
+    ceiling = {r["oracle"]: r for r in results["ceilings"]}
+    committed = ceiling["best accuracy, one structure per family"]
+    assert committed["expected_accuracy"] <= ceiling["best accuracy"]["expected_accuracy"] + 1e-9
+    assert set(committed["structures"]) == set(cfg.world.families)
+    assert "- best reward, one structure per family: code: " in (tmp_path / "run" / "tables.md").read_text()
     # held-out learning curves: every learning system at each iteration; the prior-only system at its final value
     curves, orders = results["learning_curves"]["curves"], results["learning_curves"]["orders"]
     assert [r["iterations"] for r in curves["maca"]] == [1, 2] and curves["no_policy"] == []
