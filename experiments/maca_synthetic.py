@@ -1,6 +1,6 @@
 """MACA on the synthetic agent pool: prior learning, token-aware GRPO, Table 3 ablations, gamma / lambda sweeps,
 transition analyses and the LM-policy check, all on a CPU in minutes. lambda is chosen first, for MACA, on a
-validation split from the training distribution (`lambda_selection`; launch/maca.py `select_lambda`).
+validation split from the training distribution (`lambda_selection`; porch_jax/maca/experiment.py `select_lambda`).
 
     python -m launch.maca --config=experiments/maca_synthetic.py
 
@@ -68,7 +68,7 @@ def get_config() -> ConfigDict:
         "learning_rate": 3e-3, "epochs": 4, "clip_eps": 0.2, "max_grad_norm": 1.0,
         "token_cost_weight": 0.02, "token_unit": 1000.0,  # beta = 0.02 per 1000 tokens
         # lambda, charged as Eq. 12 writes it: in the return, each step paying lambda * (log pi(a_t) -
-        # log pi_mix(a_t)) at the action taken (train.py says why not the exact KL). 0.7 is the paper's value
+        # log pi_mix(a_t)) at the action taken (porch_jax/maca/train.py says why not the exact KL). 0.7 is the paper's value
         # (Sec. 3.6) in its reward units; with lambda_selection enabled (below) the run replaces it by the
         # value chosen on the validation split, for MACA and every ablation that keeps the prior KL.
         "prior_kl_weight": 0.7,
@@ -85,7 +85,7 @@ def get_config() -> ConfigDict:
     c.lambda_selection = ConfigDict({"enabled": True, "grid": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7), "num_tasks": 96,
                                      "task_seed": 2000, "seeds": (0, 1, 2)})
     c.systems = SYSTEMS
-    # w/o pi_theta (train.PriorPolicy): "greedy" executes GraphSpec's committed structure edge by edge;
+    # w/o pi_theta (porch_jax/maca/prior.py PriorPolicy): "greedy" executes GraphSpec's committed structure edge by edge;
     # "most_probable" the path pi_prior makes most probable, STOP included (exact search; compared in
     # docs/results/maca_synthetic.md);
     # "reference" pi_ref (the untrained policy) greedy under GraphSpec's mask: the paper's reading for a pretrained

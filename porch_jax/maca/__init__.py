@@ -74,24 +74,18 @@ from porch_jax.maca.pools import (
     load_family,
     load_pool,
 )
-from porch_jax.maca.synthetic import SyntheticPool, SyntheticTask, make_tasks, walk
-from porch_jax.maca.train import (
-    VARIANTS,
-    GRPOConfig,
+from porch_jax.maca.prior import (
     PriorConfig,
     PriorPolicy,
-    Variant,
     committed_next,
     edge_probs,
-    graphspecs,
-    group_targets,
     learn_edge_mlp,
-    maca_loss,
     most_probable_path,
     prior_probs,
     relevance_scores,
-    train_grpo,
 )
+from porch_jax.maca.synthetic import SyntheticPool, SyntheticTask, make_tasks, walk
+from porch_jax.maca.train import VARIANTS, GRPOConfig, Variant, graphspecs, group_targets, maca_loss, train_grpo
 
 __all__ = [
     "DEFAULT_GAMMA",

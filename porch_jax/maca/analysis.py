@@ -28,15 +28,9 @@ from porch_jax.maca.orchestrator import (
     rollout,
 )
 from porch_jax.maca.pools import AgentPool
+from porch_jax.maca.prior import STRUCTURES, PriorPolicy
 from porch_jax.maca.synthetic import SyntheticPool
-from porch_jax.maca.train import (
-    STRUCTURES,
-    GRPOConfig,
-    PriorPolicy,
-    Variant,
-    graphspecs,
-    train_grpo,
-)
+from porch_jax.maca.train import GRPOConfig, Variant, graphspecs, train_grpo
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
@@ -277,7 +271,7 @@ class Study:
     grpo: GRPOConfig
     gamma: float
     eval_rollout: RolloutConfig
-    # w/o pi_theta: a structure it commits to ("greedy" / "most_probable": train.PriorPolicy), or "reference":
+    # w/o pi_theta: a structure it commits to ("greedy" / "most_probable": prior.PriorPolicy), or "reference":
     # pi_ref, the untrained policy pi_theta starts from, acting greedily under GraphSpec's mask (`run_variant`)
     structure: str = "greedy"
 

@@ -33,7 +33,7 @@ Paper ambiguities and how they are resolved here:
   took place. On the synthetic pool a walk uses 1-5 of ~100 sampled edges, so the sampled reading
   credits ~95 edges that did nothing and pi_phi barely learns (walk success 0.28 -> 0.30 in 3 rounds);
   the executed reading credits only the interactions that could have changed the outcome (no longer the
-  exact likelihood gradient of G, a lower-variance surrogate). With sparse initial structures (train.py,
+  exact likelihood gradient of G, a lower-variance surrogate). With sparse initial structures (prior.py,
   `init_out_degree`) walks end at varying points, so where successful ones end is informative.
 """
 from __future__ import annotations

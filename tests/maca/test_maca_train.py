@@ -28,21 +28,23 @@ from porch_jax.maca.orchestrator import (
     synthetic_world,
 )
 from porch_jax.maca.policy import prior_action_probs, structural_mask
-from porch_jax.maca.synthetic import SyntheticPool, make_tasks
-from porch_jax.maca.train import (
-    VARIANTS,
-    GRPOConfig,
+from porch_jax.maca.prior import (
     PriorConfig,
     PriorPolicy,
     committed_next,
     edge_probs,
-    graphspecs,
-    group_targets,
     learn_edge_mlp,
-    maca_loss,
-    make_optimizer,
     most_probable_path,
     relevance_scores,
+)
+from porch_jax.maca.synthetic import SyntheticPool, make_tasks
+from porch_jax.maca.train import (
+    VARIANTS,
+    GRPOConfig,
+    graphspecs,
+    group_targets,
+    maca_loss,
+    make_optimizer,
     restore_params,
     train_grpo,
 )
@@ -391,10 +393,10 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     """experiments/maca_gsm_hard.py end to end (prior learning, LM-policy GRPO, evaluation, tables) with the
     agents served by a scripted backend in place of vLLM: MathSolver answers right, the others restate."""
     from experiments.maca_gsm_hard import smoke_config
-    from launch import maca as launcher
     from porch_jax.backends import ScriptedBackend
     from porch_jax.envs.benchmarks import load_tasks
     from porch_jax.envs.benchmarks.answers import format_number
+    from porch_jax.maca import experiment
     from porch_jax.maca.baselines import BASELINES, COT_SUFFIX
 
     try:
@@ -420,7 +422,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
 
     cfg = smoke_config(run_dir=str(tmp_path / "run"), iterations=2, mlp_steps=20)
     cfg.grpo.learning_rate = 1e-3
-    results = launcher.run(cfg, backend=ScriptedBackend(agent), log=lambda s: None)
+    results = experiment.run(cfg, backend=ScriptedBackend(agent), log=lambda s: None)
     (row,) = results["systems"]
     assert row["system"] == "maca" and row["invalid_action_rate"] == 0.0 and row["avg_cost"] > 0
     saved = json.loads((tmp_path / "run" / "results.json").read_text())
@@ -431,8 +433,8 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     assert list(base) == list(BASELINES)
     # MathSolver is in the first step's H (Eq. 11: the gate's retained agents) on `allowed` of the 3 tasks: the
     # masked router is shown it there only; the others call it everywhere, invalidly outside H
-    setup = launcher.build_setup(cfg, ScriptedBackend(agent), log=lambda s: None)
-    _, specs = setup.study.specs(launcher.variant(cfg, "maca"))
+    setup = experiment.build_setup(cfg, ScriptedBackend(agent), log=lambda s: None)
+    _, specs = setup.study.specs(experiment.variant(cfg, "maca"))
     solver = setup.study.world.pool.index("MathSolver")
     allowed = sum(bool(specs[t.task_id].retained[solver]) for t in setup.study.eval_tasks)
     assert {k: r["accuracy"] for k, r in base.items()} == pytest.approx({
@@ -449,7 +451,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     bad = cfg.copy_and_resolve_references()
     bad.baselines.systems = ("vanilla", "debate")
     with pytest.raises(ValueError, match="debate"):
-        launcher.run(bad, backend=ScriptedBackend(agent), log=lambda s: None)
+        experiment.run(bad, backend=ScriptedBackend(agent), log=lambda s: None)
     assert "skipped" in results["lambda_selection"]  # no validation split for a benchmark world
     assert results["config"]["grpo"]["prior_kl_weight"] == cfg.grpo.prior_kl_weight
 
@@ -462,9 +464,9 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
     once: the single-model baselines score 100%, the routers 0%, and prior learning finds successful walks (any
     walk that calls an agent succeeds)."""
     from experiments.maca_gsm_hard import get_config, smoke_config
-    from launch import maca as launcher
     from porch_jax.backends import ScriptedBackend
     from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
+    from porch_jax.maca import experiment
     from porch_jax.maca.baselines import COT_SUFFIX
 
     try:
@@ -486,7 +488,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
 
     cfg = smoke_config(name, run_dir=str(tmp_path / "run"))
     assert cfg.pool_families == (BENCHMARKS[name].family, "auxiliary") and cfg.world.benchmark == name
-    results = launcher.run(cfg, backend=ScriptedBackend(model), log=lambda s: None)
+    results = experiment.run(cfg, backend=ScriptedBackend(model), log=lambda s: None)
     assert results["prior"]["buffer"] > 0 and "fallback" not in results["prior"]
     (maca,) = results["systems"]
     assert maca["invalid_action_rate"] == 0.0 and 0.0 <= maca["accuracy"] <= 1.0
@@ -501,7 +503,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     """experiments/maca_synthetic.py, shrunk: lambda is chosen for MACA on new training-distribution tasks
     (disjoint from the train and eval tasks) by validation reward, and every KL-keeping system then uses it."""
     from experiments.maca_synthetic import get_config
-    from launch import maca as launcher
+    from porch_jax.maca import experiment
 
     cfg = get_config()
     cfg.run_dir = str(tmp_path / "run")
@@ -515,11 +517,11 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     cfg.curve_every = 1
     cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
     cfg.lm_check.enabled = False
-    _, train, evals, _ = launcher.build_world(cfg)
-    val = launcher.validation_tasks(cfg)
+    _, train, evals, _ = experiment.build_world(cfg)
+    val = experiment.validation_tasks(cfg)
     assert len(val) == 6 and not {t.task_id for t in val} & {t.task_id for t in train + evals}
     assert {t.family for t in val} == set(cfg.world.families)
-    results = launcher.run(cfg, log=lambda s: None)
+    results = experiment.run(cfg, log=lambda s: None)
     sel = results["lambda_selection"]
     rewards = {r["prior_kl_weight"]: r["reward"] for r in sel["rows"]}
     assert set(rewards) == {0.05, 0.7} and sel["chosen"] == max(rewards, key=rewards.get)
@@ -545,7 +547,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert "Held-out expected_accuracy during training" in (tmp_path / "run" / "tables.md").read_text()
     # Fig. 8 on the held-out tasks' relevance: a higher gate keeps fewer agents and never more of the family
     sparsity = results["gate_sparsity"]
-    assert [r["gamma"] for r in sparsity] == list(launcher.GATE_GAMMAS)
+    assert [r["gamma"] for r in sparsity] == list(experiment.GATE_GAMMAS)
     assert all(a["retained"] >= b["retained"] and a["recall"] >= b["recall"] for a, b in zip(sparsity, sparsity[1:]))
     assert (tmp_path / "run" / "gate_sparsity.png").stat().st_size > 0
     # --gate_only: the same figures from the tasks and the encoder alone, before any agent call
@@ -562,7 +564,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     bad = cfg.copy_and_resolve_references()
     bad.lambda_selection.task_seed = bad.world.eval_seed
     with pytest.raises(ValueError):
-        launcher.validation_tasks(bad)
+        experiment.validation_tasks(bad)
 
 
 def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
@@ -615,7 +617,7 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     system from RUN_DIR/checkpoints, trains only what was left, and writes what an uninterrupted run writes; the
     same RUN_DIR with another config is refused, naming the difference."""
     from experiments.maca_synthetic import get_config
-    from launch import maca as launcher
+    from porch_jax.maca import experiment
     from porch_jax.maca import train as maca_train
 
     def config(run_dir):
@@ -635,7 +637,7 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
         rows = [{k: v for k, v in r.items() if k != "seconds"} for r in results["systems"]]
         return rows, results["prior"], results["learning_curves"], results["transitions"]
 
-    clean = launcher.run(config(tmp_path / "clean"), log=lambda s: None)
+    clean = experiment.run(config(tmp_path / "clean"), log=lambda s: None)
     iterations = []
     real_iteration = maca_train._iteration
 
@@ -647,24 +649,24 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
 
     monkeypatch.setattr(maca_train, "_iteration", counting)
     with pytest.raises(KeyboardInterrupt):
-        launcher.run(config(tmp_path / "run"), log=lambda s: None)
+        experiment.run(config(tmp_path / "run"), log=lambda s: None)
     assert iterations == ["maca"] * 3 + ["grpo"] * 3
     iterations.clear()
     logs = []
-    resumed = launcher.run(config(tmp_path / "run"), log=logs.append)
+    resumed = experiment.run(config(tmp_path / "run"), log=logs.append)
     assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-2 checkpoint
     assert any(line.startswith("prior restored from") for line in logs)
     assert comparable(resumed) == comparable(clean)
     moved = config(tmp_path / "run")
     moved.backend = {"kind": "synthetic", "urls": ("http://elsewhere:8000",)}  # a restarted server may move
-    assert comparable(launcher.run(moved, log=lambda s: None)) == comparable(clean)
+    assert comparable(experiment.run(moved, log=lambda s: None)) == comparable(clean)
     changed = config(tmp_path / "run")
     changed.grpo.learning_rate = 1e-2
     with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
-        launcher.run(changed, log=lambda s: None)
+        experiment.run(changed, log=lambda s: None)
     (tmp_path / "run" / "config.json").write_text('{"run_dir": ')  # a torn write
     with pytest.raises(ValueError, match="config.json is not the JSON a run records"):
-        launcher.run(config(tmp_path / "run"), log=lambda s: None)
+        experiment.run(config(tmp_path / "run"), log=lambda s: None)
 
 
 @pytest.mark.slow

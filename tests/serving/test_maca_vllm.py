@@ -14,8 +14,8 @@ pytestmark = pytest.mark.slow
 
 def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     from experiments.maca_gsm_hard import smoke_config
-    from launch import maca as launcher
     from porch_jax.envs.benchmarks import load_tasks
+    from porch_jax.maca import experiment
 
     try:
         load_tasks("gsm_hard", "test")
@@ -25,7 +25,7 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     cfg.backend.max_tokens = 8
     backend = VLLMBackend(vllm_server.base_url, vllm_server.model, api_key=vllm_server.api_key, timeout_s=300.0,
                           extra_body={"structured_outputs": {"choice": ["STOP"]}})
-    results = launcher.run(cfg, backend=backend, log=lambda s: None)
+    results = experiment.run(cfg, backend=backend, log=lambda s: None)
 
     # no walk succeeds with "STOP" answers: the prior is left uninformative and the run goes on
     assert results["prior"]["buffer"] == 0 and "fallback" in results["prior"]
