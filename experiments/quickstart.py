@@ -63,8 +63,10 @@ The miniature (see DESIGN.md, "The miniature"):
   OPOD differs from RWR only by λ·OPD. Learning rate 3e-4: at 1e-3 training after SFT drifted for
   every method on two of four seed sets (RWR's validation success fell back to SFT's, OPOD's dipped
   to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4 OPOD's validation success was
-  flat (0.93-0.94) on every seed set tried. (Chosen by looking at held-out runs, as
-  docs/results/opod_quickstart.md says.)
+  flat (0.93-0.94) on every seed set tried. That rate was chosen by looking at held-out runs
+  (docs/results/opod_quickstart.md), so each method is also trained at a third and at three times
+  it (lr_grid; DA-GRPO around its 1e-3) and the validation tasks choose the rate with the step, the
+  same rule for every method: no method's rate rests on held-out results.
 - Checkpoint selection (selection): every method trained after SFT exports every 25 steps (DA-GRPO
   every 10); the export with the most successes on 100 validation tasks (training mixture, seeds
   disjoint from everything else) is evaluated, the same rule for all. Why: OPOD's earlier failures
@@ -132,9 +134,12 @@ def get_config() -> ConfigDict:
     # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
     c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3, empty_hint_rows=True)
     # The methods after SFT share steps, learning rate, RWR batch and seed: OPOD differs from RWR only by λ·OPD.
-    c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25)
-    c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, opd_weight=1.0, opd=_opd(16, 3))
-    c.opd_empty = _trainer(100, 8, 3e-4, 5, 2, export_every=25, opd_weight=1.0, opd=_opd(16, 3))
-    c.dagrpo = _trainer(40, 0, 1e-3, 5, 4, export_every=10, clip_eps=0.2, group=ConfigDict({
+    # lr_grid: each method is also trained at these rates, and checkpoint selection picks rate and step on the
+    # validation tasks (the configured rate wins ties; launch/pipeline.py `learning_rates`).
+    grid = (1e-4, 3e-4, 1e-3)
+    c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid)
+    c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
+    c.opd_empty = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
+    c.dagrpo = _trainer(40, 0, 1e-3, 5, 4, export_every=10, lr_grid=(3e-4, 1e-3, 3e-3), clip_eps=0.2, group=ConfigDict({
         "contexts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4}))
     return c

@@ -109,15 +109,41 @@ def init_model(run: Run) -> Path:
     return folder
 
 
-def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False) -> Path:
-    """A PolicyTrainer run in RUN/name unless its export exists; returns the export folder."""
+def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False,
+          learning_rate: float | None = None) -> Path:
+    """A PolicyTrainer run of config section `name` in RUN/<run_name(name, learning_rate)> unless its export
+    exists; returns the export folder."""
     from porch_jax.train.opod import POLICY_FILE, PolicyTrainer
 
-    export = run / name / "export"
-    if run.stage(f"train {name}", (export / POLICY_FILE).is_file()):
-        trainer = PolicyTrainer(init, run / name, trainer_cfg(run.cfg, name), teacher=teacher)
-        trainer.run(batch_fn_of(trainer), name=name)
+    cfg = trainer_cfg(run.cfg, name)
+    folder = run_name(run.cfg, name, learning_rate)
+    if learning_rate is not None:
+        cfg.learning_rate = learning_rate
+    export = run / folder / "export"
+    if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
+        trainer = PolicyTrainer(init, run / folder, cfg, teacher=teacher)
+        trainer.run(batch_fn_of(trainer), name=folder)
     return export
+
+
+def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
+    """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
+    picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
+    configured = float(trainer_cfg(cfg, name).learning_rate)
+    grid = tuple(float(lr) for lr in cfg[name].get("lr_grid", None) or (configured,))
+    if configured not in grid:
+        raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
+    if len(grid) > 1 and not (cfg.get("selection") and cfg.selection.enabled):
+        raise ValueError(f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
+                         "choose among its rates")
+    return grid
+
+
+def run_name(cfg: ConfigDict, name: str, learning_rate: float | None) -> str:
+    """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
+    if learning_rate is None or learning_rate == float(trainer_cfg(cfg, name).learning_rate):
+        return name
+    return f"{name}_lr{learning_rate:g}"
 
 
 def main(argv: list[str]) -> None:
@@ -220,7 +246,7 @@ def run_pipeline(cfg: ConfigDict) -> None:
     def opd_source(section: str, rows: list[Any]) -> Any:
         return opod.OpdSource(rows, tok, cfg[section].opd, buckets) if rows else None
 
-    exports = {"sft": sft}
+    exports = {"sft": {float(trainer_cfg(cfg, "sft").learning_rate): sft}}
     plans = {"rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
              "opod": (lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
                       bool(rwr_rows or opd_rows), True),
@@ -236,18 +262,20 @@ def run_pipeline(cfg: ConfigDict) -> None:
             print(f"{name}: no training data (no successful rollouts and no attributable decisions); skipped",
                   flush=True)
             continue
-        exports[name] = train(run, name, sft, lambda t, b=batches: b(), teacher=teacher)
+        exports[name] = {lr: train(run, name, sft, lambda t, b=batches: b(), teacher=teacher, learning_rate=lr)
+                         for lr in learning_rates(cfg, name)}
     evaluate_and_report(run, policy, exports)
 
 
-def select_checkpoints(run: Run, policy: Any, exports: dict[str, Path]) -> dict[str, dict[str, Any]]:
+def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> dict[str, dict[str, Any]]:
     """Checkpoint selection on validation tasks, the same rule for every trained method.
 
-    Each method's candidates (its exports every ``export_every`` steps) run greedily on the validation
-    tasks (seeds disjoint from training, rollouts and held-out evaluation); the candidate with the most
-    successes is the method's checkpoint (ties: the later step, so the final weights unless an earlier
-    one is strictly better). SFT, the common starting point, has one checkpoint. Written to
-    ``RUN/selection.json``; the held-out evaluation then reads only the selected export folder.
+    Each method's candidates (for each of its learning rates, its exports every ``export_every`` steps) run
+    greedily on the validation tasks (seeds disjoint from training, rollouts and held-out evaluation); the
+    candidate with the most successes is the method's checkpoint (ties: the configured learning rate, then the
+    later step, so the final weights unless an earlier one is strictly better). SFT, the common starting point,
+    has one checkpoint. Written to ``RUN/selection.json``; the held-out evaluation then reads only the selected
+    export folder.
     """
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import evaluate
@@ -256,25 +284,28 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, Path]) -> dict[
     cfg = run.cfg
     tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
     out: dict[str, dict[str, Any]] = {}
-    for name, export in exports.items():
-        cands = selection_candidates(export) if name != "sft" else {}
-        if not cands:
-            cands = {-1: export}  # the final export only
-        scores = {}
-        for step, folder in cands.items():
-            tag = name if step < 0 else f"{name}_step{step}"
-            run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
-            recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
-            scores[step] = sum(r.outcome.success for r in recs) / len(recs)
-        best = max(scores, key=lambda s: (scores[s], s))
-        out[name] = {"step": None if best < 0 else best, "folder": str(cands[best]),
-                     "val_success": {str(k): v for k, v in scores.items()}}
-        print(f"{name}: validation success by step {out[name]['val_success']} -> {out[name]['step']}", flush=True)
+    for name, runs in exports.items():
+        scores: dict[tuple[float, int], float] = {}
+        folders: dict[tuple[float, int], Path] = {}
+        for lr, export in runs.items():
+            cands = selection_candidates(export) if name != "sft" else {}
+            for step, folder in (cands or {-1: export}).items():  # no step exports: the final export only
+                tag = run_name(cfg, name, lr) + ("" if step < 0 else f"_step{step}")
+                run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
+                recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
+                scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
+        configured = float(trainer_cfg(cfg, name).learning_rate)
+        lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
+        out[name] = {"learning_rate": lr, "step": None if step < 0 else step, "folder": str(folders[lr, step]),
+                     "run": run_name(cfg, name, lr),
+                     "val_success": {f"{r:g}": {str(k): v for (r2, k), v in scores.items() if r2 == r} for r in runs}}
+        print(f"{name}: validation success by learning rate and step {out[name]['val_success']} -> "
+              f"{out[name]['learning_rate']:g}, step {out[name]['step']}", flush=True)
     (run / "selection.json").write_text(json.dumps(out, indent=1))
     return out
 
 
-def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None:
+def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> None:
     from porch_jax.eval import plots, report
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import evaluate
@@ -282,11 +313,14 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None
     cfg = run.cfg
     selection = select_checkpoints(run, policy, exports) if cfg.get("selection") and cfg.selection.enabled else {}
     tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
-    records = {}
-    for name, folder in exports.items():
-        tag = name
-        if selection.get(name, {}).get("step") is not None:
-            folder, tag = Path(selection[name]["folder"]), f"{name}_step{selection[name]['step']}"
+    records, runs = {}, {}
+    for name, by_lr in exports.items():
+        if name in selection:
+            lr, folder, step = selection[name]["learning_rate"], Path(selection[name]["folder"]), selection[name]["step"]
+        else:  # one learning rate (`learning_rates`), its final export
+            (lr, folder), step = next(iter(by_lr.items())), None
+        runs[name] = run_name(cfg, name, lr)
+        tag = runs[name] + ("" if step is None else f"_step{step}")
         run.stage(f"evaluate {tag} on {len(tasks)} held-out tasks", False)
         records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
@@ -297,9 +331,10 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None
     table = (report.format_table(rows, records, comparisons) + "\n\nBlind-spot checks on held-out delegations:\n\n"
              + report.format_blind_spots(records))
     if selection:
-        table += "\n\nCheckpoints selected on validation tasks (success by step):\n\n" + "\n".join(
-            f"- {n}: step {v['step'] if v['step'] is not None else 'final'} of "
-            + ", ".join(f"{k}: {s:.2f}" for k, s in v["val_success"].items()) for n, v in selection.items())
+        table += "\n\nCheckpoints selected on validation tasks (success by learning rate and step):\n\n" + "\n".join(
+            f"- {n}: learning rate {v['learning_rate']:g}, step {v['step'] if v['step'] is not None else 'final'} of "
+            + "; ".join(f"{lr}: " + ", ".join(f"{k}: {s:.2f}" for k, s in steps.items())
+                        for lr, steps in v["val_success"].items()) for n, v in selection.items())
     if (run / "hint_following.json").is_file():
         table += ("\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
                   + (run / "hint_following.json").read_text())
@@ -307,7 +342,7 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, Path]) -> None
     report.write_results(rows, comparisons, run / "results.json")
     from porch_jax.eval.plots import read_metrics
 
-    plots.plot_curves({n: read_metrics(run / n / "metrics.jsonl") for n in exports}, run / "curves.png")
+    plots.plot_curves({n: read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
     plots.plot_success(rows, run / "success.png")
     print(f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
           f"({time.monotonic() - run.t0:.0f} s)", flush=True)

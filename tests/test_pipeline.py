@@ -36,6 +36,8 @@ CONFIG = textwrap.dedent("""
             c[name].opd.update(batch=2, max_new_tokens=24)
         c.dagrpo.update(steps=2, export_every=1)
         c.dagrpo.group.update(contexts_per_step=2, group_size=2, max_new_tokens=24)
+        for name in ("rwr", "opod", "opd_empty", "dagrpo"):
+            c[name].lr_grid = None
         return c
 """)
 
@@ -49,7 +51,8 @@ def _pipeline(config):
 def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     config = tmp_path / "tiny_quickstart.py"
-    config.write_text(CONFIG.format(run_dir=str(run_dir)))
+    text = CONFIG.format(run_dir=str(run_dir))
+    config.write_text(text.replace("    return c\n", "    c.dagrpo.lr_grid = (3e-3, 1e-3)\n    return c\n"))
     first = _pipeline(config)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for name in ("expert.jsonl", "expert_attribution.jsonl", "rollouts.jsonl", "attribution.jsonl", "results.md",
@@ -61,11 +64,16 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     assert "=== " in first.stdout and "step 3/3" in first.stdout  # visible progress
     selection = json.loads((run_dir / "selection.json").read_text())  # checkpoints chosen on validation tasks
     assert set(selection) == set(methods) and selection["sft"]["step"] is None
-    dagrpo = selection["dagrpo"]  # always trained (expert contexts), exported after steps 1 and 2
-    assert set(dagrpo["val_success"]) == {"1", "2"} and dagrpo["step"] in (1, 2)
-    assert (run_dir / "eval" / f"dagrpo_step{dagrpo['step']}.jsonl").is_file()
-    assert (run_dir / "val" / "dagrpo_step1.jsonl").is_file() and "selected on validation" in (
-        run_dir / "results.md").read_text()
+    dagrpo = selection["dagrpo"]  # always trained (expert contexts), at two rates, exported after steps 1 and 2
+    assert {lr: set(steps) for lr, steps in dagrpo["val_success"].items()} == {"0.003": {"1", "2"}, "0.001": {"1", "2"}}
+    assert dagrpo["step"] in (1, 2) and dagrpo["learning_rate"] in (3e-3, 1e-3)
+    best = max(s for steps in dagrpo["val_success"].values() for s in steps.values())
+    assert dagrpo["val_success"][f"{dagrpo['learning_rate']:g}"][str(dagrpo["step"])] == best
+    assert dagrpo["run"] == ("dagrpo" if dagrpo["learning_rate"] == 1e-3 else "dagrpo_lr0.003")
+    assert json.loads((run_dir / "dagrpo_lr0.003" / "export" / "policy.json").read_text())["step"] == 2
+    assert (run_dir / "eval" / f"{dagrpo['run']}_step{dagrpo['step']}.jsonl").is_file()
+    assert {"dagrpo_step1.jsonl", "dagrpo_lr0.003_step2.jsonl"} <= {p.name for p in (run_dir / "val").iterdir()}
+    assert "selected on validation" in (run_dir / "results.md").read_text()
 
     table = (run_dir / "results.md").read_text()
     second = _pipeline(config)
@@ -99,3 +107,20 @@ def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
     assert [(c["better"], c["worse"]) for c in agg["comparisons"]] == [
         (c["better"], c["worse"]) for c in per_set[0]["comparisons"]]
     assert "| sft |" in (run_dir / "seed_sets.md").read_text() and (run_dir / "seed_sets.png").is_file()
+
+
+def test_learning_rate_grid_needs_the_configured_rate_and_selection():
+    from experiments.quickstart import get_config
+    from launch.pipeline import learning_rates, run_name
+
+    cfg = get_config()
+    assert learning_rates(cfg, "rwr") == (1e-4, 3e-4, 1e-3) and learning_rates(cfg, "sft") == (3e-3,)
+    assert run_name(cfg, "rwr", 3e-4) == "rwr" and run_name(cfg, "rwr", 1e-3) == "rwr_lr0.001"
+    cfg.rwr.lr_grid = (1e-4, 1e-3)
+    with pytest.raises(ValueError, match="'rwr': lr_grid .* must include its learning_rate 0.0003"):
+        learning_rates(cfg, "rwr")
+    cfg.rwr.lr_grid = None
+    assert learning_rates(cfg, "rwr") == (3e-4,)
+    cfg.selection.enabled = False
+    with pytest.raises(ValueError, match="'opod': an lr_grid needs checkpoint selection"):
+        learning_rates(cfg, "opod")
