@@ -4,9 +4,9 @@
 
 expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orchestrator from scratch
 (expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
-hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights ->
-checkpoint selection on validation tasks (config ``selection``: the same rule for every method, see
-``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
+hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights and at each
+rate of its ``lr_grid`` -> selection of rate and checkpoint on validation tasks (config ``selection``: the
+same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
 table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
