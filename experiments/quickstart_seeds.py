@@ -8,8 +8,9 @@ rollouts' task seeds) and writes runs/quickstart_seeds/seed_sets.{md,json,png}: 
 held-out success and spread over the sets, and the paired differences (OPOD - RWR, RWR - SFT, ...) with
 95% t-intervals over sets. One run per set was the unit before (docs/results/opod_quickstart.md), and
 single runs moved with float-level rounding; the mean over sets is the claim to check. ~8x the
-quickstart's time (~50 min on 2 cores). Four sets left OPOD - RWR's interval over sets including zero;
-eight exclude it (README).
+quickstart's time (~100 min on 2 cores with the learning-rate grid: ~50 min without it, ~50 min more for
+the grid). Four sets left OPOD - RWR's interval over sets including zero; eight exclude it, at the
+configured learning rate and with each method's rate chosen on validation (README).
 """
 from __future__ import annotations
 
