@@ -59,8 +59,9 @@ The miniature (see DESIGN.md, "The miniature"):
   (empty_hint_rows): otherwise the tiny teacher reads any hint turn as "fix the usual blind spot"
   (it produced the hinted action under an empty hint on 14-49% of flagged decisions), and OPD with
   empty hints is no control (it matched OPOD in one run).
-- After SFT, RWR, OPOD and OPD-with-empty-hints share steps, learning rate, RWR batch and seed, so
-  OPOD differs from RWR only by λ·OPD. Learning rate 3e-4: at 1e-3 training after SFT drifted for
+- After SFT, RWR, OPOD and OPD-with-empty-hints share steps, learning-rate grid, RWR batch and seed,
+  so at each rate OPOD differs from RWR only by λ·OPD; each method is then compared at the rate its
+  own validation picks (the usual fair comparison; they may differ). Configured rate 3e-4: at 1e-3 training after SFT drifted for
   every method on two of four seed sets (RWR's validation success fell back to SFT's, OPOD's dipped
   to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4 OPOD's validation success was
   flat (0.93-0.94) on every seed set tried. That rate was chosen by looking at held-out runs
@@ -133,7 +134,8 @@ def get_config() -> ConfigDict:
                               "log_every": 10})
     # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
     c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3, empty_hint_rows=True)
-    # The methods after SFT share steps, learning rate, RWR batch and seed: OPOD differs from RWR only by λ·OPD.
+    # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
+    # only by λ·OPD.
     # lr_grid: each method is also trained at these rates, and checkpoint selection picks rate and step on the
     # validation tasks (the configured rate wins ties; launch/pipeline.py `learning_rates`).
     grid = (1e-4, 3e-4, 1e-3)
