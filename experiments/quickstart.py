@@ -61,13 +61,13 @@ The miniature (see DESIGN.md, "The miniature"):
   empty hints is no control (it matched OPOD in one run).
 - After SFT, RWR, OPOD and OPD-with-empty-hints share steps, learning-rate grid, RWR batch and seed,
   so at each rate OPOD differs from RWR only by λ·OPD; each method is then compared at the rate its
-  own validation picks (the usual fair comparison; they may differ). Configured rate 3e-4: at 1e-3 training after SFT drifted for
-  every method on two of four seed sets (RWR's validation success fell back to SFT's, OPOD's dipped
-  to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4 OPOD's validation success was
-  flat (0.93-0.94) on every seed set tried. That rate was chosen by looking at held-out runs
-  (docs/results/opod_quickstart.md), so each method is also trained at a third and at three times
-  it (lr_grid; DA-GRPO around its 1e-3) and the validation tasks choose the rate with the step, the
-  same rule for every method: no method's rate rests on held-out results.
+  own validation picks (the usual fair comparison; they may differ). Configured rate 3e-4: at 1e-3
+  training after SFT drifted for every method on two of four seed sets (RWR's validation success
+  fell back to SFT's, OPOD's dipped to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4
+  OPOD's validation success was flat (0.93-0.94) on every seed set tried. That rate was chosen by
+  looking at held-out runs (docs/results/opod_quickstart.md), so each method is also trained at a
+  third and at three times it (lr_grid; DA-GRPO around its 1e-3) and the validation tasks choose the
+  rate with the step, the same rule for every method: no method's rate rests on held-out results.
 - Checkpoint selection (selection): every method trained after SFT exports every 25 steps (DA-GRPO
   every 10); the export with the most successes on 100 validation tasks (training mixture, seeds
   disjoint from everything else) is evaluated, the same rule for all. Why: OPOD's earlier failures
