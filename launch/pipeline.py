@@ -126,10 +126,15 @@ def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = 
     return export
 
 
+def configured_rate(cfg: ConfigDict, name: str) -> float:
+    """A method's learning rate as configured (its section over the shared optimizer settings)."""
+    return float(trainer_cfg(cfg, name).learning_rate)
+
+
 def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
     """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
     picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
-    configured = float(trainer_cfg(cfg, name).learning_rate)
+    configured = configured_rate(cfg, name)
     grid = tuple(float(lr) for lr in cfg[name].get("lr_grid", None) or (configured,))
     if configured not in grid:
         raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
@@ -141,7 +146,7 @@ def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
 
 def run_name(cfg: ConfigDict, name: str, learning_rate: float | None) -> str:
     """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
-    if learning_rate is None or learning_rate == float(trainer_cfg(cfg, name).learning_rate):
+    if learning_rate is None or learning_rate == configured_rate(cfg, name):
         return name
     return f"{name}_lr{learning_rate:g}"
 
@@ -246,7 +251,7 @@ def run_pipeline(cfg: ConfigDict) -> None:
     def opd_source(section: str, rows: list[Any]) -> Any:
         return opod.OpdSource(rows, tok, cfg[section].opd, buckets) if rows else None
 
-    exports = {"sft": {float(trainer_cfg(cfg, "sft").learning_rate): sft}}
+    exports = {"sft": {configured_rate(cfg, "sft"): sft}}
     plans = {"rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
              "opod": (lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
                       bool(rwr_rows or opd_rows), True),
@@ -294,7 +299,7 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
                 run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
                 recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
-        configured = float(trainer_cfg(cfg, name).learning_rate)
+        configured = configured_rate(cfg, name)
         lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
         out[name] = {"learning_rate": lr, "step": None if step < 0 else step, "folder": str(folders[lr, step]),
                      "run": run_name(cfg, name, lr),

@@ -90,9 +90,8 @@ def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, to
     plus every earlier completion, so k calls spend k * T + G, G = sum over calls of the completions so far.
     Returns per task the success probability and tokens of the path with the highest p - weight * tokens / unit."""
     src, budget = sources[0], sources[0].budget
-    prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in sources])
-    useful = [i for i in range(len(world.pool)) if world.competence(i, src.family).role != "none"]
-    completion = {i: world.run(src, (i,), _RNG).completion_tokens[0] for i in useful}
+    prompt, useful, completions = _call_tokens(world, sources)
+    completion = {i: int(c[0]) for i, c in completions.items()}  # one difficulty per class: the same for all
     score, found, tokens = np.full(len(sources), -np.inf), np.zeros(len(sources)), np.zeros(len(sources))
     stack: list[tuple[tuple[int, ...], int, int]] = [((), 0, 0)]  # (path, completions so far, G)
     while stack:
@@ -171,10 +170,8 @@ def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], 
         src = [tasks[m].source for m in members]
         hard = np.array([s.hard for s in src])
         reps = {h: next(s for s in src if s.hard == h) for h in set(hard.tolist())}  # p depends on difficulty only
-        prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in src])
+        prompt, useful, completion = _call_tokens(world, src)
         budget = np.array([s.budget for s in src])
-        useful = [i for i in range(len(world.pool)) if world.competence(i, family).role != "none"]
-        completion = {i: np.array([world.run(s, (i,), _RNG).completion_tokens[0] for s in src]) for i in useful}
         best = (-np.inf, None, None, ())
         # DFS state: path, per task (calls run, tokens spent, completions so far), per difficulty p of each prefix
         stack: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray, dict[bool, list[float]]]] = [
@@ -200,6 +197,16 @@ def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], 
 
 
 _RNG = np.random.default_rng(0)  # `run` draws an outcome too; only its token counts are used here
+
+
+def _call_tokens(world: SyntheticPool, sources: Sequence[Any]) -> tuple[np.ndarray, list[int], dict[int, np.ndarray]]:
+    """For tasks of one family: each task's prompt tokens T (a call's prompt is T plus the completions before it),
+    the agents with a role in the family (the others never raise p, so no search needs them) and each such agent's
+    completion tokens per task."""
+    prompt = np.array([world.run(s, (0,), _RNG).prompt_tokens[0] for s in sources])
+    useful = [i for i in range(len(world.pool)) if world.competence(i, sources[0].family).role != "none"]
+    completion = {i: np.array([world.run(s, (i,), _RNG).completion_tokens[0] for s in sources]) for i in useful}
+    return prompt, useful, completion
 
 
 # ---------------------------------------------------------------------------------------------------
