@@ -55,7 +55,7 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     One run per seed set measures one draw of every source of training randomness (initial weights,
     batch order, rollouts, OPD samples). Per method: mean, sample sd and range of held-out success over
     the sets. Per comparison: the mean of the sets' paired differences with a 95% t-interval over sets
-    (the sets, not the tasks, are the independent units: every set is evaluated on the same held-out
+    (both intervals clipped to the values' range; the sets, not the tasks, are the independent units: every set is evaluated on the same held-out
     tasks), and the number of sets whose own paired interval lies above zero.
     """
     if not results:
@@ -72,25 +72,29 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
                                        if name not in common}}
     for name in common:
         values = [named[k][name]["success"] for k in sets]
-        out["methods"].append({"system": name, "success": values, **_spread(values)})
+        out["methods"].append({"system": name, "success": values, **_spread(values, bounds=(0.0, 1.0))})
     for pair in dict.fromkeys(pair for k in sets for pair in paired[k]):
         if all(pair in paired[k] for k in sets):
             deltas = [paired[k][pair]["delta"][0] for k in sets]
             above = sum(paired[k][pair]["delta"][1] > 0 for k in sets)
-            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas),
+            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas, bounds=(-1.0, 1.0)),
                                        "sets_above_zero": above})
     return out
 
 
-def _spread(values: Sequence[float]) -> dict[str, Any]:
-    """Mean, sample sd, range and the 95% t-interval of the mean (None for a single value)."""
+def _spread(values: Sequence[float], bounds: tuple[float, float]) -> dict[str, Any]:
+    """Mean, sample sd, range and the 95% t-interval of the mean (None for a single value), clipped to
+    `bounds`: a success rate's mean cannot pass 1, yet three sets at 1.0, 1.0 and 0.9 give a t-interval
+    reaching 1.05; the clipped end says "up to the bound", which is what the data support."""
     v = np.asarray(values, float)
     mean = float(v.mean())
     if len(v) < 2:
         return {"mean": mean, "sd": 0.0, "min": mean, "max": mean, "ci": None}
     sd = float(v.std(ddof=1))
     half = float(stats.t.ppf(0.975, len(v) - 1)) * sd / len(v) ** 0.5
-    return {"mean": mean, "sd": sd, "min": float(v.min()), "max": float(v.max()), "ci": [mean - half, mean + half]}
+    lo, hi = bounds
+    return {"mean": mean, "sd": sd, "min": float(v.min()), "max": float(v.max()),
+            "ci": [max(mean - half, lo), min(mean + half, hi)]}
 
 
 def format_table(agg: Mapping[str, Any]) -> str:
@@ -98,7 +102,7 @@ def format_table(agg: Mapping[str, Any]) -> str:
     sets = agg["seed_sets"]
     head = " | ".join(f"set {k}" for k in sets)
     lines = [f"Held-out success over {len(sets)} seed sets (one run each):", "",
-             f"| method | mean | sd | 95% CI of the mean | {head} |", "|---|---|---|---|" + "---|" * len(sets)]
+             f"| method | mean | sd | 95% CI of the mean (within [0, 1]) | {head} |", "|---|---|---|---|" + "---|" * len(sets)]
     for m in agg["methods"]:
         ci = f"[{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]" if m["ci"] else ""
         lines.append(f"| {m['system']} | {m['mean']:.3f} | {m['sd']:.3f} | {ci} | "

@@ -74,6 +74,21 @@ def test_sets_aggregate_to_means_and_t_intervals_over_sets(tmp_path):
     assert plots.plot_seed_sets(agg, tmp_path / "s.png").stat().st_size > 1000
 
 
+def test_intervals_stay_within_the_possible_range(tmp_path):
+    # OPOD at 1.0, 1.0, 0.9: the t-interval of the mean runs to 0.967 + 0.143 > 1, and is clipped there
+    sets = {k: ([1] * 6 + [0] * 4, [1] * 8 + [0] * 2, opod) for k, opod in
+            enumerate(([1] * 10, [1] * 10, [1] * 9 + [0]))}
+    agg = seed_sets.aggregate({k: _results(tmp_path, k, *v) for k, v in sets.items()})
+    opod = next(m for m in agg["methods"] if m["system"] == "opod")
+    half = T_975_DF2 * np.std([1, 1, 0.9], ddof=1) / np.sqrt(3)
+    assert opod["mean"] + half > 1.05 and opod["ci"] == pytest.approx([opod["mean"] - half, 1.0])
+    sft = next(m for m in agg["methods"] if m["system"] == "sft")
+    assert sft["sd"] == 0 and sft["ci"] == pytest.approx([0.6, 0.6])  # zero spread: the interval is the point
+    for c in agg["comparisons"]:
+        assert -1 <= c["ci"][0] <= c["mean"] <= c["ci"][1] <= 1
+    assert "| opod | 0.967 | 0.058 | [0.823, 1.000] |" in seed_sets.format_table(agg)
+
+
 def test_a_method_missing_from_a_set_is_left_out_and_named(tmp_path):
     one = _results(tmp_path, 0, [1, 0, 1], [1, 1, 1], [1, 1, 0])
     other = _results(tmp_path, 1, [1, 0, 0], [1, 1, 0], [1, 1, 1])
