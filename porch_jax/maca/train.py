@@ -180,6 +180,7 @@ class GRPOConfig:
     group_size: int = 8  # G (paper, App. D.3)
     learning_rate: float = 3e-3  # the paper's 1e-5 is for an 8B model; these policies start from scratch
     warmup_steps: int = 0
+    final_lr_ratio: float = 1.0  # cosine decay to learning_rate * this at the last update (1: constant)
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
     clip_eps: float = 0.2
@@ -195,17 +196,18 @@ class GRPOConfig:
 
 
 def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
-    """The trainers' AdamW (constant after warmup here: final_lr_ratio 1)."""
-    return _optimizer(cfg.learning_rate, cfg.warmup_steps, max(cfg.iterations, 1), cfg.weight_decay, cfg.max_grad_norm)
+    """The trainers' AdamW; its schedule counts updates, `epochs` per iteration."""
+    return _optimizer(cfg.learning_rate, cfg.warmup_steps, max(cfg.iterations * cfg.epochs, 1), cfg.final_lr_ratio,
+                      cfg.weight_decay, cfg.max_grad_norm)
 
 
 @functools.cache
-def _optimizer(learning_rate: float, warmup_steps: int, total_steps: int, weight_decay: float,
+def _optimizer(learning_rate: float, warmup_steps: int, total_steps: int, final_lr_ratio: float, weight_decay: float,
                max_grad_norm: float) -> optax.GradientTransformation:
     # cached: the same transformation object lets runs with equal settings share compiled update steps
     return optim.make_optimizer(ConfigDict({
         "learning_rate": learning_rate, "warmup_steps": warmup_steps, "total_steps": total_steps,
-        "final_lr_ratio": 1.0, "weight_decay": weight_decay, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
+        "final_lr_ratio": final_lr_ratio, "weight_decay": weight_decay, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
         "max_grad_norm": max_grad_norm}))
 
 

@@ -147,6 +147,22 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     np.testing.assert_allclose(np.sum(np.exp(policy[0]) * (policy[0] - mix[0])), exact["kl"][0], rtol=1e-5)
 
 
+def test_grpo_learning_rate_decays_over_every_update():
+    """The cosine runs over iterations x epochs updates (each iteration makes `epochs` of them), from the
+    learning rate to learning_rate * final_lr_ratio; ratio 1 keeps it constant."""
+    for ratio in (0.1, 1.0):
+        cfg = GRPOConfig(learning_rate=1e-2, iterations=5, epochs=4, final_lr_ratio=ratio)
+        tx = make_optimizer(cfg)
+        params = {"w": jnp.zeros((2, 2))}
+        state, steps = tx.init(params), []
+        for _ in range(20):  # a constant gradient: each Adam step moves by the learning rate
+            updates, state = tx.update({"w": jnp.full((2, 2), 0.1)}, state, params)
+            steps.append(-float(updates["w"][0, 0]))
+        low = 1e-2 * ratio
+        want = [low + 0.5 * (1e-2 - low) * (1 + np.cos(np.pi * k / 20)) for k in range(20)]
+        assert steps == pytest.approx(want, rel=1e-4)
+
+
 def test_graphspec_ablations():
     rng = np.random.default_rng(0)
     q, p = rng.uniform(0.2, 1.0, (2, 5)), rng.uniform(0, 1, (2, 5, 5))
