@@ -37,7 +37,7 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c.grpo.iterations = 40
     c.grpo.tasks_per_iteration = 4
     c.grpo.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
-    c.grpo.final_lr_ratio = 1.0  # the paper's rate, constant; the synthetic run's decay was chosen on its own validation
+    c.grpo.final_lr_ratio = 1.0  # the paper's rate, constant (the synthetic decay was chosen on its own validation)
     # every GRPO iteration calls the served agents ~tasks x group x calls times: save the policy every 5, so a
     # crashed run, relaunched with the same command, loses at most 4 (the learned prior is kept as well)
     c.checkpoint_every = 5

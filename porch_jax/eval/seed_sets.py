@@ -55,8 +55,9 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
     One run per seed set measures one draw of every source of training randomness (initial weights,
     batch order, rollouts, OPD samples). Per method: mean, sample sd and range of held-out success over
     the sets. Per comparison: the mean of the sets' paired differences with a 95% t-interval over sets
-    (both intervals clipped to the values' range; the sets, not the tasks, are the independent units: every set is evaluated on the same held-out
-    tasks), and the number of sets whose own paired interval lies above zero.
+    (the sets, not the tasks, are the independent units: every set is evaluated on the same held-out
+    tasks), and the number of sets whose own paired interval lies above zero. Both intervals are clipped to
+    the values' range.
     """
     if not results:
         raise ValueError("no seed-set results to aggregate")
@@ -77,15 +78,15 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         if all(pair in paired[k] for k in sets):
             deltas = [paired[k][pair]["delta"][0] for k in sets]
             above = sum(paired[k][pair]["delta"][1] > 0 for k in sets)
-            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas, **_spread(deltas, bounds=(-1.0, 1.0)),
-                                       "sets_above_zero": above})
+            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas,
+                                       **_spread(deltas, bounds=(-1.0, 1.0)), "sets_above_zero": above})
     return out
 
 
 def _spread(values: Sequence[float], bounds: tuple[float, float]) -> dict[str, Any]:
     """Mean, sample sd, range and the 95% t-interval of the mean (None for a single value), clipped to
     `bounds`: a success rate's mean cannot pass 1, yet three sets at 1.0, 1.0 and 0.9 give a t-interval
-    reaching 1.05; the clipped end says "up to the bound", which is what the data support."""
+    reaching 1.11; the clipped end says "up to the bound", which is what the data support."""
     v = np.asarray(values, float)
     mean = float(v.mean())
     if len(v) < 2:
@@ -102,7 +103,8 @@ def format_table(agg: Mapping[str, Any]) -> str:
     sets = agg["seed_sets"]
     head = " | ".join(f"set {k}" for k in sets)
     lines = [f"Held-out success over {len(sets)} seed sets (one run each):", "",
-             f"| method | mean | sd | 95% CI of the mean (within [0, 1]) | {head} |", "|---|---|---|---|" + "---|" * len(sets)]
+             f"| method | mean | sd | 95% CI of the mean (within [0, 1]) | {head} |",
+             "|---|---|---|---|" + "---|" * len(sets)]
     for m in agg["methods"]:
         ci = f"[{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]" if m["ci"] else ""
         lines.append(f"| {m['system']} | {m['mean']:.3f} | {m['sd']:.3f} | {ci} | "
