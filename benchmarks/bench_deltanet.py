@@ -15,6 +15,7 @@ value heads as key heads.
     python -m benchmarks.bench_deltanet --component rule   # the delta rule alone: both our forms and torch's
     python -m benchmarks.bench_deltanet --component floor  # what a free rule would give, and what 2x asks of ours
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -37,12 +38,16 @@ flags.DEFINE_integer("rounds", 3, "Alternating rounds (JAX, then PyTorch).")
 flags.DEFINE_integer("threads", 2, "torch.set_num_threads.")
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
 flags.DEFINE_float("target", 2.0, "--component floor: the stack speed-up whose demands on the rule are reported.")
-flags.DEFINE_enum("component", "stack", ["stack", "rule", "floor"],
-                  "stack: the whole layer stack; rule: only the delta rule of one layer (its shapes, l2-normalised "
-                  "q/k), forward + backward w.r.t. q, k, v, g, beta: the form our models run here (on a CPU, the native "
-                  "kernel) and the chunked form, against transformers' torch one; floor: the stack, and again with "
-                  "both rules replaced by a free elementwise stand-in: what the rule costs in each framework, and "
-                  "what --target asks of ours.")
+flags.DEFINE_enum(
+    "component",
+    "stack",
+    ["stack", "rule", "floor"],
+    "stack: the whole layer stack; rule: only the delta rule of one layer (its shapes, l2-normalised "
+    "q/k), forward + backward w.r.t. q, k, v, g, beta: the form our models run here (on a CPU, the native "
+    "kernel) and the chunked form, against transformers' torch one; floor: the stack, and again with "
+    "both rules replaced by a free elementwise stand-in: what the rule costs in each framework, and "
+    "what --target asks of ours.",
+)
 
 
 def _alternating(steps: dict, rounds: int, repeats: int) -> tuple[dict[str, float], list[dict[str, float]]]:
@@ -88,9 +93,14 @@ def _hf_config() -> dict:
 
     key_heads = _key_heads()
     return preset(
-        "qwen3.5-tiny", hidden_size=FLAGS.hidden, num_hidden_layers=FLAGS.layers,
-        layer_types=["linear_attention"] * FLAGS.layers, linear_num_key_heads=key_heads,
-        linear_num_value_heads=2 * key_heads, linear_key_head_dim=FLAGS.head_dim, linear_value_head_dim=FLAGS.head_dim,
+        "qwen3.5-tiny",
+        hidden_size=FLAGS.hidden,
+        num_hidden_layers=FLAGS.layers,
+        layer_types=["linear_attention"] * FLAGS.layers,
+        linear_num_key_heads=key_heads,
+        linear_num_value_heads=2 * key_heads,
+        linear_key_head_dim=FLAGS.head_dim,
+        linear_value_head_dim=FLAGS.head_dim,
     )
 
 
@@ -144,10 +154,20 @@ def _rule_main() -> dict:
     print(f"  jax, chunked form              {medians['jax_chunked'] * 1e3:8.1f} ms  {chunked_speedup:.2f}x")
     print(f"  torch (chunked)                {medians['torch'] * 1e3:8.1f} ms")
     print(f"  speedups: median of {FLAGS.rounds} rounds (same loss to {abs(jax_value - torch_value):.1e})")
-    return {"component": "rule", "batch": b, "seq": t, "key_heads": hk, "value_heads": h, "head_dim": d,
-            "jax_median_s": medians["jax"], "jax_chunked_median_s": medians["jax_chunked"],
-            "torch_median_s": medians["torch"], "speedup": speedup, "chunked_speedup": chunked_speedup,
-            "loss_abs_diff": abs(jax_value - torch_value)}
+    return {
+        "component": "rule",
+        "batch": b,
+        "seq": t,
+        "key_heads": hk,
+        "value_heads": h,
+        "head_dim": d,
+        "jax_median_s": medians["jax"],
+        "jax_chunked_median_s": medians["jax_chunked"],
+        "torch_median_s": medians["torch"],
+        "speedup": speedup,
+        "chunked_speedup": chunked_speedup,
+        "loss_abs_diff": abs(jax_value - torch_value),
+    }
 
 
 def main(_) -> None:
@@ -178,8 +198,7 @@ def _stack_main() -> dict:
     ).float()
     config = ModelConfig.from_hf(hf)
     layers = nnx.List(
-        GatedDeltaNet(config, rngs=nnx.Rngs(i), dtype=jnp.float32, param_dtype=jnp.float32)
-        for i in range(FLAGS.layers)
+        GatedDeltaNet(config, rngs=nnx.Rngs(i), dtype=jnp.float32, param_dtype=jnp.float32) for i in range(FLAGS.layers)
     )
     h = FLAGS.hidden
     for ours, theirs in zip(layers, torch_layers):  # same weights on both sides
@@ -222,6 +241,7 @@ def _stack_main() -> dict:
             loss = (y * probe_torch).sum()
             loss.backward()
             return loss.item()
+
         return run
 
     steps = {"jax": jax_stepper(False), "torch": torch_stepper(False)}
@@ -233,14 +253,25 @@ def _stack_main() -> dict:
 
     tokens = FLAGS.batch * FLAGS.seq
     results = {
-        "batch": FLAGS.batch, "seq": FLAGS.seq, "hidden": h, "layers": FLAGS.layers,
-        "key_heads": hf["linear_num_key_heads"], "value_heads": hf["linear_num_value_heads"], "head_dim": FLAGS.head_dim,
-        "jax_median_s": jax_s, "torch_median_s": torch_s,
-        "jax_tokens_per_s": tokens / jax_s, "torch_tokens_per_s": tokens / torch_s, "speedup": _speedup(per_round),
-        "rounds": FLAGS.rounds, "loss_abs_diff": loss_diff,
+        "batch": FLAGS.batch,
+        "seq": FLAGS.seq,
+        "hidden": h,
+        "layers": FLAGS.layers,
+        "key_heads": hf["linear_num_key_heads"],
+        "value_heads": hf["linear_num_value_heads"],
+        "head_dim": FLAGS.head_dim,
+        "jax_median_s": jax_s,
+        "torch_median_s": torch_s,
+        "jax_tokens_per_s": tokens / jax_s,
+        "torch_tokens_per_s": tokens / torch_s,
+        "speedup": _speedup(per_round),
+        "rounds": FLAGS.rounds,
+        "loss_abs_diff": loss_diff,
     }
-    print(f"DeltaNet x{FLAGS.layers}, batch {FLAGS.batch} x {FLAGS.seq} tokens, hidden {h}, "
-          f"{results['key_heads']} key / {results['value_heads']} value heads of {FLAGS.head_dim}, fwd+bwd:")
+    print(
+        f"DeltaNet x{FLAGS.layers}, batch {FLAGS.batch} x {FLAGS.seq} tokens, hidden {h}, "
+        f"{results['key_heads']} key / {results['value_heads']} value heads of {FLAGS.head_dim}, fwd+bwd:"
+    )
     print(f"  jax   {jax_s * 1e3:8.1f} ms  {results['jax_tokens_per_s']:9.0f} tokens/s")
     print(f"  torch {torch_s * 1e3:8.1f} ms  {results['torch_tokens_per_s']:9.0f} tokens/s")
     print(f"  speedup {results['speedup']:.2f}x, median of {FLAGS.rounds} rounds  (same loss to {loss_diff:.1e})")
@@ -258,8 +289,9 @@ def _free_rule_jax(q, k, v, g, beta, *, initial_state=None, segment_ids=None):
     return v * (beta + g)[..., None] + jnp.repeat(q + k, group, axis=2), initial_state
 
 
-def _free_rule_torch(query, key, value, g, beta, initial_state=None, output_final_state=False,
-                     use_qk_l2norm_in_kernel=False, **_):
+def _free_rule_torch(
+    query, key, value, g, beta, initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, **_
+):
     """transformers' counterpart of `_free_rule_jax` (with the l2 norm its rule applies inside)."""
     from transformers.models.qwen3_5.modeling_qwen3_5 import l2norm
 
@@ -279,8 +311,10 @@ def _rules_replaced(free: bool):
 
     from porch_jax.models import deltanet
 
-    with mock.patch.object(deltanet, "gated_delta_rule", _free_rule_jax), \
-            mock.patch.object(modeling_qwen3_5, "torch_chunk_gated_delta_rule", _free_rule_torch):
+    with (
+        mock.patch.object(deltanet, "gated_delta_rule", _free_rule_jax),
+        mock.patch.object(modeling_qwen3_5, "torch_chunk_gated_delta_rule", _free_rule_torch),
+    ):
         yield
 
 
@@ -291,19 +325,25 @@ def _floor_report(medians: dict[str, float], per_round: list[dict[str, float]]) 
     rule = {name: (medians[name] - medians[f"{name}_free_rule"]) / n for name in ("jax", "torch")}
     budget = (medians["torch"] / FLAGS.target - medians["jax_free_rule"]) / n
     report = {
-        "jax_free_rule_median_s": medians["jax_free_rule"], "torch_free_rule_median_s": medians["torch_free_rule"],
+        "jax_free_rule_median_s": medians["jax_free_rule"],
+        "torch_free_rule_median_s": medians["torch_free_rule"],
         "speedup_free_rule": _speedup(per_round, "jax_free_rule", "torch_free_rule"),
-        "jax_rule_s_per_layer": rule["jax"], "torch_rule_s_per_layer": rule["torch"], "target": FLAGS.target,
+        "jax_rule_s_per_layer": rule["jax"],
+        "torch_rule_s_per_layer": rule["torch"],
+        "target": FLAGS.target,
         "rule_budget_s_per_layer": budget,
     }
-    print(f"  with a free rule: jax {medians['jax_free_rule'] * 1e3:.1f} ms, torch {medians['torch_free_rule'] * 1e3:.1f} ms "
-          f"({report['speedup_free_rule']:.2f}x); so the rule takes {rule['jax'] * 1e3:.1f} ms (jax) and "
-          f"{rule['torch'] * 1e3:.1f} ms (torch) per layer")
+    print(
+        f"  with a free rule: jax {medians['jax_free_rule'] * 1e3:.1f} ms, torch {medians['torch_free_rule'] * 1e3:.1f} ms "
+        f"({report['speedup_free_rule']:.2f}x); so the rule takes {rule['jax'] * 1e3:.1f} ms (jax) and "
+        f"{rule['torch'] * 1e3:.1f} ms (torch) per layer"
+    )
     if budget <= 0:
         print(f"  {FLAGS.target:g}x is out of reach even with a free rule")
     else:
         print(f"  {FLAGS.target:g}x leaves our rule {budget * 1e3:.1f} ms per layer")
     return report
+
 
 if __name__ == "__main__":
     app.run(main)

@@ -7,6 +7,7 @@
 2. The workplace comparison's scripted expert and sub-agents, per step and per episode.
 Target: under 1 ms of engine time per step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,11 @@ FINISH = render_action(Finish("done"))
 
 def trivial_engine(horizon: int) -> Engine:
     delegate = render_action(Delegate(Harness("find venue of Retro", (), ("calendar",), horizon)))
-    return Engine(WorkplaceEnv,
-                  ScriptedBackend(lambda r: FINISH if r.state.turns else delegate),
-                  ScriptedBackend(lambda r: SUBMIT if r.state.steps_used == horizon - 1 else TOOL))
+    return Engine(
+        WorkplaceEnv,
+        ScriptedBackend(lambda r: FINISH if r.state.turns else delegate),
+        ScriptedBackend(lambda r: SUBMIT if r.state.steps_used == horizon - 1 else TOOL),
+    )
 
 
 async def _time(engine: Engine, tasks: list) -> tuple[float, int, int]:
@@ -47,16 +50,21 @@ def main() -> None:
     print("runtime overhead, precomputed replies (one sub-agent of horizon H):")
     for horizon in (10, 30, 90):
         wall, steps, calls = asyncio.run(_time(trivial_engine(horizon), [task] * max(1, n // 4)))
-        print(f"  H={horizon:<3} {steps / wall:8.0f} steps/s  {1e6 * wall / steps:6.0f} us/step  "
-              f"{1e6 * wall / calls:6.0f} us/call")
+        print(
+            f"  H={horizon:<3} {steps / wall:8.0f} steps/s  {1e6 * wall / steps:6.0f} us/step  "
+            f"{1e6 * wall / calls:6.0f} us/call"
+        )
     tasks = make_tasks(n)
     print(f"scripted workplace policies ({n} tasks):")
     for system in ("proactive", "lifecycle", "react"):
-        engine = Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert()), ScriptedBackend(ScriptedSubagent()),
-                        system_config(system))
+        engine = Engine(
+            WorkplaceEnv, ScriptedBackend(ScriptedExpert()), ScriptedBackend(ScriptedSubagent()), system_config(system)
+        )
         wall, steps, calls = asyncio.run(_time(engine, tasks))
-        print(f"  {system:<10} {steps / wall:8.0f} steps/s  {1e6 * wall / steps:6.0f} us/step  "
-              f"{1e3 * wall / n:6.2f} ms/episode")
+        print(
+            f"  {system:<10} {steps / wall:8.0f} steps/s  {1e6 * wall / steps:6.0f} us/step  "
+            f"{1e3 * wall / n:6.2f} ms/episode"
+        )
 
 
 if __name__ == "__main__":

@@ -75,6 +75,7 @@ def _worker(args: argparse.Namespace) -> dict:
         return {"variant": "inputs", **_rss_report(start_rss, reset)}
 
     if args.worker == "naive":
+
         def loss(sh, sw, th, tw, mask):
             zs = jnp.dot(sh, sw, preferred_element_type=jnp.float32)
             zt = jnp.dot(th, tw, preferred_element_type=jnp.float32)
@@ -83,9 +84,7 @@ def _worker(args: argparse.Namespace) -> dict:
         gif = args.worker == "chunked"
 
         def loss(sh, sw, th, tw, mask):
-            return fused_kl.chunked_reverse_kl(
-                sh, sw, th, tw, mask, chunk_size=args.chunk_size, grad_in_forward=gif
-            )[0]
+            return fused_kl.chunked_reverse_kl(sh, sw, th, tw, mask, chunk_size=args.chunk_size, grad_in_forward=gif)[0]
 
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     compiled = step.lower(sh, sw, th, tw, mask).compile()
@@ -141,9 +140,20 @@ def _rss_report(start_rss: int, reset: bool) -> dict:
 
 def _run_subprocess(variant: str, args: argparse.Namespace) -> dict:
     cmd = [
-        sys.executable, os.path.abspath(__file__), "--worker", variant,
-        "--tokens", str(args.tokens), "--hidden", str(args.hidden), "--vocab", str(args.vocab),
-        "--dtype", args.dtype, "--repeats", str(args.repeats),
+        sys.executable,
+        os.path.abspath(__file__),
+        "--worker",
+        variant,
+        "--tokens",
+        str(args.tokens),
+        "--hidden",
+        str(args.hidden),
+        "--vocab",
+        str(args.vocab),
+        "--dtype",
+        args.dtype,
+        "--repeats",
+        str(args.repeats),
     ]
     if args.chunk_size is not None:
         cmd += ["--chunk-size", str(args.chunk_size)]
@@ -218,27 +228,32 @@ def main() -> None:
         if "error" in r:
             print(f"{r['variant']:<18} ERROR {r['error']}")
             continue
-        ratios = {"rss_ratio_to_naive": None, "xla_ratio_to_naive": None,
-                  "wall_ratio_to_naive": None, "cpu_ratio_to_naive": None}
+        ratios = {
+            "rss_ratio_to_naive": None,
+            "xla_ratio_to_naive": None,
+            "wall_ratio_to_naive": None,
+            "cpu_ratio_to_naive": None,
+        }
         if naive is not None:
             ratios = {
                 "rss_ratio_to_naive": r["rss_over_inputs_bytes"] / naive["rss_over_inputs_bytes"],
-                "xla_ratio_to_naive": (r["xla_temp_plus_output_bytes"]
-                                       / naive["xla_temp_plus_output_bytes"]),
+                "xla_ratio_to_naive": (r["xla_temp_plus_output_bytes"] / naive["xla_temp_plus_output_bytes"]),
                 "wall_ratio_to_naive": r["median_seconds"] / naive["median_seconds"],
                 "cpu_ratio_to_naive": r["median_cpu_seconds"] / naive["median_cpu_seconds"],
             }
             r.update(ratios)
-        cols = "".join("-".rjust(w) if v is None else f"{v:{w}.3f}"
-                       for v, w in zip(ratios.values(), (10, 10, 11, 10)))
+        cols = "".join("-".rjust(w) if v is None else f"{v:{w}.3f}" for v, w in zip(ratios.values(), (10, 10, 11, 10)))
         print(
             f"{r['variant']:<18}{_gib(r['rss_over_inputs_bytes']):>11}"
             f"{_gib(r.get('xla_temp_bytes')):>10}{_gib(r.get('xla_temp_plus_output_bytes')):>10}"
             f"{r['median_seconds']:>9.2f}{r['median_cpu_seconds']:>9.2f}{cols}{r['value']:>14.6g}"
         )
     if args.json:
-        out = {"config": {k: v for k, v in vars(args).items() if k != "worker"} | {"chunk": chunk},
-               "baseline": baseline, "results": results}
+        out = {
+            "config": {k: v for k, v in vars(args).items() if k != "worker"} | {"chunk": chunk},
+            "baseline": baseline,
+            "results": results,
+        }
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
 

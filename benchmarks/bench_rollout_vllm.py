@@ -10,6 +10,7 @@
 3. Server start: seconds until /v1/models answers and a first completion succeeds.
 The model is bench_sampler's shape (vocab 2048, hidden 256, 4 layers, head_dim 32), float32.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,23 +28,34 @@ flags.DEFINE_integer("new_tokens", 64, "Tokens generated per request.")
 flags.DEFINE_integer("repeats", 3, "Timed rounds per setting; the median is reported.")
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
 
-MODEL = {"vocab_size": 2048, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
-         "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32}
+MODEL = {
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
+}
 
 
 def _conversation(i: int) -> list[dict[str, str]]:
-    return [{"role": "system", "content": "You are a worker with a mailbox and a calendar."},
-            {"role": "user", "content": f"Task {i}: find the invoice Northwind says they never received."}]
+    return [
+        {"role": "system", "content": "You are a worker with a mailbox and a calendar."},
+        {"role": "user", "content": f"Task {i}: find the invoice Northwind says they never received."},
+    ]
 
 
 async def _round(backend, concurrency: int, round_index: int) -> tuple[float, int]:
     from porch_jax.backends import ChatRequest, Sampling
 
-    sampling = [Sampling(temperature=1.0, max_tokens=FLAGS.new_tokens, seed=round_index * 1000 + i)
-                for i in range(concurrency)]
+    sampling = [
+        Sampling(temperature=1.0, max_tokens=FLAGS.new_tokens, seed=round_index * 1000 + i) for i in range(concurrency)
+    ]
     start = time.perf_counter()
-    results = await asyncio.gather(*(backend.chat(ChatRequest(_conversation(i), sampling=s))
-                                     for i, s in enumerate(sampling)))
+    results = await asyncio.gather(
+        *(backend.chat(ChatRequest(_conversation(i), sampling=s)) for i, s in enumerate(sampling))
+    )
     return time.perf_counter() - start, sum(r.completion_tokens for r in results)
 
 
@@ -55,6 +67,7 @@ def _throughput(backend, concurrency: int) -> float:
             seconds, tokens = await _round(backend, concurrency, r)
             rates.append(tokens / seconds)
         return statistics.median(rates)
+
     return asyncio.run(run())
 
 
@@ -78,8 +91,9 @@ def main(argv: list[str]) -> None:
     levels = [int(c) for c in FLAGS.concurrency]
     results: dict[str, object] = {"model": MODEL, "new_tokens": FLAGS.new_tokens}
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model(Path(tmp) / "model", vocab_size=MODEL["vocab_size"], **{
-            k: v for k, v in MODEL.items() if k != "vocab_size"})
+        model_dir = make_tiny_model(
+            Path(tmp) / "model", vocab_size=MODEL["vocab_size"], **{k: v for k, v in MODEL.items() if k != "vocab_size"}
+        )
         model = from_pretrained(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         embedded = EmbeddedBackend(Sampler(model, tokenizer, max_len=512), max_batch=max(levels))
@@ -102,8 +116,12 @@ def main(argv: list[str]) -> None:
                 push_s = sync.push(folder)
                 start = time.perf_counter()
                 gap = sync.check_parity(model, ids)
-                results["weight_sync"] = {"export_s": export_s, "push_s": push_s,
-                                          "parity_check_s": time.perf_counter() - start, "gap": gap}
+                results["weight_sync"] = {
+                    "export_s": export_s,
+                    "push_s": push_s,
+                    "parity_check_s": time.perf_counter() - start,
+                    "gap": gap,
+                }
     print(json.dumps(results, indent=1))
     if FLAGS.json:
         Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)

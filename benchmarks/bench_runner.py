@@ -6,6 +6,7 @@ completely: the target is a > 50x speed-up for 256 episodes at concurrency 256.
 
     python benchmarks/bench_runner.py [--episodes 256] [--calls 4] [--latency-ms 50] [--concurrency 256]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,9 +29,17 @@ def make_episode(calls: int, latency_s: float):
         for _ in range(calls):
             result = await metered.chat(ChatRequest([{"role": "user", "content": task}], state=task))
             parse_orchestrator_action(result.text)
-        return EpisodeRecord(episode_id=task, task_id=task, env="bench", system="scripted", config_hash="",
-                             seed=0, outcome=Outcome(success=True, score=1.0, reason="ok"),
-                             cost={k: RoleCost(**v) for k, v in meter.to_dict().items()})
+        return EpisodeRecord(
+            episode_id=task,
+            task_id=task,
+            env="bench",
+            system="scripted",
+            config_hash="",
+            seed=0,
+            outcome=Outcome(success=True, score=1.0, reason="ok"),
+            cost={k: RoleCost(**v) for k, v in meter.to_dict().items()},
+        )
+
     return episode
 
 

@@ -9,6 +9,7 @@ computations honestly.
 
     python -m benchmarks.bench_sampler [--single_thread] --json runs/bench_sampler.json
 """
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,13 @@ flags.DEFINE_bool("malloc_tuning", True, "Tune glibc malloc for XLA (porch_jax.r
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
 
 MODEL = {
-    "vocab_size": 2048, "hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4,
-    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 32,
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 768,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 32,
 }
 
 
@@ -50,8 +56,12 @@ def _jax_runner(folder: Path, prompts: list[list[int]]):
     from porch_jax.models import from_pretrained
     from porch_jax.models.sampler import Sampler, SamplingParams
 
-    sampler = Sampler(from_pretrained(folder), AutoTokenizer.from_pretrained(folder),
-                      max_len=FLAGS.prompt_len + FLAGS.new_tokens, prompt_buckets=(FLAGS.prompt_len,))
+    sampler = Sampler(
+        from_pretrained(folder),
+        AutoTokenizer.from_pretrained(folder),
+        max_len=FLAGS.prompt_len + FLAGS.new_tokens,
+        prompt_buckets=(FLAGS.prompt_len,),
+    )
     params = SamplingParams(max_new_tokens=FLAGS.new_tokens, ignore_eos=True)
     outputs = []
     return (lambda: outputs.append([c.token_ids for c in sampler.generate(prompts, params)])), outputs
@@ -69,10 +79,13 @@ def _torch_runner(folder: Path, prompts: list[list[int]], threads: int):
     def run():
         with torch.inference_mode():
             out = model.generate(
-                input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-                max_new_tokens=FLAGS.new_tokens, min_new_tokens=FLAGS.new_tokens,
+                input_ids,
+                attention_mask=torch.ones_like(input_ids),
+                do_sample=False,
+                max_new_tokens=FLAGS.new_tokens,
+                min_new_tokens=FLAGS.new_tokens,
             )
-        outputs.append(out[:, FLAGS.prompt_len:].tolist())
+        outputs.append(out[:, FLAGS.prompt_len :].tolist())
 
     return run, outputs
 
@@ -80,8 +93,10 @@ def _torch_runner(folder: Path, prompts: list[list[int]], threads: int):
 def main(argv: list[str]) -> None:
     del argv
     if FLAGS.single_thread:  # read when JAX's backend starts, i.e. at the first computation
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} " \
+        os.environ["XLA_FLAGS"] = (
+            f"{os.environ.get('XLA_FLAGS', '')} "
             "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1".strip()
+        )
     threads = 1 if FLAGS.single_thread else FLAGS.threads
     if FLAGS.malloc_tuning:  # both frameworks in this process; before the first computation
         from porch_jax.runtime import tune_malloc
@@ -109,25 +124,38 @@ def main(argv: list[str]) -> None:
     generated = FLAGS.batch * FLAGS.new_tokens
     same = sum(a == b for ja, tb in zip(jax_tokens, torch_tokens) for a, b in zip(ja, tb))
     result = {
-        "batch": FLAGS.batch, "prompt_len": FLAGS.prompt_len, "new_tokens": FLAGS.new_tokens, "model": MODEL,
+        "batch": FLAGS.batch,
+        "prompt_len": FLAGS.prompt_len,
+        "new_tokens": FLAGS.new_tokens,
+        "model": MODEL,
         "threads": threads,
-        "jax_seconds": jax_s, "torch_seconds": torch_s,
-        "jax_tokens_per_s": generated / jax_s, "torch_tokens_per_s": generated / torch_s,
+        "jax_seconds": jax_s,
+        "torch_seconds": torch_s,
+        "jax_tokens_per_s": generated / jax_s,
+        "torch_tokens_per_s": generated / torch_s,
         "speedup": torch_s / jax_s,
-        "jax_cpu_seconds": jax_cpu, "torch_cpu_seconds": torch_cpu, "cpu_speedup": torch_cpu / jax_cpu,
+        "jax_cpu_seconds": jax_cpu,
+        "torch_cpu_seconds": torch_cpu,
+        "cpu_speedup": torch_cpu / jax_cpu,
         # Random weights give near-flat logits, so a few greedy ties may break differently.
         "greedy_agreement": same / generated,
         # Shared machines: PyTorch's 2 OpenMP threads degrade badly when the cores are busy.
         "load_average_1min": os.getloadavg()[0],
         "cpu_count": os.cpu_count(),
     }
-    print(f"JAX sampler : {result['jax_tokens_per_s']:8.0f} tokens/s ({jax_s * 1e3:.0f} ms per batch, "
-          f"CPU {jax_cpu * 1e3:.0f} ms)")
-    print(f"torch HF    : {result['torch_tokens_per_s']:8.0f} tokens/s ({torch_s * 1e3:.0f} ms per batch, "
-          f"CPU {torch_cpu * 1e3:.0f} ms)")
-    print(f"speedup     : {result['speedup']:.2f}x wall, {result['cpu_speedup']:.2f}x CPU time   "
-          f"greedy agreement {result['greedy_agreement']:.3f}   {threads} thread(s), "
-          f"load average {result['load_average_1min']:.1f} on {result['cpu_count']} cores")
+    print(
+        f"JAX sampler : {result['jax_tokens_per_s']:8.0f} tokens/s ({jax_s * 1e3:.0f} ms per batch, "
+        f"CPU {jax_cpu * 1e3:.0f} ms)"
+    )
+    print(
+        f"torch HF    : {result['torch_tokens_per_s']:8.0f} tokens/s ({torch_s * 1e3:.0f} ms per batch, "
+        f"CPU {torch_cpu * 1e3:.0f} ms)"
+    )
+    print(
+        f"speedup     : {result['speedup']:.2f}x wall, {result['cpu_speedup']:.2f}x CPU time   "
+        f"greedy agreement {result['greedy_agreement']:.3f}   {threads} thread(s), "
+        f"load average {result['load_average_1min']:.1f} on {result['cpu_count']} cores"
+    )
     if FLAGS.json:
         Path(FLAGS.json).parent.mkdir(parents=True, exist_ok=True)
         Path(FLAGS.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -11,6 +11,7 @@ with this machine's f32 matmul rate measured in the same run (a jitted 2048^3 jn
 (sdpa attention) with torch.optim.AdamW, the same config, batch and loss, all CPU threads
 (--single-thread: one thread each, steadier when other work shares the machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,9 +27,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.flops import DTYPES, matmul_runner, qwen3_step_flops  # noqa: E402
 
 HF = {
-    "model_type": "qwen3", "vocab_size": 2048, "hidden_size": 512, "intermediate_size": 1536,
-    "num_hidden_layers": 8, "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 64,
-    "tie_word_embeddings": True, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+    "model_type": "qwen3",
+    "vocab_size": 2048,
+    "hidden_size": 512,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 64,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1e6,
 }
 
 
@@ -58,21 +68,45 @@ def jax_runner(batch: int, seq: int, dtype: str = "f32"):
     from porch_jax.train import optim
     from porch_jax.train import step as S
 
-    cfg = ConfigDict({"learning_rate": 1e-4, "warmup_steps": 10, "total_steps": 1000, "final_lr_ratio": 0.1,
-                      "weight_decay": 0.01, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0})
+    cfg = ConfigDict(
+        {
+            "learning_rate": 1e-4,
+            "warmup_steps": 10,
+            "total_steps": 1000,
+            "final_lr_ratio": 0.1,
+            "weight_decay": 0.01,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-8,
+            "max_grad_norm": 1.0,
+        }
+    )
     mesh = mesh_lib.make_mesh((1, 1, 1))
     tx = optim.make_optimizer(cfg)
     graphdef, state, shardings = S.init_train_state(
-        init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.dtype(DTYPES[dtype])), tx, mesh)
-    step = S.TrainStep("sft", graphdef, tx, optim.learning_rate_schedule(cfg), S.LossConfig(),
-                       mesh=mesh, state_shardings=shardings)
+        init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.dtype(DTYPES[dtype])), tx, mesh
+    )
+    step = S.TrainStep(
+        "sft", graphdef, tx, optim.learning_rate_schedule(cfg), S.LossConfig(), mesh=mesh, state_shardings=shardings
+    )
     rng = np.random.default_rng(0)
     # Prompt = 1 token, target = the other seq - 1: every next-token position carries loss, as in
     # the PyTorch loop.
-    rows = [D.Example(str(b), {"policy": D.View((int(rng.integers(HF["vocab_size"])),),
-                                                tuple(int(t) for t in rng.integers(0, HF["vocab_size"], seq - 1)))})
-            for b in range(batch)]
-    batch_arrays = jax.tree.map(lambda x: jax.numpy.asarray(x[None]), D.collate(rows, ("policy",), (), seq, seq, pad_id=0))
+    rows = [
+        D.Example(
+            str(b),
+            {
+                "policy": D.View(
+                    (int(rng.integers(HF["vocab_size"])),),
+                    tuple(int(t) for t in rng.integers(0, HF["vocab_size"], seq - 1)),
+                )
+            },
+        )
+        for b in range(batch)
+    ]
+    batch_arrays = jax.tree.map(
+        lambda x: jax.numpy.asarray(x[None]), D.collate(rows, ("policy",), (), seq, seq, pad_id=0)
+    )
 
     def run():
         nonlocal state
@@ -113,13 +147,23 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--rounds", type=int, default=5, help="timed rounds (medians reported)")
-    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
-                        help="bf16: mixed precision in both (bf16 matmuls, f32 parameters and optimizer state)")
+    parser.add_argument(
+        "--dtype",
+        choices=("f32", "bf16"),
+        default="f32",
+        help="bf16: mixed precision in both (bf16 matmuls, f32 parameters and optimizer state)",
+    )
     parser.add_argument("--skip-torch", action="store_true")
-    parser.add_argument("--single-thread", action="store_true",
-                        help="one thread for XLA and PyTorch: steadier numbers on a shared machine")
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="keep glibc's default allocator settings (porch_jax.runtime.tune_malloc)")
+    parser.add_argument(
+        "--single-thread",
+        action="store_true",
+        help="one thread for XLA and PyTorch: steadier numbers on a shared machine",
+    )
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="keep glibc's default allocator settings (porch_jax.runtime.tune_malloc)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     if not args.no_malloc_tuning:  # both frameworks in this process; before the first computation
@@ -151,14 +195,25 @@ def main() -> None:
 
     result = {
         "config": {**HF, "batch": args.batch, "seq": args.seq, "threads": threads, "dtype": args.dtype},
-        "load_average_1min": os.getloadavg()[0], "matmul_params": n, "step_flops": flops, "matmul_peak_flops": peak, "rounds": rounds,
-        "jax": {"step_s": jax_time, "first_step_s": first, "tokens_per_s": tokens / jax_time,
-                "flops_per_s": flops / jax_time, "fraction_of_matmul_peak": of_peak},
+        "load_average_1min": os.getloadavg()[0],
+        "matmul_params": n,
+        "step_flops": flops,
+        "matmul_peak_flops": peak,
+        "rounds": rounds,
+        "jax": {
+            "step_s": jax_time,
+            "first_step_s": first,
+            "tokens_per_s": tokens / jax_time,
+            "flops_per_s": flops / jax_time,
+            "fraction_of_matmul_peak": of_peak,
+        },
     }
-    rows = [(f"matmul peak ({args.dtype}, jitted 2048^3 dot)", f"{peak / 1e9:,.1f} GFLOP/s", ""),
-            ("JAX SFT step", f"{jax_time * 1e3:,.0f} ms", f"{tokens / jax_time:,.0f} tok/s"),
-            ("JAX achieved", f"{flops / jax_time / 1e9:,.1f} GFLOP/s", f"{of_peak:.2f} of peak (target > 0.3)"),
-            ("JAX first step (compile)", f"{first:,.1f} s", "")]
+    rows = [
+        (f"matmul peak ({args.dtype}, jitted 2048^3 dot)", f"{peak / 1e9:,.1f} GFLOP/s", ""),
+        ("JAX SFT step", f"{jax_time * 1e3:,.0f} ms", f"{tokens / jax_time:,.0f} tok/s"),
+        ("JAX achieved", f"{flops / jax_time / 1e9:,.1f} GFLOP/s", f"{of_peak:.2f} of peak (target > 0.3)"),
+        ("JAX first step (compile)", f"{first:,.1f} s", ""),
+    ]
     if torch_step is not None:
         torch_time = statistics.median(r["torch_s"] for r in rounds)
         speedup = statistics.median(r["torch_s"] / r["jax_s"] for r in rounds)
@@ -166,12 +221,16 @@ def main() -> None:
         cpu_speedup = statistics.median(r["torch_cpu_s"] / r["jax_cpu_s"] for r in rounds)
         result["speedup_vs_torch"] = speedup
         result["cpu_speedup_vs_torch"] = cpu_speedup
-        rows += [("PyTorch SFT step", f"{torch_time * 1e3:,.0f} ms", f"{tokens / torch_time:,.0f} tok/s"),
-                 ("JAX / PyTorch throughput", f"{speedup:.2f}x", "target > 1.5x"),
-                 ("PyTorch / JAX CPU time per step", f"{cpu_speedup:.2f}x", "")]
-    print(f"SFT step, batch {args.batch} x seq {args.seq}, {n / 1e6:.1f} M matmul params, "
-          f"{flops / 1e9:,.1f} GFLOP per step, {threads} thread(s), medians of {args.rounds} rounds, "
-          f"load average {os.getloadavg()[0]:.1f}")
+        rows += [
+            ("PyTorch SFT step", f"{torch_time * 1e3:,.0f} ms", f"{tokens / torch_time:,.0f} tok/s"),
+            ("JAX / PyTorch throughput", f"{speedup:.2f}x", "target > 1.5x"),
+            ("PyTorch / JAX CPU time per step", f"{cpu_speedup:.2f}x", ""),
+        ]
+    print(
+        f"SFT step, batch {args.batch} x seq {args.seq}, {n / 1e6:.1f} M matmul params, "
+        f"{flops / 1e9:,.1f} GFLOP per step, {threads} thread(s), medians of {args.rounds} rounds, "
+        f"load average {os.getloadavg()[0]:.1f}"
+    )
     width = max(len(r[0]) for r in rows)
     for name, value, note in rows:
         print(f"  {name:<{width}}  {value:>18}  {note}")

@@ -15,6 +15,7 @@ so PyTorch's step time / that floor bounds the speed-up any implementation could
 
     python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--threads 2] [--json OUT]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,15 @@ from porch_jax.runtime import tune_malloc
 from porch_jax.train.losses import token_cross_entropy, token_cross_entropy_from_hidden
 
 CONFIG = ModelConfig(
-    model_type="qwen3", vocab_size=2048, hidden_size=256, intermediate_size=768, num_hidden_layers=4,
-    num_attention_heads=8, num_key_value_heads=4, head_dim=32, tie_word_embeddings=False,
+    model_type="qwen3",
+    vocab_size=2048,
+    hidden_size=256,
+    intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=32,
+    tie_word_embeddings=False,
 )
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
@@ -66,7 +74,9 @@ def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "l
         if loss == "fused":
             hidden = model.hidden_states(tokens[:, :-1])
             head = model.lm_head_kernel().astype(model.dtype)
-            total, count = token_cross_entropy_from_hidden(hidden, head, tokens[:, 1:], jnp.ones_like(tokens[:, 1:], bool))
+            total, count = token_cross_entropy_from_hidden(
+                hidden, head, tokens[:, 1:], jnp.ones_like(tokens[:, 1:], bool)
+            )
             return total / count
         # As transformers' ForCausalLMLoss: labels shifted left, the last position ignored (no slice of the logits).
         labels = jnp.roll(tokens, -1, axis=1)
@@ -129,14 +139,25 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round and framework")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--remat", action="store_true")
-    parser.add_argument("--dtype", choices=("f32", "bf16"), default="f32",
-                        help="bf16: mixed precision in both frameworks (f32 parameters and optimizer state)")
-    parser.add_argument("--loss", choices=("logits", "fused"), default="logits",
-                        help="ours: full logits + log_softmax (as transformers), or our trainers' chunked LM-head loss")
+    parser.add_argument(
+        "--dtype",
+        choices=("f32", "bf16"),
+        default="f32",
+        help="bf16: mixed precision in both frameworks (f32 parameters and optimizer state)",
+    )
+    parser.add_argument(
+        "--loss",
+        choices=("logits", "fused"),
+        default="logits",
+        help="ours: full logits + log_softmax (as transformers), or our trainers' chunked LM-head loss",
+    )
     parser.add_argument("--skip-torch", action="store_true")
     parser.add_argument("--threads", type=int, choices=(1, 2), default=2, help="CPU threads for each framework")
-    parser.add_argument("--no-malloc-tuning", action="store_true",
-                        help="keep glibc's default allocator settings (porch_jax.runtime.tune_malloc)")
+    parser.add_argument(
+        "--no-malloc-tuning",
+        action="store_true",
+        help="keep glibc's default allocator settings (porch_jax.runtime.tune_malloc)",
+    )
     parser.add_argument("--json", type=Path, help="write the results here")
     args = parser.parse_args()
     if not args.no_malloc_tuning:
@@ -167,18 +188,29 @@ def main() -> None:
     _, flops = qwen3_step_flops(CONFIG.to_hf(), args.batch, args.seq)
     peak = matmul_flops / statistics.median(matmul_s)
     floor_time = statistics.median(floor_s)
-    results = {"config": vars(args) | {"json": str(args.json)}, "devices": str(jax.devices()[0].platform),
-               "load_average_1min": os.getloadavg()[0], "step_flops": flops, "matmul_peak_flops": peak,
-               "matmul_floor_s": floor_time, "matmul_floor_flops": floor_flops}
-    print(f"step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s ({args.dtype} 2048^3 dot); "
-          f"the step's dense matmuls alone ({floor_flops / 1e9:.1f} GFLOP): {floor_time * 1e3:.1f} ms, "
-          f"{floor_flops / floor_time / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f}")
+    results = {
+        "config": vars(args) | {"json": str(args.json)},
+        "devices": str(jax.devices()[0].platform),
+        "load_average_1min": os.getloadavg()[0],
+        "step_flops": flops,
+        "matmul_peak_flops": peak,
+        "matmul_floor_s": floor_time,
+        "matmul_floor_flops": floor_flops,
+    }
+    print(
+        f"step {flops / 1e9:.1f} GFLOP; matmul peak {peak / 1e9:.1f} GFLOP/s ({args.dtype} 2048^3 dot); "
+        f"the step's dense matmuls alone ({floor_flops / 1e9:.1f} GFLOP): {floor_time * 1e3:.1f} ms, "
+        f"{floor_flops / floor_time / 1e9:.1f} GFLOP/s; load average {os.getloadavg()[0]:.1f}"
+    )
     for name, t in times.items():
         median = statistics.median(wall for wall, _ in t)
         cpu = statistics.median(c for _, c in t)
         of_peak = flops / median / peak
         results[name] = {
-            "median_step_s": median, "tokens_per_s": tokens / median, "median_cpu_s": cpu, "steps": len(t),
+            "median_step_s": median,
+            "tokens_per_s": tokens / median,
+            "median_cpu_s": cpu,
+            "steps": len(t),
             "fraction_of_matmul_peak": of_peak,
         }
         print(
@@ -190,9 +222,11 @@ def main() -> None:
         results["cpu_ratio"] = results["torch"]["median_cpu_s"] / results["jax"]["median_cpu_s"]
         results["ceiling_at_peak"] = 1 / results["torch"]["fraction_of_matmul_peak"]
         results["ceiling_at_floor"] = results["torch"]["median_step_s"] / floor_time
-        print(f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time; "
-              f"upper bounds on any ratio: {results['ceiling_at_peak']:.2f}x (all FLOPs at the 2048^3 peak), "
-              f"{results['ceiling_at_floor']:.2f}x (PyTorch step / the step's matmuls alone)")
+        print(
+            f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time; "
+            f"upper bounds on any ratio: {results['ceiling_at_peak']:.2f}x (all FLOPs at the 2048^3 peak), "
+            f"{results['ceiling_at_floor']:.2f}x (PyTorch step / the step's matmuls alone)"
+        )
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

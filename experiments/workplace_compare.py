@@ -7,10 +7,21 @@
 system (paired). Knobs below are the suite's calibration; see porch_jax/envs/workplace for what
 each one does.
 """
+
 from ml_collections import ConfigDict
 
-SYSTEMS = ("proactive", "lifecycle", "react", "no_task", "no_context", "no_tools", "no_budget", "no_status",
-           "no_request", "no_evidence")
+SYSTEMS = (
+    "proactive",
+    "lifecycle",
+    "react",
+    "no_task",
+    "no_context",
+    "no_tools",
+    "no_budget",
+    "no_status",
+    "no_request",
+    "no_evidence",
+)
 
 
 def get_config() -> ConfigDict:
@@ -25,13 +36,35 @@ def get_config() -> ConfigDict:
     c.max_decisions = 64
     # GAIA2's budgets; every workplace task carries tighter ones of its own (the engine takes the smaller).
     c.budgets = ConfigDict({"total_steps": 300, "max_agents": 10, "default_agent_budget": 30})
-    c.mixture = ConfigDict({
-        "templates": {"cab": 1.0, "cab_text": 1.0, "mail_text": 1.0, "history": 1.0, "file_text": 1.0},
-        "p_change": 0.5, "p_distract": 0.5, "slack": (2, 8), "spare_agents": 2})
-    c.expert = ConfigDict({
-        "p_omit_context": 0.1, "p_omit_tool": 0.1, "p_misscope": 0.1, "p_underbudget": 0.1,
-        "blind_spots": ("handover_2back", "archive", "long_file"), "budget_margin": 1, "file_budget": 4})
-    c.subagent = ConfigDict({
-        "p_misread": 0.3, "p_detour": 0.3, "p_persist": 0.5, "slip_base": 0.01, "slip_tools": 0.5,
-        "slip_history": 0.2, "max_asks": 2})
+    c.mixture = ConfigDict(
+        {
+            "templates": {"cab": 1.0, "cab_text": 1.0, "mail_text": 1.0, "history": 1.0, "file_text": 1.0},
+            "p_change": 0.5,
+            "p_distract": 0.5,
+            "slack": (2, 8),
+            "spare_agents": 2,
+        }
+    )
+    c.expert = ConfigDict(
+        {
+            "p_omit_context": 0.1,
+            "p_omit_tool": 0.1,
+            "p_misscope": 0.1,
+            "p_underbudget": 0.1,
+            "blind_spots": ("handover_2back", "archive", "long_file"),
+            "budget_margin": 1,
+            "file_budget": 4,
+        }
+    )
+    c.subagent = ConfigDict(
+        {
+            "p_misread": 0.3,
+            "p_detour": 0.3,
+            "p_persist": 0.5,
+            "slip_base": 0.01,
+            "slip_tools": 0.5,
+            "slip_history": 0.2,
+            "max_asks": 2,
+        }
+    )
     return c

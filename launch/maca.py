@@ -10,6 +10,7 @@ Writes RUN_DIR/results.json, RUN_DIR/tables.md and PNG figures; RUN_DIR/checkpoi
 an Orbax checkpoint of every training run (system x seed, lambda-selection and sweep points), so the same command
 after a crash resumes where the run stopped (RUN_DIR/config.json: another config there is refused).
 """
+
 from __future__ import annotations
 
 from absl import app, flags
@@ -17,10 +18,15 @@ from ml_collections import config_flags
 
 from porch_jax.maca.experiment import gate_report, run, tables
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/maca_*.py).",
-                                          lock_config=True)
-_GATE_ONLY = flags.DEFINE_bool("gate_only", False, "Only the gate's precision / recall against gamma (Fig. 8) on the "
-                               "held-out tasks: no agent call, no training (`experiment.gate_report`).")
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (experiments/maca_*.py).", lock_config=True
+)
+_GATE_ONLY = flags.DEFINE_bool(
+    "gate_only",
+    False,
+    "Only the gate's precision / recall against gamma (Fig. 8) on the "
+    "held-out tasks: no agent call, no training (`experiment.gate_report`).",
+)
 
 
 def main(argv: list[str]) -> None:

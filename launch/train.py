@@ -9,6 +9,7 @@
 
 A rerun with the same workdir resumes from its newest readable checkpoint.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,12 @@ def main(argv: list[str]) -> None:
         if config.method == "opod" and config.opd.on_policy:
             config.data.target_reserve = max(config.data.target_reserve, config.opd.max_new_tokens)
             hook = SamplerHook(
-                tokenizer, max_new_tokens=config.opd.max_new_tokens, temperature=config.opd.temperature,
-                top_p=config.opd.top_p, seed=config.opd.seed, max_len=config.opd.max_len,
+                tokenizer,
+                max_new_tokens=config.opd.max_new_tokens,
+                temperature=config.opd.temperature,
+                top_p=config.opd.top_p,
+                seed=config.opd.seed,
+                max_len=config.opd.max_len,
             )
     model = build_model(config.model, len(tokenizer))
     examples = build_examples(config, tokenizer)

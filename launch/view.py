@@ -5,6 +5,7 @@
 
 The pages are self-contained (no script, no network): open index.html in any browser.
 """
+
 from __future__ import annotations
 
 from absl import app, flags

@@ -1,5 +1,6 @@
 """The progress line of long loops whose units take seconds to minutes (rollouts, agent calls): rate and ETA,
 throttled. No JAX here, so the rollout side can use it."""
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,9 @@ class ProgressLine:
     """Emits "<text> | <rate> <unit>/s, ETA h:mm:ss" for work of `total` units at most every `every_s` seconds
     and when the last unit is done: for loops whose units take seconds to minutes (agent calls)."""
 
-    def __init__(self, total: int, emit: Callable[[str], None], *, every_s: float = 30.0, unit: str = "it",
-                 done: int = 0):
+    def __init__(
+        self, total: int, emit: Callable[[str], None], *, every_s: float = 30.0, unit: str = "it", done: int = 0
+    ):
         self.total, self.emit, self.every_s, self.unit, self.start = total, emit, every_s, unit, done
         self.t0 = self._shown = time.perf_counter()
 

@@ -7,6 +7,7 @@ arena, no mmap and no trimming remove them: that step's CPU time drops from ~1,0
 ~800-820 ms (1 thread, same machine, alternating runs). The cost: freed memory stays in the
 process (its peak RSS) instead of returning to the OS.
 """
+
 from __future__ import annotations
 
 import ctypes

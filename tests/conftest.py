@@ -2,6 +2,7 @@
 
 XLA reads the flag when the backend starts, so it must be set before anything imports jax.
 """
+
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")

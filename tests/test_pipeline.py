@@ -1,6 +1,7 @@
 """The quickstart pipeline end to end, in miniature (a few tasks, a few steps, a tiny model): every
 stage runs and leaves its files, the report is written, and a rerun resumes (skips every stage and
 rebuilds the same table)."""
+
 from __future__ import annotations
 
 import json
@@ -43,8 +44,13 @@ CONFIG = textwrap.dedent("""
 
 
 def _pipeline(config):
-    return subprocess.run([sys.executable, "-m", "launch.pipeline", f"--config={config}"], capture_output=True,
-                          text=True, timeout=3600, env={**os.environ, "PYTHONPATH": os.getcwd()})
+    return subprocess.run(
+        [sys.executable, "-m", "launch.pipeline", f"--config={config}"],
+        capture_output=True,
+        text=True,
+        timeout=3600,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
 
 
 @pytest.mark.slow
@@ -55,8 +61,18 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     config.write_text(text.replace("    return c\n", "    c.dagrpo.lr_grid = (3e-3, 1e-3)\n    return c\n"))
     first = _pipeline(config)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
-    for name in ("expert.jsonl", "expert_attribution.jsonl", "rollouts.jsonl", "attribution.jsonl", "results.md",
-                 "results.json", "curves.png", "success.png", "sft/export/policy.json", "eval/sft.jsonl"):
+    for name in (
+        "expert.jsonl",
+        "expert_attribution.jsonl",
+        "rollouts.jsonl",
+        "attribution.jsonl",
+        "results.md",
+        "results.json",
+        "curves.png",
+        "success.png",
+        "sft/export/policy.json",
+        "eval/sft.jsonl",
+    ):
         assert (run_dir / name).exists(), name
     results = json.loads((run_dir / "results.json").read_text())
     methods = [m["system"] for m in results["methods"]]
@@ -96,16 +112,19 @@ def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
     configs = {k: json.loads((run_dir / f"seed_set_{k}" / "config.json").read_text()) for k in (0, 1)}
     assert configs[1]["sft"]["seed"] == configs[0]["sft"]["seed"] + 10
     assert configs[1]["rollouts"]["seed_start"] == configs[0]["rollouts"]["seed_start"] + 1000
-    rollout_seeds = {k: {json.loads(line)["seed"] for line in (run_dir / f"seed_set_{k}" / "rollouts.jsonl").open()}
-                     for k in (0, 1)}
+    rollout_seeds = {
+        k: {json.loads(line)["seed"] for line in (run_dir / f"seed_set_{k}" / "rollouts.jsonl").open()} for k in (0, 1)
+    }
     assert rollout_seeds[0].isdisjoint(rollout_seeds[1])  # each set rolls out on its own tasks
     agg = json.loads((run_dir / "seed_sets.json").read_text())
     assert agg["seed_sets"] == [0, 1]
     for m in agg["methods"]:
-        assert m["success"] == [next(r["success"] for r in per_set[k]["methods"] if r["system"] == m["system"])
-                                for k in (0, 1)]
+        assert m["success"] == [
+            next(r["success"] for r in per_set[k]["methods"] if r["system"] == m["system"]) for k in (0, 1)
+        ]
     assert [(c["better"], c["worse"]) for c in agg["comparisons"]] == [
-        (c["better"], c["worse"]) for c in per_set[0]["comparisons"]]
+        (c["better"], c["worse"]) for c in per_set[0]["comparisons"]
+    ]
     assert "| sft |" in (run_dir / "seed_sets.md").read_text() and (run_dir / "seed_sets.png").is_file()
 
 

@@ -1,4 +1,5 @@
 """The progress line long loops print (rate, ETA)."""
+
 from __future__ import annotations
 
 

@@ -11,6 +11,7 @@ The self-teacher sees s_t ⊕ H_t: the same context with the hint appended as on
 FLAG is true, a non-empty HINT raises ``GRMReplyError``: a malformed judgement is recorded as an
 error, never read as "not attributable".
 """
+
 from __future__ import annotations
 
 import re
@@ -78,6 +79,7 @@ class AttributionUnit:
 
 # ---- the prompt ---------------------------------------------------------------------------------
 
+
 def render_state(context: Sequence[Mapping[str, Any]]) -> str:
     """The orchestrator's chat context as tagged turns."""
     return "\n".join(f"[{m.get('role', '?')}] {m.get('content') or ''}" for m in context)
@@ -98,10 +100,12 @@ def render_segment(segment: Sequence[SubStep]) -> str:
 
 def grm_messages(unit: AttributionUnit) -> list[dict[str, str]]:
     """I_GRM(s_t, a_t, segment, o_t) as chat messages."""
-    body = (f"## Orchestration state\n{render_state(unit.context)}\n\n"
-            f"## Decision\n{unit.action_text.strip() or '(empty reply)'}\n\n"
-            f"## Sub-agent execution after the decision\n{render_segment(unit.segment)}\n\n"
-            f"## Feedback\n{unit.feedback.strip() or '(none)'}")
+    body = (
+        f"## Orchestration state\n{render_state(unit.context)}\n\n"
+        f"## Decision\n{unit.action_text.strip() or '(empty reply)'}\n\n"
+        f"## Sub-agent execution after the decision\n{render_segment(unit.segment)}\n\n"
+        f"## Feedback\n{unit.feedback.strip() or '(none)'}"
+    )
     return [{"role": "system", "content": GRM_INSTRUCTION}, {"role": "user", "content": body}]
 
 
@@ -146,7 +150,7 @@ def parse_reply(text: str) -> Attribution:
     hint = ""
     if hints:
         i, first = hints[0]
-        hint = "\n".join([first, *lines[i + 1:]]).strip() if i > flags[0][0] else first
+        hint = "\n".join([first, *lines[i + 1 :]]).strip() if i > flags[0][0] else first
     if value == "true":
         if hint.lower() in _NONE_HINTS:
             raise GRMReplyError("missing_hint", "FLAG is true but the hint is empty")
@@ -157,6 +161,7 @@ def parse_reply(text: str) -> Attribution:
 
 
 # ---- the self-teacher's context ---------------------------------------------------------------------
+
 
 def hint_message(hint: str) -> dict[str, str]:
     return {"role": "user", "content": (HINT_PREFIX + hint.strip()).strip()}

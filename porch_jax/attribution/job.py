@@ -11,6 +11,7 @@ finishes the rest and never writes a key twice. Rows are written by one writer i
 each batch with one ``fsync``; a torn last line (a kill mid-write) is moved to ``<path>.torn`` when
 the writer opens the file, and the reader ignores it, as ``trajectories.TrajectoryStore`` does.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -43,8 +44,9 @@ class AttributionStore(AppendOnlyJsonl):
     writer_name = "another attribution job"
 
     def append_many(self, rows: Iterable[dict[str, Any]]) -> None:
-        self.write_lines(b"".join(json.dumps(r, ensure_ascii=True, separators=(",", ":")).encode() + b"\n"
-                                  for r in rows))
+        self.write_lines(
+            b"".join(json.dumps(r, ensure_ascii=True, separators=(",", ":")).encode() + b"\n" for r in rows)
+        )
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
         for lineno, raw in self.raw_lines():
@@ -77,10 +79,18 @@ def needs_judgement(decision: DecisionRecord) -> bool:
     return decision.action is not None and decision.action.get("name") in (DELEGATE, REVISE)
 
 
-def _row(episode_id: str, index: int, attributable: bool, hint: str, status: str, detail: str = "",
-         reply: str = "") -> dict[str, Any]:
-    return {"episode_id": episode_id, "index": index, "attributable": attributable, "hint": hint,
-            "status": status, "detail": detail, "reply": reply}
+def _row(
+    episode_id: str, index: int, attributable: bool, hint: str, status: str, detail: str = "", reply: str = ""
+) -> dict[str, Any]:
+    return {
+        "episode_id": episode_id,
+        "index": index,
+        "attributable": attributable,
+        "hint": hint,
+        "status": status,
+        "detail": detail,
+        "reply": reply,
+    }
 
 
 async def _judge(backend: Backend, episode_id: str, decision: DecisionRecord, sampling: Sampling) -> dict[str, Any]:
@@ -98,9 +108,15 @@ async def _judge(backend: Backend, episode_id: str, decision: DecisionRecord, sa
     return _row(episode_id, decision.index, a.attributable, a.hint, "ok", reply=result.text[:2000])
 
 
-async def attribute_store(trajectories: TrajectoryStore | Iterable[EpisodeRecord], backend: Backend,
-                          out: AttributionStore, *, concurrency: int = 16,
-                          sampling: Sampling = Sampling(max_tokens=128), progress: bool = True) -> JobSummary:
+async def attribute_store(
+    trajectories: TrajectoryStore | Iterable[EpisodeRecord],
+    backend: Backend,
+    out: AttributionStore,
+    *,
+    concurrency: int = 16,
+    sampling: Sampling = Sampling(max_tokens=128),
+    progress: bool = True,
+) -> JobSummary:
     """Judges every decision not yet in ``out``; returns counts. Raises only if writing fails."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
@@ -134,9 +150,12 @@ async def attribute_store(trajectories: TrajectoryStore | Iterable[EpisodeRecord
                 counts["errors"] += r["status"] == "error"
             if progress and (time.monotonic() - last > 5 or None in batch):
                 last = time.monotonic()
-                print(f"[attribution] {sum(counts.values()) and counts['judged']} judged, {counts['attributable']}"
-                      f" attributable, {counts['errors']} errors ({len(todo)} to do, {len(done)} done earlier)",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"[attribution] {sum(counts.values()) and counts['judged']} judged, {counts['attributable']}"
+                    f" attributable, {counts['errors']} errors ({len(todo)} to do, {len(done)} done earlier)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             if None in batch:
                 return
 
@@ -149,5 +168,6 @@ async def attribute_store(trajectories: TrajectoryStore | Iterable[EpisodeRecord
             w.cancel()
         queue.put_nowait(None)
         await writing
-    return JobSummary(total, total - len(todo), counts["judged"], counts["attributable"], counts["errors"],
-                      time.monotonic() - t0)
+    return JobSummary(
+        total, total - len(todo), counts["judged"], counts["attributable"], counts["errors"], time.monotonic() - t0
+    )

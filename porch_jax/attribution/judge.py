@@ -15,6 +15,7 @@ budget to 7", "set subgoal to '...'"). ``follow_hint`` applies one to an action:
 it to build the hint-following SFT examples a tiny model needs before it can serve as OPD's
 self-teacher (a capable base model follows hints without them).
 """
+
 from __future__ import annotations
 
 import re
@@ -50,7 +51,7 @@ def judge(unit: AttributionUnit) -> Attribution:
     lines = unit.feedback.split("\n")
     head = _HEAD.match(lines[0]) if lines else None
     req = next((m for line in lines if (m := _REQUEST.fullmatch(line))), None)
-    status = next((line[len("status: "):] for line in lines if line.startswith("status: ")), "")
+    status = next((line[len("status: ") :] for line in lines if line.startswith("status: ")), "")
     if head is None or req is None or status.startswith("user change") or head[3] not in ("revise", "submit"):
         return NOT_ATTRIBUTABLE
     target, detail = req[1], req[3] or ""

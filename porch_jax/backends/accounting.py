@@ -3,6 +3,7 @@
 A sub-agent that spawns its own helpers gets a ``child()`` meter: its counts roll up into every
 ancestor, so an episode's meter always holds the full cost of everything it started.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,13 +41,16 @@ class CostMeter:
 
     def to_dict(self) -> dict[str, dict[str, int]]:
         """Per-role counts in ``RoleCost`` field names (``RoleCost(**d[role])`` rebuilds them)."""
-        return {role: {"calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
-                for role, u in sorted(self.by_role.items())}
+        return {
+            role: {"calls": u.calls, "prompt_tokens": u.prompt_tokens, "completion_tokens": u.completion_tokens}
+            for role, u in sorted(self.by_role.items())
+        }
 
     def total_tokens(self, role: str | None = None) -> int:
         roles = [role] if role is not None else list(self.by_role)
-        return sum(self.by_role[r].prompt_tokens + self.by_role[r].completion_tokens
-                   for r in roles if r in self.by_role)
+        return sum(
+            self.by_role[r].prompt_tokens + self.by_role[r].completion_tokens for r in roles if r in self.by_role
+        )
 
 
 class MeteredBackend:

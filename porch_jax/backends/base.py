@@ -5,6 +5,7 @@ Every backend (scripted policy, embedded JAX sampler, OpenAI-compatible HTTP ser
 an ``inner`` backend. One call returns one completion: for n samples issue n calls with different
 seeds (the embedded backend batches them into one sampler call anyway).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

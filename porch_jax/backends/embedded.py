@@ -6,6 +6,7 @@ on a dedicated thread, so the event loop keeps running while the device works an
 gathers meanwhile. The sampled token ids and raw-model logprobs are returned as generated, never
 re-tokenized.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -30,8 +31,14 @@ class EmbeddedBackend:
     """``sampler``: a ``porch_jax.models.sampler.Sampler``. Requests without a seed get successive
     seeds from ``seed`` so a run is reproducible for a fixed request order."""
 
-    def __init__(self, sampler: Any, *, max_batch: int | None = None, seed: int = 0,
-                 chat_template_kwargs: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        sampler: Any,
+        *,
+        max_batch: int | None = None,
+        seed: int = 0,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ):
         self.sampler = sampler
         self.max_batch = max_batch or max(sampler.batch_buckets)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
@@ -45,8 +52,12 @@ class EmbeddedBackend:
     def encode(self, request: ChatRequest) -> list[int]:
         """The prompt token ids: the tokenizer's chat template with tools and the generation prompt."""
         enc = self.sampler.tokenizer.apply_chat_template(
-            request.messages, tools=request.tools, add_generation_prompt=True, tokenize=True,
-            **self.chat_template_kwargs)
+            request.messages,
+            tools=request.tools,
+            add_generation_prompt=True,
+            tokenize=True,
+            **self.chat_template_kwargs,
+        )
         ids = enc["input_ids"] if isinstance(enc, Mapping) else enc
         return list(map(int, ids))
 
@@ -54,8 +65,14 @@ class EmbeddedBackend:
         seed = sampling.seed
         if seed is None:
             seed, self._next_seed = self._next_seed, self._next_seed + 1
-        return SamplingParams(max_new_tokens=sampling.max_tokens, temperature=sampling.temperature,
-                              top_p=sampling.top_p, top_k=sampling.top_k, stop=tuple(sampling.stop), seed=seed)
+        return SamplingParams(
+            max_new_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            stop=tuple(sampling.stop),
+            seed=seed,
+        )
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         check_single(request.sampling)
@@ -118,10 +135,19 @@ class EmbeddedBackend:
                 completions = [BackendError(f"sampler failed: {e!r}")] * len(idx)
             latency = time.perf_counter() - t0
             for i, c in zip(idx, completions):
-                outcomes[i] = c if isinstance(c, BaseException) else ChatResult(
-                    text=c.text, token_ids=list(c.token_ids), logprobs=list(c.logprobs),
-                    prompt_tokens=len(prompts[i]), completion_tokens=len(c.token_ids),
-                    finish_reason=c.finish_reason, latency_s=latency)
+                outcomes[i] = (
+                    c
+                    if isinstance(c, BaseException)
+                    else ChatResult(
+                        text=c.text,
+                        token_ids=list(c.token_ids),
+                        logprobs=list(c.logprobs),
+                        prompt_tokens=len(prompts[i]),
+                        completion_tokens=len(c.token_ids),
+                        finish_reason=c.finish_reason,
+                        latency_s=latency,
+                    )
+                )
         return outcomes  # type: ignore[return-value]
 
     async def aclose(self) -> None:

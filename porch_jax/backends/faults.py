@@ -3,6 +3,7 @@
 Faults are drawn from one seeded stream in call order, so a sequential run is reproducible; under
 concurrency the *set* of draws is fixed while which call gets which depends on scheduling.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -18,8 +19,15 @@ class FaultyBackend:
     """With probability ``rate`` a call hangs for ``hang_s`` (past any sane timeout), raises a
     retryable ``BackendError``, or returns text with no valid tool call; otherwise it delegates."""
 
-    def __init__(self, inner: Backend, rate: float, seed: int = 0, *, kinds: tuple[str, ...] = FAULT_KINDS,
-                 hang_s: float = 3600.0):
+    def __init__(
+        self,
+        inner: Backend,
+        rate: float,
+        seed: int = 0,
+        *,
+        kinds: tuple[str, ...] = FAULT_KINDS,
+        hang_s: float = 3600.0,
+    ):
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"rate must be in [0, 1], got {rate}")
         unknown = set(kinds) - set(FAULT_KINDS)
@@ -30,7 +38,7 @@ class FaultyBackend:
         self.injected: Counter[str] = Counter()
 
     def _garbage(self) -> str:
-        pieces = ["<tool_call>{not json", "I think the answer is", "</tool_call>", "{\"name\": 3}", "\u00e9\u6f22\n"]
+        pieces = ["<tool_call>{not json", "I think the answer is", "</tool_call>", '{"name": 3}', "\u00e9\u6f22\n"]
         return " ".join(self._rng.choice(pieces) for _ in range(self._rng.randint(1, 4)))
 
     async def chat(self, request: ChatRequest) -> ChatResult:

@@ -4,6 +4,7 @@ Retried: timeouts, ``BackendError(retryable=True)``, connection errors. Anything
 request, a programming error) is raised at once: retrying cannot fix it. After the last attempt a
 ``BackendError`` says how many attempts failed and chains the last cause.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -24,8 +25,16 @@ def is_retryable(exc: BaseException) -> bool:
 class RetryingBackend:
     """``timeout_s`` bounds each attempt; attempt k (from 0) waits backoff_s·2^k·U[0.5, 1.5), capped."""
 
-    def __init__(self, inner: Backend, timeout_s: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5,
-                 *, max_backoff_s: float = 30.0, seed: int | None = None):
+    def __init__(
+        self,
+        inner: Backend,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        *,
+        max_backoff_s: float = 30.0,
+        seed: int | None = None,
+    ):
         if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
         self.inner, self.timeout_s, self.max_retries = inner, timeout_s, max_retries
@@ -50,5 +59,7 @@ class RetryingBackend:
                     raise
                 last = e
         kind = "timed out" if isinstance(last, TimeoutError) else f"failed ({last!r})"
-        raise BackendError(f"{request.role} call {kind} on all {self.max_retries + 1} attempts "
-                           f"(timeout {self.timeout_s}s)", retryable=False) from last
+        raise BackendError(
+            f"{request.role} call {kind} on all {self.max_retries + 1} attempts (timeout {self.timeout_s}s)",
+            retryable=False,
+        ) from last

@@ -3,6 +3,7 @@
 Token counts are whitespace word counts unless a tokenizer is given, so accounting is
 deterministic and needs no model files. Token ids are only produced with a tokenizer.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -47,6 +48,12 @@ class ScriptedBackend:
             raise TypeError(f"scripted policy returned {type(text).__name__}, expected str")
         prompt_tokens = sum(self._count(_content_text(m))[0] for m in request.messages)
         completion_tokens, ids = self._count(text)
-        return ChatResult(text=text, token_ids=ids, logprobs=[0.0] * len(ids), prompt_tokens=prompt_tokens,
-                          completion_tokens=completion_tokens, finish_reason="stop",
-                          latency_s=time.perf_counter() - t0)
+        return ChatResult(
+            text=text,
+            token_ids=ids,
+            logprobs=[0.0] * len(ids),
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            finish_reason="stop",
+            latency_s=time.perf_counter() - t0,
+        )

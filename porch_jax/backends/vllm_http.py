@@ -14,6 +14,7 @@
 - Connections: one pooled ``httpx2.AsyncClient`` per event loop (``httpx2`` is the httpx API that
   huggingface_hub, hence transformers, already installs).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -50,10 +51,21 @@ class VLLMBackend:
     rotation for that long (unless every server is cooling down).
     """
 
-    def __init__(self, base_urls: str | Sequence[str], model: str, *, api_key: str | None = None,
-                 timeout_s: float = 120.0, max_retries: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 10.0,
-                 cooldown_s: float = 5.0, max_connections: int = 256, seed: int | None = None,
-                 extra_body: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        base_urls: str | Sequence[str],
+        model: str,
+        *,
+        api_key: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        cooldown_s: float = 5.0,
+        max_connections: int = 256,
+        seed: int | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ):
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls)
         if not urls:
             raise ValueError("VLLMBackend needs at least one server URL")
@@ -62,8 +74,14 @@ class VLLMBackend:
         self.max_connections = max_connections
         self.extra_body = dict(extra_body or {})
         self._rotation = itertools.count()
-        self._retrying = RetryingBackend(_Attempt(self), timeout_s=timeout_s, max_retries=max_retries,
-                                         backoff_s=backoff_s, max_backoff_s=max_backoff_s, seed=seed)
+        self._retrying = RetryingBackend(
+            _Attempt(self),
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            seed=seed,
+        )
         self._client: httpx.AsyncClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -79,8 +97,13 @@ class VLLMBackend:
         """The JSON body of ``/v1/chat/completions`` for ``request``."""
         s = request.sampling
         body: dict[str, Any] = {
-            "model": self.model, "messages": request.messages, "max_tokens": s.max_tokens,
-            "temperature": s.temperature, "top_p": s.top_p, "n": 1, "logprobs": s.logprobs,
+            "model": self.model,
+            "messages": request.messages,
+            "max_tokens": s.max_tokens,
+            "temperature": s.temperature,
+            "top_p": s.top_p,
+            "n": 1,
+            "logprobs": s.logprobs,
             "return_token_ids": True,
         }
         if s.top_k > 0:
@@ -147,8 +170,9 @@ class _Attempt:
             retryable = response.status_code in RETRYABLE_STATUS
             if response.status_code >= 500:
                 _mark_down(server, owner.cooldown_s)
-            raise BackendError(f"{server.url}: HTTP {response.status_code}: {_error_text(response)}",
-                               retryable=retryable)
+            raise BackendError(
+                f"{server.url}: HTTP {response.status_code}: {_error_text(response)}", retryable=retryable
+            )
         try:
             data = response.json()
         except ValueError as e:
@@ -183,7 +207,12 @@ def parse_chat_response(data: dict[str, Any], *, latency_s: float = 0.0, url: st
         raise BackendError(f"{url}: malformed chat completion ({e!r}): {str(data)[:300]}") from e
     if logprobs and len(logprobs) != len(token_ids):
         raise BackendError(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs")
-    return ChatResult(text=text, token_ids=token_ids, logprobs=logprobs,
-                      prompt_tokens=int(usage.get("prompt_tokens", 0)),
-                      completion_tokens=int(usage.get("completion_tokens", len(token_ids))),
-                      finish_reason=choice.get("finish_reason") or "stop", latency_s=latency_s)
+    return ChatResult(
+        text=text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", len(token_ids))),
+        finish_reason=choice.get("finish_reason") or "stop",
+        latency_s=latency_s,
+    )

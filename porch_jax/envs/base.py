@@ -6,6 +6,7 @@ views below, the same information the rendered chat messages carry, so a scripte
 run are comparable. ``Score`` mirrors ``trajectories.Outcome`` field for field (envs may import
 only the protocol); the engine converts it.
 """
+
 from __future__ import annotations
 
 import abc

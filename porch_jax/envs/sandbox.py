@@ -30,6 +30,7 @@ Confinement, each layer independent of the others:
 `run_python` runs code in a fresh temporary directory under a private uid; `run_command` runs any
 program in an existing directory (a repository checkout) as the caller's user or a given uid.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -261,8 +262,9 @@ def run_command(
         shutil.rmtree(iodir, ignore_errors=True)
 
 
-def _run(workdir: str, iodir: str, uid: int | None, argv: list[str], env: Mapping[str, str], limits: Limits,
-         stdin: str) -> SandboxResult:
+def _run(
+    workdir: str, iodir: str, uid: int | None, argv: list[str], env: Mapping[str, str], limits: Limits, stdin: str
+) -> SandboxResult:
     status_r, status_w = os.pipe()
     config = {
         "status_fd": status_w,
@@ -286,8 +288,13 @@ def _run(workdir: str, iodir: str, uid: int | None, argv: list[str], env: Mappin
             # Output goes to files, not pipes: RLIMIT_FSIZE caps them and a flood cannot fill our memory.
             proc = subprocess.Popen(
                 [sys.executable, "-I", "-S", "-c", _LAUNCHER, json.dumps(config)],
-                cwd=workdir, env={}, stdin=fin, stdout=fout, stderr=ferr,
-                start_new_session=True, pass_fds=(status_w,),
+                cwd=workdir,
+                env={},
+                stdin=fin,
+                stdout=fout,
+                stderr=ferr,
+                start_new_session=True,
+                pass_fds=(status_w,),
             )
         os.close(status_w)
         status_w = -1

@@ -6,6 +6,7 @@ often than the student (the same weights without it). This measures both, greedi
 hinted action (the stored action corrected as the hint says, ``follow``), on the flagged
 decisions of a rollout store, and the same for an empty hint (the control: no gain expected).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
@@ -16,9 +17,16 @@ from porch_jax.train import opod_data as od
 from porch_jax.trajectories import EpisodeRecord
 
 
-def hint_following(sampler: Any, episodes: Iterable[EpisodeRecord], hints: Mapping[tuple[str, int], str], view: str,
-                   follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None], *, limit: int = 256,
-                   max_new_tokens: int = 24) -> dict[str, float]:
+def hint_following(
+    sampler: Any,
+    episodes: Iterable[EpisodeRecord],
+    hints: Mapping[tuple[str, int], str],
+    view: str,
+    follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None],
+    *,
+    limit: int = 256,
+    max_new_tokens: int = 24,
+) -> dict[str, float]:
     """Exact-match rates with the hinted action: student (s), teacher (s ⊕ H), teacher (s ⊕ empty hint)."""
     tok, rows = sampler.tokenizer, []
     for ep in episodes:
@@ -31,9 +39,11 @@ def hint_following(sampler: Any, episodes: Iterable[EpisodeRecord], hints: Mappi
     if not rows:
         return {"n": 0}
     longest = max(sampler.prompt_buckets)
-    prompts = {"student": [od.policy_prompt(tok, c, view) for c, _, _ in rows],
-               "teacher": [od.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
-               "teacher_empty_hint": [od.teacher_prompt(tok, c, "", view) for c, _, _ in rows]}
+    prompts = {
+        "student": [od.policy_prompt(tok, c, view) for c, _, _ in rows],
+        "teacher": [od.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
+        "teacher_empty_hint": [od.teacher_prompt(tok, c, "", view) for c, _, _ in rows],
+    }
     out: dict[str, float] = {"n": float(len(rows))}
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     for name, ps in prompts.items():

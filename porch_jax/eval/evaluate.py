@@ -7,6 +7,7 @@ a fresh process as in the pipeline's own:
     python -m porch_jax.eval.evaluate --policy=RUN/opod/export --config=experiments/quickstart.py \\
         --out=RUN/eval/opod.jsonl
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,27 +24,53 @@ from porch_jax.rollout import RunSummary, run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
 
 
-async def run_policy(policy: Policy, tasks: Sequence[Any], store: TrajectoryStore, suite: Mapping[str, Any], *,
-                     name: str, temperature: float, max_tokens: int, concurrency: int, seed: int = 0,
-                     progress: bool = True) -> RunSummary:
+async def run_policy(
+    policy: Policy,
+    tasks: Sequence[Any],
+    store: TrajectoryStore,
+    suite: Mapping[str, Any],
+    *,
+    name: str,
+    temperature: float,
+    max_tokens: int,
+    concurrency: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> RunSummary:
     """Roll the policy out on ``tasks`` (those not yet in ``store``); episode ids are ``name/task_id``."""
-    engine = suite_lib.engine(policy.backend(seed), suite, name=name,
-                              sampling=Sampling(temperature=temperature, max_tokens=max_tokens))
+    engine = suite_lib.engine(
+        policy.backend(seed), suite, name=name, sampling=Sampling(temperature=temperature, max_tokens=max_tokens)
+    )
 
     async def episode(task: Any) -> EpisodeRecord:
         return await engine.run(task, episode_id=f"{name}/{task.task_id}")
 
-    return await run_episodes(tasks, episode, store, concurrency, progress,
-                              key=lambda t: f"{name}/{t.task_id}")
+    return await run_episodes(tasks, episode, store, concurrency, progress, key=lambda t: f"{name}/{t.task_id}")
 
 
-def evaluate(policy: Policy, tasks: Sequence[Any], out: str | Path, suite: Mapping[str, Any],
-             eval_cfg: Mapping[str, Any], name: str) -> list[EpisodeRecord]:
+def evaluate(
+    policy: Policy,
+    tasks: Sequence[Any],
+    out: str | Path,
+    suite: Mapping[str, Any],
+    eval_cfg: Mapping[str, Any],
+    name: str,
+) -> list[EpisodeRecord]:
     """Greedy (or ``eval_cfg.temperature``) rollouts of ``policy`` on ``tasks``, stored in ``out``."""
     with TrajectoryStore(out) as store:
-        asyncio.run(run_policy(policy, tasks, store, suite, name=name, temperature=float(eval_cfg["temperature"]),
-                               max_tokens=int(eval_cfg["max_tokens"]), concurrency=int(eval_cfg["concurrency"]),
-                               seed=int(eval_cfg.get("seed", 0))))
+        asyncio.run(
+            run_policy(
+                policy,
+                tasks,
+                store,
+                suite,
+                name=name,
+                temperature=float(eval_cfg["temperature"]),
+                max_tokens=int(eval_cfg["max_tokens"]),
+                concurrency=int(eval_cfg["concurrency"]),
+                seed=int(eval_cfg.get("seed", 0)),
+            )
+        )
     return TrajectoryStore(out).read()
 
 

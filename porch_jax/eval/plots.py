@@ -1,4 +1,5 @@
 """Training curves (from each run's metrics.jsonl) and held-out success with intervals, as PNGs."""
+
 from __future__ import annotations
 
 import json
@@ -47,17 +48,25 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | P
 def plot_success(rows: Sequence[Summary], path: str | Path) -> Path:
     """Held-out success per method with its Wilson 95% interval."""
     fig, ax = _success_bars([r.system for r in rows], [r.success for r in rows], "held-out success (95% CI)")
-    ax.errorbar(range(len(rows)), [r.success for r in rows], yerr=[[r.success - r.ci[0] for r in rows],
-                                                                   [r.ci[1] - r.success for r in rows]],
-                fmt="none", color="k", capsize=4)
+    ax.errorbar(
+        range(len(rows)),
+        [r.success for r in rows],
+        yerr=[[r.success - r.ci[0] for r in rows], [r.ci[1] - r.success for r in rows]],
+        fmt="none",
+        color="k",
+        capsize=4,
+    )
     return _save(fig, path)
 
 
 def plot_seed_sets(agg: Mapping[str, Any], path: str | Path) -> Path:
     """Held-out success per method over seed sets: one dot per set, the bar at their mean."""
     methods = agg["methods"]
-    fig, ax = _success_bars([m["system"] for m in methods], [m["mean"] for m in methods],
-                            f"held-out success ({len(agg['seed_sets'])} seed sets)")
+    fig, ax = _success_bars(
+        [m["system"] for m in methods],
+        [m["mean"] for m in methods],
+        f"held-out success ({len(agg['seed_sets'])} seed sets)",
+    )
     for x, m in enumerate(methods):
         ax.plot([x] * len(m["success"]), m["success"], "o", color="k", markersize=3)
     return _save(fig, path)

@@ -5,6 +5,7 @@ weights, tokenizer and ``policy.json`` (the context view the policy was trained 
 ``Policy`` can swap in another folder's weights of the same architecture: the sampler keeps its
 compiled programs, so evaluating several checkpoints compiles once.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -69,8 +70,13 @@ class Policy:
         return self
 
 
-def load_policy(folder: str | Path, *, max_len: int = 2048, prompt_buckets: Sequence[int] | None = None,
-                batch_buckets: Sequence[int] = (1, 4, 16, 64)) -> Policy:
+def load_policy(
+    folder: str | Path,
+    *,
+    max_len: int = 2048,
+    prompt_buckets: Sequence[int] | None = None,
+    batch_buckets: Sequence[int] = (1, 4, 16, 64),
+) -> Policy:
     """The model and tokenizer saved in ``folder`` (``save_pretrained`` with a tokenizer) and a sampler.
 
     Few buckets keep compilations few: a rollout's batch size varies with the episodes in flight.

@@ -5,6 +5,7 @@ per-task success difference), which is narrower than comparing two Wilson interv
 methods fail on the same hard tasks; both are reported, and a claim "A beats B" is called
 *separated* only when A's Wilson interval lies wholly above B's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,18 +47,24 @@ def orchestrator_tokens(records: Sequence[EpisodeRecord]) -> float:
     return sum(c.prompt_tokens + c.completion_tokens for c in costs if c) / max(len(records), 1)
 
 
-def format_table(rows: Sequence[Summary], records: Mapping[str, Sequence[EpisodeRecord]],
-                 comparisons: Sequence[Comparison] = ()) -> str:
+def format_table(
+    rows: Sequence[Summary], records: Mapping[str, Sequence[EpisodeRecord]], comparisons: Sequence[Comparison] = ()
+) -> str:
     """A markdown table, then the claims checked."""
     ref = next((r.system for r in rows if r.delta is None), "")
-    lines = [f"| method | n | success | 95% CI | vs {ref} (paired 95% CI) | tokens/task | orchestrator tokens/task "
-             "| decisions/task | invalid |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| method | n | success | 95% CI | vs {ref} (paired 95% CI) | tokens/task | orchestrator tokens/task "
+        "| decisions/task | invalid |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for s in rows:
         d = f"{s.delta[0]:+.3f} [{s.delta[1]:+.3f}, {s.delta[2]:+.3f}]" if s.delta else ""
         recs = records[s.system]
         decisions = sum(len(r.decisions) for r in recs) / max(len(recs), 1)
-        lines.append(f"| {s.system} | {s.n} | {s.success:.3f} | [{s.ci[0]:.3f}, {s.ci[1]:.3f}] | {d} | {s.tokens:.0f} "
-                     f"| {orchestrator_tokens(recs):.0f} | {decisions:.1f} | {s.invalid_rate:.3f} |")
+        lines.append(
+            f"| {s.system} | {s.n} | {s.success:.3f} | [{s.ci[0]:.3f}, {s.ci[1]:.3f}] | {d} | {s.tokens:.0f} "
+            f"| {orchestrator_tokens(recs):.0f} | {decisions:.1f} | {s.invalid_rate:.3f} |"
+        )
     for c in comparisons:
         d = f"{c.delta[0]:+.3f} [{c.delta[1]:+.3f}, {c.delta[2]:+.3f}]" if c.delta else "n/a"
         verdict = "intervals separated" if c.separated else "intervals overlap"
@@ -74,6 +81,7 @@ def blind_spot_rates(records: Sequence[EpisodeRecord]) -> dict[str, tuple[int, i
     def add(check: str, ok: bool) -> None:
         k, n = out[check]
         out[check] = (k + ok, n + 1)
+
     for r in records:
         for d in r.decisions:
             if not d.action or d.action["name"] != "delegate":
@@ -96,11 +104,19 @@ def format_blind_spots(records: Mapping[str, Sequence[EpisodeRecord]]) -> str:
     lines = ["| method | " + " | ".join(BLIND_SPOT_CHECKS) + " |", "|---|" + "---|" * len(BLIND_SPOT_CHECKS)]
     for name, recs in records.items():
         rates = blind_spot_rates(recs)
-        lines.append(f"| {name} | " + " | ".join(f"{k / n:.2f} ({k}/{n})" if n else "-" for k, n in rates.values())
-                     + " |")
+        lines.append(
+            f"| {name} | " + " | ".join(f"{k / n:.2f} ({k}/{n})" if n else "-" for k, n in rates.values()) + " |"
+        )
     return "\n".join(lines)
 
 
 def write_results(rows: Sequence[Summary], comparisons: Sequence[Comparison], path: str | Path) -> None:
-    Path(path).write_text(json.dumps({"methods": [dataclasses.asdict(r) for r in rows],
-                                      "comparisons": [dataclasses.asdict(c) for c in comparisons]}, indent=1))
+    Path(path).write_text(
+        json.dumps(
+            {
+                "methods": [dataclasses.asdict(r) for r in rows],
+                "comparisons": [dataclasses.asdict(c) for c in comparisons],
+            },
+            indent=1,
+        )
+    )

@@ -5,6 +5,7 @@ OPD and GRPO samples); on the quickstart single runs moved with float-level roun
 loop once per seed set and reporting the sets' mean and spread, with paired differences whose intervals are
 taken over sets, is the claim that survives that.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -31,8 +32,10 @@ def with_seed_set(cfg: ConfigDict, k: int) -> ConfigDict:
         others["selection.tasks"] = cfg.selection.tasks
     for name, tasks in others.items():
         if start < tasks.seed_start + tasks.num_tasks and tasks.seed_start < start + cfg.rollouts.num_tasks:
-            raise ValueError(f"seed set {k}: the SFT rollouts' task seeds {start}-{start + cfg.rollouts.num_tasks - 1} "
-                             f"overlap {name} ({tasks.seed_start}-{tasks.seed_start + tasks.num_tasks - 1})")
+            raise ValueError(
+                f"seed set {k}: the SFT rollouts' task seeds {start}-{start + cfg.rollouts.num_tasks - 1} "
+                f"overlap {name} ({tasks.seed_start}-{tasks.seed_start + tasks.num_tasks - 1})"
+            )
     out = ConfigDict(cfg.to_dict())
 
     def shift(node: ConfigDict) -> None:
@@ -63,14 +66,18 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         raise ValueError("no seed-set results to aggregate")
     sets = sorted(results)
     named = {k: {m["system"]: m for m in results[k]["methods"]} for k in sets}
-    paired = {k: {(c["better"], c["worse"]): c for c in results[k]["comparisons"] if c["delta"] is not None}
-              for k in sets}
+    paired = {
+        k: {(c["better"], c["worse"]): c for c in results[k]["comparisons"] if c["delta"] is not None} for k in sets
+    }
     # A method a set could not train (no data) is left out of every set's mean and named in `partial`.
     names = list(dict.fromkeys(name for k in sets for name in named[k]))
     common = [name for name in names if all(name in named[k] for k in sets)]
-    out: dict[str, Any] = {"seed_sets": sets, "methods": [], "comparisons": [],
-                           "partial": {name: [k for k in sets if name in named[k]] for name in names
-                                       if name not in common}}
+    out: dict[str, Any] = {
+        "seed_sets": sets,
+        "methods": [],
+        "comparisons": [],
+        "partial": {name: [k for k in sets if name in named[k]] for name in names if name not in common},
+    }
     for name in common:
         values = [named[k][name]["success"] for k in sets]
         out["methods"].append({"system": name, "success": values, **_spread(values, bounds=(0.0, 1.0))})
@@ -78,8 +85,15 @@ def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:
         if all(pair in paired[k] for k in sets):
             deltas = [paired[k][pair]["delta"][0] for k in sets]
             above = sum(paired[k][pair]["delta"][1] > 0 for k in sets)
-            out["comparisons"].append({"better": pair[0], "worse": pair[1], "delta": deltas,
-                                       **_spread(deltas, bounds=(-1.0, 1.0)), "sets_above_zero": above})
+            out["comparisons"].append(
+                {
+                    "better": pair[0],
+                    "worse": pair[1],
+                    "delta": deltas,
+                    **_spread(deltas, bounds=(-1.0, 1.0)),
+                    "sets_above_zero": above,
+                }
+            )
     return out
 
 
@@ -94,30 +108,48 @@ def _spread(values: Sequence[float], bounds: tuple[float, float]) -> dict[str, A
     sd = float(v.std(ddof=1))
     half = float(stats.t.ppf(0.975, len(v) - 1)) * sd / len(v) ** 0.5
     lo, hi = bounds
-    return {"mean": mean, "sd": sd, "min": float(v.min()), "max": float(v.max()),
-            "ci": [max(mean - half, lo), min(mean + half, hi)]}
+    return {
+        "mean": mean,
+        "sd": sd,
+        "min": float(v.min()),
+        "max": float(v.max()),
+        "ci": [max(mean - half, lo), min(mean + half, hi)],
+    }
 
 
 def format_table(agg: Mapping[str, Any]) -> str:
     """Markdown tables of `aggregate`: success per set, then the paired differences."""
     sets = agg["seed_sets"]
     head = " | ".join(f"set {k}" for k in sets)
-    lines = [f"Held-out success over {len(sets)} seed sets (one run each):", "",
-             f"| method | mean | sd | 95% CI of the mean (within [0, 1]) | {head} |",
-             "|---|---|---|---|" + "---|" * len(sets)]
+    lines = [
+        f"Held-out success over {len(sets)} seed sets (one run each):",
+        "",
+        f"| method | mean | sd | 95% CI of the mean (within [0, 1]) | {head} |",
+        "|---|---|---|---|" + "---|" * len(sets),
+    ]
     for m in agg["methods"]:
         ci = f"[{m['ci'][0]:.3f}, {m['ci'][1]:.3f}]" if m["ci"] else ""
-        lines.append(f"| {m['system']} | {m['mean']:.3f} | {m['sd']:.3f} | {ci} | "
-                     + " | ".join(f"{s:.3f}" for s in m["success"]) + " |")
+        lines.append(
+            f"| {m['system']} | {m['mean']:.3f} | {m['sd']:.3f} | {ci} | "
+            + " | ".join(f"{s:.3f}" for s in m["success"])
+            + " |"
+        )
     for name, present in agg.get("partial", {}).items():
         lines.append(f"\n{name}: trained in seed sets {present} only (no training data in the others); left out")
     if not agg["comparisons"]:
         return "\n".join(lines)
-    lines += ["", "Paired differences on the same held-out tasks, mean over seed sets (95% t-interval over sets):", "",
-              f"| comparison | mean | 95% CI over sets | sets with a paired CI above 0 | {head} |",
-              "|---|---|---|---|" + "---|" * len(sets)]
+    lines += [
+        "",
+        "Paired differences on the same held-out tasks, mean over seed sets (95% t-interval over sets):",
+        "",
+        f"| comparison | mean | 95% CI over sets | sets with a paired CI above 0 | {head} |",
+        "|---|---|---|---|" + "---|" * len(sets),
+    ]
     for c in agg["comparisons"]:
         ci = f"[{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]" if c["ci"] else ""
-        lines.append(f"| {c['better']} - {c['worse']} | {c['mean']:+.3f} | {ci} | {c['sets_above_zero']}/{len(sets)} | "
-                     + " | ".join(f"{d:+.3f}" for d in c["delta"]) + " |")
+        lines.append(
+            f"| {c['better']} - {c['worse']} | {c['mean']:+.3f} | {ci} | {c['sets_above_zero']}/{len(sets)} | "
+            + " | ".join(f"{d:+.3f}" for d in c["delta"])
+            + " |"
+        )
     return "\n".join(lines)

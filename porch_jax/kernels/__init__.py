@@ -4,6 +4,7 @@ $PORCH_JAX_CPU_KERNELS chooses where they run: auto (default: on a CPU backend, 
 builds and takes the shapes), off (the pure-JAX forms everywhere, as on GPU and TPU), on (required:
 an error where one cannot run). It is read when a function is traced.
 """
+
 from __future__ import annotations
 
 import os
@@ -24,6 +25,8 @@ def use_native(available: Callable[[], bool], supported: bool = True) -> bool:
         return False
     if choice == "on":
         if not supported:
-            raise ValueError("PORCH_JAX_CPU_KERNELS=on, but a native kernel does not take these shapes (see its docstring)")
+            raise ValueError(
+                "PORCH_JAX_CPU_KERNELS=on, but a native kernel does not take these shapes (see its docstring)"
+            )
         return True
     return jax.default_backend() == "cpu" and supported and available()

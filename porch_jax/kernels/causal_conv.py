@@ -1,6 +1,7 @@
 """Gated DeltaNet's depthwise causal conv + SiLU as the native CPU kernel (causal_conv_cpu.cc), with its
 gradient. Same arguments and results as `porch_jax.models.deltanet.causal_conv1d`; computed in float32,
 returned in x's dtype. Takes channel counts that are multiples of 16 (`supports`)."""
+
 from __future__ import annotations
 
 import jax
@@ -23,7 +24,8 @@ def supports(channels: int) -> bool:
 @jax.custom_vjp
 def _conv(x, state, weight_t, reach):
     return jax.ffi.ffi_call(_FORWARD, jax.ShapeDtypeStruct(x.shape, jnp.float32), vmap_method="sequential")(
-        x, state, weight_t, reach)
+        x, state, weight_t, reach
+    )
 
 
 def _conv_fwd(x, state, weight_t, reach):
@@ -55,8 +57,10 @@ def causal_conv1d(
     if not supports(c):
         raise ValueError(f"the native causal conv takes channel counts that are multiples of 16, not {c}")
     if weight.shape != (c, width) or (state is not None and state.shape != (b, width - 1, c)):
-        raise ValueError(f"weight {weight.shape} must be [C, K] = [{c}, K] and state "
-                         f"{None if state is None else state.shape} [B, K-1, C] = {(b, width - 1, c)}")
+        raise ValueError(
+            f"weight {weight.shape} must be [C, K] = [{c}, K] and state "
+            f"{None if state is None else state.shape} [B, K-1, C] = {(b, width - 1, c)}"
+        )
     if not available():
         raise RuntimeError("the native causal conv could not be built (see the warning above)")
     if state is None:

@@ -4,6 +4,7 @@ Same arguments and results as `porch_jax.models.deltanet.chunk_gated_delta_rule`
 forward writes the state every `CHECKPOINT` tokens, and the backward recomputes the states of one
 chunk at a time from them, so its memory is that of the chunked form.
 """
+
 from __future__ import annotations
 
 import jax
@@ -31,7 +32,8 @@ def _forward_call(q, k, v, g, beta, keep, state):
     chunks = -(-t // CHECKPOINT)
     outputs = (_like(v), _like(state), _like(state, (b, h, chunks, dk, dv)))
     return jax.ffi.ffi_call(_FORWARD, outputs, vmap_method="sequential")(
-        q, k, v, g, beta, keep, state, chunk=np.int64(CHECKPOINT))
+        q, k, v, g, beta, keep, state, chunk=np.int64(CHECKPOINT)
+    )
 
 
 @jax.custom_vjp
@@ -53,7 +55,8 @@ def _rule_bwd(residuals, cotangents):
     per_value_head = _like(v, (b, t, h, dk))
     outputs = (per_value_head, per_value_head, _like(v), _like(g), _like(g), _like(d_final))
     dq, dk_, dv, dg, dbeta, d_state = jax.ffi.ffi_call(_BACKWARD, outputs, vmap_method="sequential")(
-        q, k, v, g, beta, keep, checkpoints, d_out, d_final, chunk=np.int64(CHECKPOINT))
+        q, k, v, g, beta, keep, checkpoints, d_out, d_final, chunk=np.int64(CHECKPOINT)
+    )
     dq, dk_ = (x.reshape(b, t, hk, h // hk, dk).sum(3) for x in (dq, dk_))  # value heads -> their key head
     return dq, dk_, dv, dg, dbeta, None, d_state
 
@@ -82,8 +85,10 @@ def gated_delta_rule(
     if g.shape != (b, t, h) or beta.shape != (b, t, h):
         raise ValueError(f"g {g.shape} and beta {beta.shape} must be [B, T, value heads] = {(b, t, h)}")
     if dv > MAX_VALUE_DIM:
-        raise ValueError(f"the native gated delta rule takes value head dims up to {MAX_VALUE_DIM}, not {dv}: "
-                         "set PORCH_JAX_CPU_KERNELS=off")
+        raise ValueError(
+            f"the native gated delta rule takes value head dims up to {MAX_VALUE_DIM}, not {dv}: "
+            "set PORCH_JAX_CPU_KERNELS=off"
+        )
     if initial_state is not None and initial_state.shape != (b, h, k.shape[-1], dv):
         raise ValueError(f"initial_state {initial_state.shape} must be [B, H, Dk, Dv] = {(b, h, k.shape[-1], dv)}")
     q, k, v, g, beta = (x.astype(jnp.float32) for x in (q, k, v, g, beta))

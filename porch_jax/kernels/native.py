@@ -8,6 +8,7 @@ Nothing is downloaded. Each use refreshes its library's mtime; a build deletes t
 Where no compiler is found or the build fails, `load` returns None and says why once (a warning):
 callers fall back to their pure-JAX form, which is also what runs on GPU and TPU.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -54,8 +55,9 @@ def build(source: str) -> Path:
         raise RuntimeError(f"no C++ compiler found (CXX={os.environ.get('CXX')!r}, no g++, c++ or clang++ on PATH)")
     path = _SOURCES / source
     headers = b"".join(h.read_bytes() for h in sorted(_SOURCES.glob("*.h")))  # what the sources include
-    key = hashlib.sha256(path.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(FLAGS).encode()
-                         + cpu_signature())
+    key = hashlib.sha256(
+        path.read_bytes() + headers + jaxlib.__version__.encode() + " ".join(FLAGS).encode() + cpu_signature()
+    )
     key = key.hexdigest()[:16]
     target = cache_dir() / f"{path.stem}-{key}.so"
     if target.exists():

@@ -2,6 +2,7 @@
 (relevance Eq. 4, edge policy Eq. 5, edge MLP Eq. 6, P_prior Eq. 7), the masked token-aware policy
 maths (Eq. 11, 12), the orchestration rollout, GRPO training with the Table 3 variants, evaluation and
 analyses, and a synthetic agent world for CPU-scale learning."""
+
 from porch_jax.maca.analysis import (
     Evaluation,
     Study,

@@ -4,6 +4,7 @@ without the prior (Fig. 3), the Table 3 ablations, the gamma / lambda sensitivit
 gate's agent-selection precision and recall against gamma (Fig. 8).
 Tables are written as markdown and JSON, figures as PNG, into the run directory.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -63,8 +64,16 @@ def summarize(episodes: Sequence[Episode], world: AgentWorld) -> dict[str, float
     return out
 
 
-def evaluate(name: str, policy: ActionScorer, tasks: Sequence[OrchestrationTask], world: AgentWorld,
-             specs: Mapping[str, GraphSpec] | None, rollout_cfg: RolloutConfig, *, seed: int = 0) -> Evaluation:
+def evaluate(
+    name: str,
+    policy: ActionScorer,
+    tasks: Sequence[OrchestrationTask],
+    world: AgentWorld,
+    specs: Mapping[str, GraphSpec] | None,
+    rollout_cfg: RolloutConfig,
+    *,
+    seed: int = 0,
+) -> Evaluation:
     """One episode per held-out task under `rollout_cfg` (greedy or sampled)."""
     spec_list = None if specs is None else [specs[t.task_id] for t in tasks]
     episodes = asyncio.run(rollout(tasks, policy, world, spec_list, rollout_cfg, np.random.default_rng(seed)))
@@ -84,8 +93,13 @@ def best_achievable(world: SyntheticPool, tasks: Sequence[OrchestrationTask], ma
     return reward_optimal(world, tasks, max_steps, token_cost_weight=0.0)[0]
 
 
-def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, token_cost_weight: float = 0.0,
-                token_unit: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
+def _class_best(
+    world: SyntheticPool,
+    sources: Sequence[Any],
+    max_steps: int,
+    token_cost_weight: float = 0.0,
+    token_unit: float = 1000.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Depth-first search shared by tasks that differ only in prompt length T. A call's prompt is the task
     plus every earlier completion, so k calls spend k * T + G, G = sum over calls of the completions so far.
     Returns per task the success probability and tokens of the path with the highest p - weight * tokens / unit."""
@@ -107,8 +121,14 @@ def _class_best(world: SyntheticPool, sources: Sequence[Any], max_steps: int, to
     return found, tokens
 
 
-def reward_optimal(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int, *,
-                   token_cost_weight: float, token_unit: float = 1000.0) -> tuple[np.ndarray, np.ndarray]:
+def reward_optimal(
+    world: SyntheticPool,
+    tasks: Sequence[OrchestrationTask],
+    max_steps: int,
+    *,
+    token_cost_weight: float,
+    token_unit: float = 1000.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per task, (success probability, tokens) of the agent sequence with the highest Eq. 12 reward without the
     KL, p - token_cost_weight * tokens / token_unit, among the sequences the rollout could run: what a policy that
     maximises that reward and knew the hidden difficulty would score (no mask). Exhaustive search, once per
@@ -118,14 +138,22 @@ def reward_optimal(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max
         classes.setdefault((t.source.family, t.source.hard, t.budget), []).append(m)
     acc, tokens = np.zeros(len(tasks)), np.zeros(len(tasks))
     for members in classes.values():
-        acc[members], tokens[members] = _class_best(world, [tasks[m].source for m in members], max_steps,
-                                                    token_cost_weight, token_unit)
+        acc[members], tokens[members] = _class_best(
+            world, [tasks[m].source for m in members], max_steps, token_cost_weight, token_unit
+        )
     return acc, tokens
 
 
-def masked_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], specs: Mapping[str, GraphSpec],
-                   max_steps: int, constraint: Any, *, token_cost_weight: float = 0.0, token_unit: float = 1000.0
-                   ) -> tuple[np.ndarray, np.ndarray]:
+def masked_optimum(
+    world: SyntheticPool,
+    tasks: Sequence[OrchestrationTask],
+    specs: Mapping[str, GraphSpec],
+    max_steps: int,
+    constraint: Any,
+    *,
+    token_cost_weight: float = 0.0,
+    token_unit: float = 1000.0,
+) -> tuple[np.ndarray, np.ndarray]:
     """Per task, (success probability, tokens) of the best agent sequence that Eq. 11's H of the task's GraphSpec
     allows (`constraint`: an orchestrator.Constraint; the rollout's budget rule), best by
     p - token_cost_weight * tokens / token_unit (0: the mask's cap on expected accuracy). Exhaustive per task."""
@@ -136,9 +164,15 @@ def masked_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], spe
         spec = specs[task.task_id]
         n = len(spec.participation)
         prev = np.arange(-1, n)
-        allowed = np.asarray(structural_mask(spec.participation, spec.edge_prior, prev,
-                                             edge_threshold=constraint.edge_threshold,
-                                             conditional=constraint.conditional))[:, :n]  # row 0: the first call
+        allowed = np.asarray(
+            structural_mask(
+                spec.participation,
+                spec.edge_prior,
+                prev,
+                edge_threshold=constraint.edge_threshold,
+                conditional=constraint.conditional,
+            )
+        )[:, :n]  # row 0: the first call
         best, stack = -np.inf, [()]
         while stack:
             path = stack.pop()
@@ -154,9 +188,14 @@ def masked_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], spe
     return acc, tokens
 
 
-def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], max_steps: int, *,
-                      token_cost_weight: float = 0.0, token_unit: float = 1000.0
-                      ) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, ...]]]:
+def committed_optimum(
+    world: SyntheticPool,
+    tasks: Sequence[OrchestrationTask],
+    max_steps: int,
+    *,
+    token_cost_weight: float = 0.0,
+    token_unit: float = 1000.0,
+) -> tuple[np.ndarray, np.ndarray, dict[str, tuple[int, ...]]]:
     """The best structure a structure-centric system could commit to upfront (MACA Sec. 1): one agent sequence per
     task family, chosen knowing the family but not a task's hidden difficulty, best by the mean over the family's
     tasks of p - token_cost_weight * tokens / token_unit. Each task runs the prefix of it the rollout would run
@@ -175,7 +214,8 @@ def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], 
         best = (-np.inf, None, None, ())
         # DFS state: path, per task (calls run, tokens spent, completions so far), per difficulty p of each prefix
         stack: list[tuple[tuple[int, ...], np.ndarray, np.ndarray, np.ndarray, dict[bool, list[float]]]] = [
-            ((), np.zeros(len(src), int), np.zeros(len(src)), np.zeros(len(src)), {h: [0.0] for h in reps})]
+            ((), np.zeros(len(src), int), np.zeros(len(src)), np.zeros(len(src)), {h: [0.0] for h in reps})
+        ]
         while stack:
             path, calls, spent, history, p = stack.pop()
             if path:
@@ -191,7 +231,9 @@ def committed_optimum(world: SyntheticPool, tasks: Sequence[OrchestrationTask], 
             for a in useful:
                 c = np.where(live, completion[a], 0)
                 step = {h: [*p[h], world.success_probability(reps[h], (*path, a))] for h in reps}
-                stack.append(((*path, a), calls + live, spent + np.where(live, prompt + history + c, 0), history + c, step))
+                stack.append(
+                    ((*path, a), calls + live, spent + np.where(live, prompt + history + c, 0), history + c, step)
+                )
         _, acc[members], tokens[members], paths[family] = best
     return acc, tokens, paths
 
@@ -214,8 +256,9 @@ def _call_tokens(world: SyntheticPool, sources: Sequence[Any]) -> tuple[np.ndarr
 # ---------------------------------------------------------------------------------------------------
 
 
-def gate_sparsity(q: np.ndarray, tasks: Sequence[OrchestrationTask], pool: AgentPool,
-                  gammas: Sequence[float]) -> list[dict[str, float]]:
+def gate_sparsity(
+    q: np.ndarray, tasks: Sequence[OrchestrationTask], pool: AgentPool, gammas: Sequence[float]
+) -> list[dict[str, float]]:
     """MACA Fig. 8: how Eq. 4's gate at each gamma trades the retained set's precision (the share of retained
     agents in the task's domain: its family's or the auxiliary roles, which every benchmark config pairs with a
     family) against its recall (the share of the family's own agents retained). Only the relevance q
@@ -231,10 +274,15 @@ def gate_sparsity(q: np.ndarray, tasks: Sequence[OrchestrationTask], pool: Agent
         kept = q >= gamma
         useful, size = (kept & domain).sum(1), kept.sum(1)
         recall = (kept & family).sum(1) / np.maximum(family.sum(1), 1)
-        rows.append({"gamma": float(gamma),
-                     "precision": float(np.mean(useful[size > 0] / size[size > 0])) if size.any() else float("nan"),
-                     "recall": float(recall.mean()), "full_recall": float(np.mean(recall == 1.0)),
-                     "retained": float(size.mean())})
+        rows.append(
+            {
+                "gamma": float(gamma),
+                "precision": float(np.mean(useful[size > 0] / size[size > 0])) if size.any() else float("nan"),
+                "recall": float(recall.mean()),
+                "full_recall": float(np.mean(recall == 1.0)),
+                "retained": float(size.mean()),
+            }
+        )
     return rows
 
 
@@ -284,7 +332,9 @@ class Study:
 
     def __post_init__(self) -> None:
         if self.structure not in NO_POLICY_READINGS:
-            raise ValueError(f"structure (no_policy_structure) must be one of {NO_POLICY_READINGS}, got {self.structure!r}")
+            raise ValueError(
+                f"structure (no_policy_structure) must be one of {NO_POLICY_READINGS}, got {self.structure!r}"
+            )
 
     def specs(self, variant: Variant, gamma: float | None = None) -> tuple[dict | None, dict | None]:
         g = self.gamma if gamma is None else gamma
@@ -292,13 +342,23 @@ class Study:
         evals = graphspecs(self.q_eval, self.p_eval, variant.prior, g)
         if train is None:
             return None, None
-        return ({t.task_id: s for t, s in zip(self.train_tasks, train)},
-                {t.task_id: s for t, s in zip(self.eval_tasks, evals)})
+        return (
+            {t.task_id: s for t, s in zip(self.train_tasks, train)},
+            {t.task_id: s for t, s in zip(self.eval_tasks, evals)},
+        )
 
 
-def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float | None = None,
-                checkpoint_dir: Path | None = None, checkpoint_every: int = 0, curve_every: int = 0,
-                progress: Callable[[str], None] | None = None) -> tuple[Evaluation, list[dict[str, float]]]:
+def run_variant(
+    study: Study,
+    variant: Variant,
+    *,
+    seed: int = 0,
+    gamma: float | None = None,
+    checkpoint_dir: Path | None = None,
+    checkpoint_every: int = 0,
+    curve_every: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Evaluation, list[dict[str, float]]]:
     """Trains (unless the variant has no policy) and evaluates one variant; returns the evaluation and the
     training history. `curve_every` > 0 also evaluates the policy on the held-out tasks every that many
     iterations (the history's `heldout_*` entries: `learning_curve`); it reads the policy only, so the
@@ -310,11 +370,13 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
     if not variant.learn and study.structure == "reference":
         # the paper's reading with a pretrained policy: its w/o pi_theta on GSM-Hard (Table 3, 47.96%) is its frozen
         # router inside the mask (Table 11, 47.47%); with a from-scratch head pi_ref is an arbitrary initialisation
-        return evaluate(variant.name, study.make_policy(seed), study.eval_tasks, study.world, eval_specs, eval_cfg,
-                        seed=seed), []
+        return evaluate(
+            variant.name, study.make_policy(seed), study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed
+        ), []
     if not variant.learn:  # structure-centric: executes the structure GraphSpec commits to (PriorPolicy)
-        policy = PriorPolicy(eval_specs, constraint.edge_threshold, study.structure, study.eval_rollout.max_steps,
-                             study.grpo.stop_floor)
+        policy = PriorPolicy(
+            eval_specs, constraint.edge_threshold, study.structure, study.eval_rollout.max_steps, study.grpo.stop_floor
+        )
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     policy = study.make_policy(seed)
     grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))
@@ -322,10 +384,23 @@ def run_variant(study: Study, variant: Variant, *, seed: int = 0, gamma: float |
     def probe() -> dict[str, float]:
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed).summary
 
-    result = train_grpo(policy, study.train_tasks, study.world, train_specs, variant, grpo, seed=seed,
-                        checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, probe=probe,
-                        probe_every=curve_every, progress=progress)
-    return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), result.history
+    result = train_grpo(
+        policy,
+        study.train_tasks,
+        study.world,
+        train_specs,
+        variant,
+        grpo,
+        seed=seed,
+        checkpoint_dir=checkpoint_dir,
+        checkpoint_every=checkpoint_every,
+        probe=probe,
+        probe_every=curve_every,
+        progress=progress,
+    )
+    return evaluate(
+        variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed
+    ), result.history
 
 
 def mean_summary(evals: Sequence[Evaluation]) -> dict[str, float]:
@@ -402,8 +477,15 @@ def plot_transitions(matrix: np.ndarray, names: Sequence[str], path: Path, title
     ax.set_yticks(range(len(rows)), [row_names[r] for r in rows], fontsize=7)
     for (i, r), (j, c) in itertools.product(enumerate(rows), enumerate(cols)):
         if matrix[r, c] >= 0.005:
-            ax.text(j, i, f"{matrix[r, c]:.2f}", ha="center", va="center", fontsize=6,
-                    color="white" if matrix[r, c] > 0.6 else "black")
+            ax.text(
+                j,
+                i,
+                f"{matrix[r, c]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=6,
+                color="white" if matrix[r, c] > 0.6 else "black",
+            )
     ax.set_xlabel("next")
     ax.set_ylabel("current")
     ax.set_title(title, fontsize=9)
@@ -415,8 +497,14 @@ def plot_sweep(rows: Sequence[Mapping[str, float]], param: str, path: Path, *, b
     """Accuracy and token cost against one parameter (Fig. 7)."""
     xs = [r[param] for r in rows]
     fig, ax = plt.subplots(figsize=(4.5, 3.2))
-    ax.errorbar(xs, [r["expected_accuracy"] for r in rows], yerr=[r.get("expected_accuracy_sd", 0.0) for r in rows],
-                marker="o", color="tab:blue", label="accuracy")
+    ax.errorbar(
+        xs,
+        [r["expected_accuracy"] for r in rows],
+        yerr=[r.get("expected_accuracy_sd", 0.0) for r in rows],
+        marker="o",
+        color="tab:blue",
+        label="accuracy",
+    )
     if best is not None:
         ax.axhline(best, color="tab:blue", ls=":", lw=1, label="best achievable")
     ax.set_xlabel(param)
@@ -443,8 +531,14 @@ def plot_gate_sparsity(rows: Sequence[Mapping[str, float]], path: Path, *, gamma
     _save(fig, path)
 
 
-def plot_learning_curves(curves: Mapping[str, Sequence[Mapping[str, float]]], flat: Mapping[str, Mapping[str, float]],
-                         path: Path, *, metric: str = "expected_accuracy", best: float | None = None) -> None:
+def plot_learning_curves(
+    curves: Mapping[str, Sequence[Mapping[str, float]]],
+    flat: Mapping[str, Mapping[str, float]],
+    path: Path,
+    *,
+    metric: str = "expected_accuracy",
+    best: float | None = None,
+) -> None:
     """Held-out `metric` and tokens per task against GRPO iterations, mean over seeds with a +-sd band; systems
     that do not learn (`flat`: their evaluation rows) as horizontal dashed lines."""
     fig, a1, a2 = _two_panels("GRPO iterations", f"held-out {metric.replace('_', ' ')}", "held-out tokens per task")

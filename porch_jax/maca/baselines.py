@@ -9,6 +9,7 @@ forbids at that step (H from `policy.structural_mask`). Without the hard mask ("
 agent still runs, since nothing constrains the router, but the decision counts as invalid; with it
 ("mask") the router is shown only H's agents and a forbidden choice is rejected.
 """
+
 from __future__ import annotations
 
 import collections
@@ -54,8 +55,13 @@ class RunResult:
 
 def _result(text: str, meter: CostMeter, **extra) -> RunResult:
     usage = list(meter.by_role.values())
-    return RunResult(text, sum(u.prompt_tokens for u in usage), sum(u.completion_tokens for u in usage),
-                     sum(u.calls for u in usage), **extra)
+    return RunResult(
+        text,
+        sum(u.prompt_tokens for u in usage),
+        sum(u.completion_tokens for u in usage),
+        sum(u.calls for u in usage),
+        **extra,
+    )
 
 
 async def _ask(backend: Backend, system: str | None, user: str, *, role: str, sampling: Sampling) -> str:
@@ -91,9 +97,16 @@ async def self_consistency(
     is the most common one (ties: the earliest answer to reach the top count)."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
-    texts = [await _ask(metered, None, prompt + COT_SUFFIX, role="solver",
-                        sampling=Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed + i))
-             for i in range(samples)]
+    texts = [
+        await _ask(
+            metered,
+            None,
+            prompt + COT_SUFFIX,
+            role="solver",
+            sampling=Sampling(temperature=temperature, max_tokens=max_tokens, seed=seed + i),
+        )
+        for i in range(samples)
+    ]
     answers = [extract(t) for t in texts]
     votes = collections.Counter(a for a in answers if a is not None)
     if not votes:
@@ -112,15 +125,23 @@ async def self_refine(
     answer = await _ask(metered, None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
     for _ in range(rounds):
         feedback = await _ask(
-            metered, None,
+            metered,
+            None,
             f"{prompt}\n\nProposed solution:\n{answer}\n\nCritique this solution. If it is correct and complete, "
-            "reply exactly 'NO ISSUES'.", role="critic", sampling=sampling)
+            "reply exactly 'NO ISSUES'.",
+            role="critic",
+            sampling=sampling,
+        )
         if feedback.strip().upper().startswith("NO ISSUES"):
             break
         answer = await _ask(
-            metered, None,
+            metered,
+            None,
             f"{prompt}\n\nPrevious solution:\n{answer}\n\nFeedback:\n{feedback}\n\nWrite an improved solution, ending "
-            "with the final answer in the same format.", role="solver", sampling=sampling)
+            "with the final answer in the same format.",
+            role="solver",
+            sampling=sampling,
+        )
     return _result(answer, meter)
 
 
@@ -139,8 +160,10 @@ def parse_router_choice(text: str, names: Sequence[str]) -> str | None:
 def _router_prompt(task: str, pool: AgentPool, shown: np.ndarray, transcript: list[str], hint: str) -> str:
     agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown) if s)
     so_far = "\n\n".join(transcript) if transcript else "(nothing yet)"
-    return (f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
-            f"Work so far:\n{so_far}\n\nReply with exactly one agent name, or {STOP}.")
+    return (
+        f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
+        f"Work so far:\n{so_far}\n\nReply with exactly one agent name, or {STOP}."
+    )
 
 
 def _graphspec_hint(pool: AgentPool, spec: GraphSpec, prev: int) -> str:
@@ -176,12 +199,19 @@ async def llm_router(
     path: list[str] = []
     prev, invalid, decisions = -1, 0, 0
     for _ in range(max_steps):
-        mask = np.asarray(structural_mask(jnp.asarray(spec.participation), jnp.asarray(spec.edge_prior),
-                                          jnp.asarray(prev), edge_threshold=edge_threshold))
+        mask = np.asarray(
+            structural_mask(
+                jnp.asarray(spec.participation),
+                jnp.asarray(spec.edge_prior),
+                jnp.asarray(prev),
+                edge_threshold=edge_threshold,
+            )
+        )
         shown = mask[:-1] if mode == "mask" else np.ones(len(pool), bool)
         hint = _graphspec_hint(pool, spec, prev) if mode == "hint" else ""
-        reply = await _ask(metered, None, _router_prompt(prompt, pool, shown, transcript, hint), role="router",
-                           sampling=sampling)
+        reply = await _ask(
+            metered, None, _router_prompt(prompt, pool, shown, transcript, hint), role="router", sampling=sampling
+        )
         decisions += 1
         choice = parse_router_choice(reply, pool.names)
         if choice == STOP:
@@ -220,9 +250,18 @@ def vote_key(task: BenchmarkTask) -> Callable[[str], Hashable | None]:
     raise ValueError(f"{task.benchmark} {task.task_id}: no answer to vote on for family {task.family!r}")
 
 
-async def run_baseline(name: str, backend: Backend, task: BenchmarkTask, pool: AgentPool, spec: GraphSpec, *,
-                       max_steps: int = 4, edge_threshold: float = 0.0, sampling: Sampling = ANSWER_SAMPLING,
-                       seed: int = 0) -> RunResult:
+async def run_baseline(
+    name: str,
+    backend: Backend,
+    task: BenchmarkTask,
+    pool: AgentPool,
+    spec: GraphSpec,
+    *,
+    max_steps: int = 4,
+    edge_threshold: float = 0.0,
+    sampling: Sampling = ANSWER_SAMPLING,
+    seed: int = 0,
+) -> RunResult:
     """One of `BASELINES` on one task: the single-model systems answer the prompt; the routers ("router_<mode>")
     route `pool` under the task's GraphSpec `spec` (MACA's, so the hint and the mask are the prior MACA uses)."""
     if name == "vanilla":
@@ -235,6 +274,15 @@ async def run_baseline(name: str, backend: Backend, task: BenchmarkTask, pool: A
         return await self_refine(backend, task.prompt, sampling=sampling)
     if name.startswith("router_") and name.removeprefix("router_") in ROUTER_MODES:
         router_sampling = dataclasses.replace(ROUTER_SAMPLING, temperature=sampling.temperature)
-        return await llm_router(backend, task.prompt, pool, spec, mode=name.removeprefix("router_"), max_steps=max_steps,
-                                edge_threshold=edge_threshold, sampling=router_sampling, agent_sampling=sampling)
+        return await llm_router(
+            backend,
+            task.prompt,
+            pool,
+            spec,
+            mode=name.removeprefix("router_"),
+            max_steps=max_steps,
+            edge_threshold=edge_threshold,
+            sampling=router_sampling,
+            agent_sampling=sampling,
+        )
     raise ValueError(f"unknown baseline {name!r}; choose from {BASELINES}")

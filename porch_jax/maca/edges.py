@@ -36,6 +36,7 @@ Paper ambiguities and how they are resolved here:
   exact likelihood gradient of G, a lower-variance surrogate). With sparse initial structures (prior.py,
   `init_out_degree`) walks end at varying points, so where successful ones end is informative.
 """
+
 from __future__ import annotations
 
 import collections
@@ -94,7 +95,9 @@ class EdgePolicy:
     sparsity_weight: float
 
     @classmethod
-    def create(cls, n_agents: int, *, sparsity_weight: float, init_logit: float = 0.0, learning_rate: float = 0.1) -> EdgePolicy:
+    def create(
+        cls, n_agents: int, *, sparsity_weight: float, init_logit: float = 0.0, learning_rate: float = 0.1
+    ) -> EdgePolicy:
         logits = jnp.full((n_agents, n_agents), init_logit, jnp.float32)
         tx = optax.adam(learning_rate)
         return cls(logits, tx, tx.init(logits), sparsity_weight)
@@ -105,16 +108,22 @@ class EdgePolicy:
 
     def update(self, edges: jax.Array, utility: jax.Array, edge_mask: jax.Array | None = None) -> float:
         self.logits, self.opt_state, loss = _edge_policy_step(
-            self.logits, self.opt_state, jnp.asarray(edges), jnp.asarray(utility, jnp.float32),
+            self.logits,
+            self.opt_state,
+            jnp.asarray(edges),
+            jnp.asarray(utility, jnp.float32),
             off_diagonal(self.logits.shape[-1]) if edge_mask is None else jnp.asarray(edge_mask),
-            self.tx, self.sparsity_weight)
+            self.tx,
+            self.sparsity_weight,
+        )
         return float(loss)
 
 
 @functools.partial(jax.jit, static_argnames=("tx", "sparsity_weight"))
 def _edge_policy_step(logits, opt_state, edges, utility, edge_mask, tx, sparsity_weight):
     loss, grads = jax.value_and_grad(edge_policy_loss)(
-        logits, edges, utility, sparsity_weight=sparsity_weight, edge_mask=edge_mask)
+        logits, edges, utility, sparsity_weight=sparsity_weight, edge_mask=edge_mask
+    )
     updates, opt_state = tx.update(grads, opt_state, logits)
     return optax.apply_updates(logits, updates), opt_state, loss
 
@@ -189,10 +198,16 @@ class SuccessBuffer:
         if not self._items:
             raise ValueError("the success buffer is empty: no successful trajectory to learn edges from")
         labels = [path_labels(path, n_agents, with_start=with_start) for _, path in self._items]
-        return (np.stack([e for e, _ in self._items]), np.stack([t for t, _ in labels]), np.stack([m for _, m in labels]))
+        return (
+            np.stack([e for e, _ in self._items]),
+            np.stack([t for t, _ in labels]),
+            np.stack([m for _, m in labels]),
+        )
 
 
-def edge_mlp_loss(mlp: EdgeMLP, agent_embs: jax.Array, task_embs: jax.Array, targets: jax.Array, mask: jax.Array) -> jax.Array:
+def edge_mlp_loss(
+    mlp: EdgeMLP, agent_embs: jax.Array, task_embs: jax.Array, targets: jax.Array, mask: jax.Array
+) -> jax.Array:
     """Masked mean binary cross-entropy of the pair logits against trajectory labels."""
     logits = mlp.pair_logits(agent_embs, task_embs)
     bce = optax.sigmoid_binary_cross_entropy(logits, targets)
@@ -223,8 +238,17 @@ def train_edge_mlp(
     batches = np.stack([rng.choice(len(task_embs), size=batch, replace=False) for _ in range(steps)])
     graphdef, params = nnx.split(mlp)
     tx = optax.adam(learning_rate)
-    params, losses = _fit_edge_mlp(graphdef, tx, params, tx.init(params), jnp.asarray(agent_embs, jnp.float32),
-                                   jnp.asarray(task_embs), jnp.asarray(targets), jnp.asarray(masks), jnp.asarray(batches))
+    params, losses = _fit_edge_mlp(
+        graphdef,
+        tx,
+        params,
+        tx.init(params),
+        jnp.asarray(agent_embs, jnp.float32),
+        jnp.asarray(task_embs),
+        jnp.asarray(targets),
+        jnp.asarray(masks),
+        jnp.asarray(batches),
+    )
     nnx.update(mlp, params)
     return [float(x) for x in np.asarray(losses)]
 

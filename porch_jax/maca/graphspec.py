@@ -13,6 +13,7 @@ Paper ambiguities and how they are resolved here:
 - Where the edge MLP was fitted with a START node (edges.py), p carries an extra source row, p_START,j
   (where successful coordination starts); Eq. 7 modulates it the same way: start_prior_j = p_START,j q_j.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -13,6 +13,7 @@ masks and normalises over the allowed set (so an invalid action is never chosen)
 `ActionPolicy` holds a scorer's parameters and is the rollout's `ActionScorer`; `policy_log_probs` is the
 same distribution as a pure function of the parameters, which the GRPO loss differentiates.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,7 +46,9 @@ def pad_masks(masks: np.ndarray, rows: int) -> np.ndarray:
     return out
 
 
-def policy_log_probs(graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array) -> jax.Array:
+def policy_log_probs(
+    graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array
+) -> jax.Array:
     """Eq. 11: log pi_masked(a | s) [B, A] of a scorer's parameters, pure (what the GRPO loss differentiates)."""
     return masked_log_probs(nnx.merge(graphdef, params)(inputs), mask)
 
@@ -81,8 +84,10 @@ class ActionPolicy:
         if self.mesh is not None:  # rows over the data-parallel axes (where they divide); the rest replicated
             rows = len(padded)
             by_row = data_sharding(self.mesh, rows=rows)
-            encoded = {k: jax.device_put(v, by_row if v.shape[:1] == (rows,) else replicated(self.mesh))
-                       for k, v in encoded.items()}
+            encoded = {
+                k: jax.device_put(v, by_row if v.shape[:1] == (rows,) else replicated(self.mesh))
+                for k, v in encoded.items()
+            }
         return encoded, padded
 
     def scored(self, inputs: Inputs, masks: np.ndarray, params: nnx.State | None = None) -> jax.Array:
@@ -159,8 +164,8 @@ class LMEncoder:
         prefix_mask = np.zeros((rows, t), bool)
         prefix_mask[:, -1] = True  # padding rows hold one token so their attention has a key
         for r, ids in enumerate(encoded):  # left padding: every row ends at the same slot
-            prefix[r, t - len(ids):] = ids
-            prefix_mask[r, t - len(ids):] = True
+            prefix[r, t - len(ids) :] = ids
+            prefix_mask[r, t - len(ids) :] = True
         state_idx, action_idx = np.nonzero(masks)
         pairs = bucket(len(state_idx), self.min_pairs)
         pad = pairs - len(state_idx)
@@ -186,8 +191,16 @@ def tiny_lm(seed: int = 0, vocab_size: int = 1024, **overrides: Any) -> tuple[nn
     return init_model(ModelConfig.from_hf(hf), seed=seed), tokenizer
 
 
-def lm_policy(lm: nnx.Module, tokenizer: Any, names: Sequence[str], *, max_task_words: int | None = None,
-              uniform_offset: bool = True, min_rows: int = 32, mesh: Mesh | None = None) -> ActionPolicy:
+def lm_policy(
+    lm: nnx.Module,
+    tokenizer: Any,
+    names: Sequence[str],
+    *,
+    max_task_words: int | None = None,
+    uniform_offset: bool = True,
+    min_rows: int = 32,
+    mesh: Mesh | None = None,
+) -> ActionPolicy:
     encoder = LMEncoder(tokenizer, names, lm.config.vocab_size, max_task_words, uniform_offset)
     return ActionPolicy(LMScorer(lm), encoder, min_rows=min_rows, mesh=mesh)
 
@@ -233,7 +246,8 @@ class FeatureEncoder:
         return {"features": out}
 
 
-def head_policy(embeddings: Mapping[str, np.ndarray], n_agents: int, max_steps: int, *, hidden: int = 128,
-                seed: int = 0) -> ActionPolicy:
+def head_policy(
+    embeddings: Mapping[str, np.ndarray], n_agents: int, max_steps: int, *, hidden: int = 128, seed: int = 0
+) -> ActionPolicy:
     encoder = FeatureEncoder(embeddings, n_agents, max_steps)
     return ActionPolicy(HeadScorer(encoder.dim, n_agents + 1, hidden, rngs=nnx.Rngs(seed)), encoder)

@@ -11,6 +11,7 @@ Two worlds run through the same loop: `synthetic_world` (the synthetic pool's ag
 Backend, success drawn from the pool's known competences) and `benchmark_world` (the pool's role
 prompts on any Backend: vLLM, embedded JAX or scripted; success from the benchmark's scorer).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -143,8 +144,9 @@ async def call_agent(world: AgentWorld, state: State, agent: int, transcript: Se
     spec = world.pool.agents[agent]
     context = state.task.prompt + ("\n\nWork so far:\n" + "\n\n".join(transcript) if transcript else "")
     messages = [{"role": "system", "content": spec.prompt}, {"role": "user", "content": context}]
-    request = ChatRequest(messages=messages, sampling=world.sampling, role="agent",
-                          state=AgentCall(state.task, state.history, agent))
+    request = ChatRequest(
+        messages=messages, sampling=world.sampling, role="agent", state=AgentCall(state.task, state.history, agent)
+    )
     return await world.backend.chat(request)
 
 
@@ -176,10 +178,13 @@ def pad_rows(x: np.ndarray, rows: int) -> np.ndarray:
 @functools.partial(jax.jit, static_argnames=("edge_threshold", "conditional"))
 def _batched_mask(z, p_prior, prev, edge_threshold: float, conditional: bool = False):
     return jax.vmap(functools.partial(structural_mask, edge_threshold=edge_threshold, conditional=conditional))(
-        z, p_prior, prev)
+        z, p_prior, prev
+    )
 
 
-def action_masks(states: Sequence[State], specs: Sequence[GraphSpec] | None, constraint: Constraint, n_agents: int) -> np.ndarray:
+def action_masks(
+    states: Sequence[State], specs: Sequence[GraphSpec] | None, constraint: Constraint, n_agents: int
+) -> np.ndarray:
     """H for each state, bool [B, N + 1] (STOP always allowed); all True without the mask."""
     if not constraint.use_mask or specs is None:
         return np.ones((len(states), n_agents + 1), bool)
@@ -187,7 +192,9 @@ def action_masks(states: Sequence[State], specs: Sequence[GraphSpec] | None, con
     z = pad_rows(np.stack([s.participation for s in specs]), rows)
     p = pad_rows(np.stack([s.edge_prior for s in specs]), rows)
     prev = pad_rows(np.array([st.prev for st in states], np.int32), rows)
-    return np.asarray(_batched_mask(z, p, prev, float(constraint.edge_threshold), bool(constraint.conditional)))[: len(states)]
+    return np.asarray(_batched_mask(z, p, prev, float(constraint.edge_threshold), bool(constraint.conditional)))[
+        : len(states)
+    ]
 
 
 def choose(log_probs: np.ndarray, rng: np.random.Generator, *, greedy: bool) -> np.ndarray:
@@ -220,8 +227,9 @@ async def rollout(
     transcripts: list[list[str]] = [[] for _ in tasks]
     live = list(range(len(tasks)))
     while live:
-        masks = action_masks([states[i] for i in live], None if specs is None else [specs[i] for i in live],
-                             config.constraint, n)
+        masks = action_masks(
+            [states[i] for i in live], None if specs is None else [specs[i] for i in live], config.constraint, n
+        )
         log_probs = np.asarray(policy([states[i] for i in live], masks), np.float32)
         actions = choose(log_probs, rng, greedy=config.greedy)
         calls = [(i, int(a)) for i, a in zip(live, actions) if a != n]
@@ -235,20 +243,25 @@ async def rollout(
             r = by_task[i]
             steps[i].append(Step(states[i], mask, lp, int(a), r.prompt_tokens, r.completion_tokens))
             transcripts[i].append(transcript_entry(world, int(a), r.text))
-            states[i] = State(tasks[i], states[i].history + (int(a),), states[i].spent + r.prompt_tokens + r.completion_tokens)
+            states[i] = State(
+                tasks[i], states[i].history + (int(a),), states[i].spent + r.prompt_tokens + r.completion_tokens
+            )
             if len(states[i].history) < config.max_steps and states[i].remaining > 0:
                 still.append(i)
         live = still
     return [_finish(world, t, tuple(s), tr, rng) for t, s, tr in zip(tasks, steps, transcripts)]
 
 
-def _finish(world: AgentWorld, task: OrchestrationTask, steps: tuple[Step, ...], transcript: list[str],
-            rng: np.random.Generator) -> Episode:
+def _finish(
+    world: AgentWorld, task: OrchestrationTask, steps: tuple[Step, ...], transcript: list[str], rng: np.random.Generator
+) -> Episode:
     episode = Episode(task, steps, "\n\n".join(transcript))
     return dataclasses.replace(episode, correct=bool(world.judge(task, episode.path, episode.answer, rng)))
 
 
-async def run_path(world: AgentWorld, task: OrchestrationTask, path: Sequence[int], rng: np.random.Generator) -> tuple[bool, int]:
+async def run_path(
+    world: AgentWorld, task: OrchestrationTask, path: Sequence[int], rng: np.random.Generator
+) -> tuple[bool, int]:
     """Executes a fixed agent sequence (a sampled structure's walk, Algorithm 1 line 4): (correct, tokens)."""
     state, transcript = State(task), []
     for agent in path:
@@ -276,8 +289,11 @@ class SyntheticAgentBackend:
             raise TypeError("SyntheticAgentBackend serves only agent calls on synthetic tasks (ChatRequest.state)")
         outcome = self.world.run(call.task.source, (*call.history, call.agent), np.random.default_rng(0))
         name = self.world.pool.agents[call.agent].name
-        return ChatResult(text=f"{name}: done.", prompt_tokens=outcome.prompt_tokens[-1],
-                          completion_tokens=outcome.completion_tokens[-1])
+        return ChatResult(
+            text=f"{name}: done.",
+            prompt_tokens=outcome.prompt_tokens[-1],
+            completion_tokens=outcome.completion_tokens[-1],
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,7 +330,9 @@ class BenchmarkJudge:
         return bool(path) and self.benchmark.check(task.source, answer)
 
 
-def benchmark_world(benchmark: Benchmark, pool: AgentPool, backend: Backend, sampling: Sampling = AGENT_SAMPLING) -> AgentWorld:
+def benchmark_world(
+    benchmark: Benchmark, pool: AgentPool, backend: Backend, sampling: Sampling = AGENT_SAMPLING
+) -> AgentWorld:
     return AgentWorld(pool, backend, BenchmarkJudge(benchmark), sampling)
 
 

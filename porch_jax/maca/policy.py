@@ -33,6 +33,7 @@ Paper ambiguities and how they are resolved here:
 - KL(pi_theta || pi_mix) is the exact sum over A at each step. As a reward term it carries no gradient:
   the trainer treats rewards as constants.
 """
+
 from __future__ import annotations
 
 import jax
@@ -42,8 +43,9 @@ TOKEN_COST_WEIGHT = 0.02  # beta in Eq. 12 (paper, Appendix D.3)
 PRIOR_KL_WEIGHT = 0.7  # lambda in Eq. 12 (paper, Sec. 3.6)
 
 
-def structural_mask(z: jax.Array, p_prior: jax.Array, prev: jax.Array, *, edge_threshold: float = 0.0,
-                    conditional: bool = False) -> jax.Array:
+def structural_mask(
+    z: jax.Array, p_prior: jax.Array, prev: jax.Array, *, edge_threshold: float = 0.0, conditional: bool = False
+) -> jax.Array:
     """H: bool [..., N + 1] for previous agents `prev` [...] (int, -1 = no agent yet). `conditional`: the
     threshold applies to P_prior's row normalised over the retained agents (see the module docstring)."""
     retained = z > 0

@@ -4,6 +4,7 @@ A pool file is {"family": str, "description": str, "agents": [{"name", "descript
 `description` is what the sentence encoder embeds as the agent's e_i (Eq. 4); `prompt` is the system
 prompt the agent runs with. Users extend a pool by passing their own files to `load_pool`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -100,7 +101,9 @@ def load_pool(families: Iterable[str] = FAMILIES, *, extra_files: Iterable[pathl
     for family in families:
         path = POOL_DIR / f"{family}.json"
         if not path.exists():
-            raise KeyError(f"no shipped pool for family {family!r}; shipped: {sorted(p.stem for p in POOL_DIR.glob('*.json'))}")
+            raise KeyError(
+                f"no shipped pool for family {family!r}; shipped: {sorted(p.stem for p in POOL_DIR.glob('*.json'))}"
+            )
         agents.extend(load_family(path))
     for path in extra_files:
         agents.extend(load_family(path))

@@ -3,6 +3,7 @@ Bernoulli edge policy's rounds over executed walks (Eq. 5) and the edge MLP fitt
 saved and restored with Orbax; pi_prior's action distribution per state (the KL target of Eq. 12); and the
 structure GraphSpec commits to, executed without a learned policy (`PriorPolicy`, Table 3's w/o pi_theta).
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -62,7 +63,9 @@ class PriorConfig:
     sparsity: float = 0.3  # Eq. 5's lambda per agent (times N; see edges.py on why it is needed)
     edge_learning_rate: float = 0.1
     credit: str = "sampled"  # Eq. 5 on the sampled or the executed edges (edges.py)
-    init_out_degree: float | None = None  # pi_phi's initial expected out-degree among a task's agents (None: sigma = 0.5)
+    init_out_degree: float | None = (
+        None  # pi_phi's initial expected out-degree among a task's agents (None: sigma = 0.5)
+    )
     per_family: bool = False  # one pi_phi per task family (the paper learns its prior per dataset)
     buffer_rounds: int | None = None  # fill the success buffer from the last rounds only (None: all)
     with_start: bool = False  # learn where successful trajectories start (edges.py, START node)
@@ -74,16 +77,28 @@ class PriorConfig:
     mlp_learning_rate: float = 1e-3
 
 
-def relevance_scores(context_embs: np.ndarray, agent_embs: np.ndarray, budgets: Sequence[int],
-                     temperature: BudgetTemperature) -> np.ndarray:
+def relevance_scores(
+    context_embs: np.ndarray, agent_embs: np.ndarray, budgets: Sequence[int], temperature: BudgetTemperature
+) -> np.ndarray:
     """q [M, N] (Eq. 4 before the gate) for e(x, b) [M, d]."""
-    return np.stack([np.asarray(relevance(jnp.asarray(c), jnp.asarray(agent_embs), temperature(b)))
-                     for c, b in zip(context_embs, budgets)])
+    return np.stack(
+        [
+            np.asarray(relevance(jnp.asarray(c), jnp.asarray(agent_embs), temperature(b)))
+            for c, b in zip(context_embs, budgets)
+        ]
+    )
 
 
-def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], context_embs: np.ndarray,
-                   agent_embs: np.ndarray, q: np.ndarray, cfg: PriorConfig, seed: int = 0,
-                   progress: Callable[[str], None] | None = None) -> tuple[EdgeMLP | None, dict[str, Any]]:
+def learn_edge_mlp(
+    world: AgentWorld,
+    tasks: Sequence[OrchestrationTask],
+    context_embs: np.ndarray,
+    agent_embs: np.ndarray,
+    q: np.ndarray,
+    cfg: PriorConfig,
+    seed: int = 0,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[EdgeMLP | None, dict[str, Any]]:
     """Samples structures from the Bernoulli edge policy (Eq. 5) among each task's gate-passing agents,
     executes a walk on each through `world`, and fits the edge MLP (Eq. 6) on the successful walks.
     The MLP reads e(x, b), the same embedding as the relevance score (one encoding per task). When no walk
@@ -102,8 +117,15 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
     groups = sorted({t.family for t in tasks}) if cfg.per_family else [None]
     if cfg.phi_start:  # START is node N of pi_phi; edges into it are sampled too, never walked (only R_s acts on them)
         allowed = np.concatenate([allowed, np.ones((len(allowed), 1), bool)], axis=1)
-    policies = {g: EdgePolicy.create(n + int(cfg.phi_start), sparsity_weight=cfg.sparsity * n, learning_rate=cfg.edge_learning_rate,
-                                     init_logit=init_logit) for g in groups}
+    policies = {
+        g: EdgePolicy.create(
+            n + int(cfg.phi_start),
+            sparsity_weight=cfg.sparsity * n,
+            learning_rate=cfg.edge_learning_rate,
+            init_logit=init_logit,
+        )
+        for g in groups
+    }
     buffer = SuccessBuffer()
     key = jax.random.key(seed)
     success = []
@@ -120,24 +142,49 @@ def learn_edge_mlp(world: AgentWorld, tasks: Sequence[OrchestrationTask], contex
                 walks["done"] += 1
                 walks["ok"] += int(correct)
                 if line is not None:
-                    line(walks["done"], f"prior learning, round {r + 1}/{cfg.rounds}: walk {walks['done']}/{line.total}, "
-                                        f"{walks['ok']} succeeded")
+                    line(
+                        walks["done"],
+                        f"prior learning, round {r + 1}/{cfg.rounds}: walk {walks['done']}/{line.total}, "
+                        f"{walks['ok']} succeeded",
+                    )
                 return path, correct, tokens
 
             key, sub = jax.random.split(key)
-            rate = prior_learning_round(policies[g], sub, context_embs[idx], allowed[idx], execute, buffer,
-                                        samples=cfg.samples, credit=cfg.credit, keep=keep,
-                                        keep_cheapest=cfg.keep_cheapest)
+            rate = prior_learning_round(
+                policies[g],
+                sub,
+                context_embs[idx],
+                allowed[idx],
+                execute,
+                buffer,
+                samples=cfg.samples,
+                credit=cfg.credit,
+                keep=keep,
+                keep_cheapest=cfg.keep_cheapest,
+            )
             hits, count = hits + rate * len(idx), count + len(idx)
         success.append(hits / count)
     stats = {"walk_success": success, "buffer": len(buffer), "with_start": cfg.with_start}
     if not len(buffer):  # nothing to learn interactions from: P_prior is left uninformative (`edge_probs`)
-        logging.warning("no prior-learning walk succeeded (%d rounds x %d samples over %d tasks): P_prior is "
-                        "uninformative, every edge p = 1, as in w/o P_prior", cfg.rounds, cfg.samples, len(tasks))
+        logging.warning(
+            "no prior-learning walk succeeded (%d rounds x %d samples over %d tasks): P_prior is "
+            "uninformative, every edge p = 1, as in w/o P_prior",
+            cfg.rounds,
+            cfg.samples,
+            len(tasks),
+        )
         return None, stats | {"fallback": "no successful walk: every edge p = 1 (as w/o P_prior)"}
     mlp = EdgeMLP(agent_embs.shape[1], cfg.mlp_hidden, rngs=nnx.Rngs(seed))
-    losses = train_edge_mlp(mlp, buffer, agent_embs, steps=cfg.mlp_steps, batch_size=cfg.mlp_batch,
-                            learning_rate=cfg.mlp_learning_rate, seed=seed, with_start=cfg.with_start)
+    losses = train_edge_mlp(
+        mlp,
+        buffer,
+        agent_embs,
+        steps=cfg.mlp_steps,
+        batch_size=cfg.mlp_batch,
+        learning_rate=cfg.mlp_learning_rate,
+        seed=seed,
+        with_start=cfg.with_start,
+    )
     return mlp, stats | {"mlp_loss": [losses[0], losses[-1]]}
 
 
@@ -149,8 +196,9 @@ def save_edge_mlp(directory: str | Path, mlp: EdgeMLP | None, stats: dict[str, A
         ckpt.save(0, state, {"stats": stats}, {"mlp": mlp is not None})
 
 
-def restore_edge_mlp(directory: str | Path, embed_dim: int, hidden: int
-                     ) -> tuple[EdgeMLP | None, dict[str, Any]] | None:
+def restore_edge_mlp(
+    directory: str | Path, embed_dim: int, hidden: int
+) -> tuple[EdgeMLP | None, dict[str, Any]] | None:
     """(MLP or None, statistics) saved by `save_edge_mlp`; None when the directory holds none."""
     with Checkpointer(directory, keep=1, async_save=False) as ckpt:
         if not ckpt.steps():
@@ -165,8 +213,9 @@ def restore_edge_mlp(directory: str | Path, embed_dim: int, hidden: int
     return mlp, data["stats"]
 
 
-def edge_probs(mlp: EdgeMLP | None, agent_embs: np.ndarray, context_embs: np.ndarray, *,
-               with_start: bool = False) -> np.ndarray:
+def edge_probs(
+    mlp: EdgeMLP | None, agent_embs: np.ndarray, context_embs: np.ndarray, *, with_start: bool = False
+) -> np.ndarray:
     """p [M, N, N] from Eq. 6, self-loops zeroed (an agent does not hand off to itself; Eq. 5 samples none);
     [M, N + 1, N + 1] `with_start`, START last, with nothing entering it. `mlp` None (no successful walk to
     learn from, `learn_edge_mlp`): every allowed edge p = 1."""
@@ -194,7 +243,9 @@ def _prior_probs(z, p, prev, mask, start, visited, stop_floor: float):
     return jax.vmap(one)(z, p, prev, mask, start, visited)
 
 
-def prior_probs(states: Sequence[State], masks: np.ndarray, specs: Mapping[str, GraphSpec], stop_floor: float) -> np.ndarray:
+def prior_probs(
+    states: Sequence[State], masks: np.ndarray, specs: Mapping[str, GraphSpec], stop_floor: float
+) -> np.ndarray:
     """pi_prior [R, A] of each state under its task's GraphSpec, restricted to masks [R, A] (R >= len(states):
     rows past the states are padding and put all mass on STOP)."""
     rows = len(masks)
@@ -210,8 +261,9 @@ def prior_probs(states: Sequence[State], masks: np.ndarray, specs: Mapping[str, 
     return np.asarray(_prior_probs(z, p, prev, masks, start.astype(np.float32), visited, float(stop_floor)))
 
 
-def committed_next(spec: GraphSpec, history: Sequence[int], allowed: np.ndarray | None = None,
-                   edge_threshold: float = 0.0) -> int:
+def committed_next(
+    spec: GraphSpec, history: Sequence[int], allowed: np.ndarray | None = None, edge_threshold: float = 0.0
+) -> int:
     """The next agent of the structure GraphSpec commits to for a task (N = STOP), given the agents called
     so far: the first call is the START row's strongest retained agent (z_j if GraphSpec has no START row),
     each later one the strongest edge P_prior[prev, j] > edge_threshold from the agent called last to a
@@ -232,8 +284,9 @@ def committed_next(spec: GraphSpec, history: Sequence[int], allowed: np.ndarray 
     return int(np.argmax(np.where(candidates, weights, -np.inf)))
 
 
-def most_probable_path(spec: GraphSpec, *, max_steps: int, edge_threshold: float = 0.0,
-                       stop_floor: float = 0.05) -> tuple[int, ...]:
+def most_probable_path(
+    spec: GraphSpec, *, max_steps: int, edge_threshold: float = 0.0, stop_floor: float = 0.05
+) -> tuple[int, ...]:
     """The agent sequence pi_prior makes most probable for a task, STOP included: argmax over paths of
     prod_t pi_prior(a_t | s_t), where a path ends at STOP or after `max_steps` calls (the rollout's limit,
     no STOP factor then), each state restricted to Eq. 11's H (`structural_mask`) and to agents not yet called.
@@ -249,8 +302,17 @@ def most_probable_path(spec: GraphSpec, *, max_steps: int, edge_threshold: float
         mask = structural_mask(z, p, prev, edge_threshold=edge_threshold)
         visited = np.zeros(n, bool)
         visited[list(path)] = True
-        return np.asarray(prior_action_probs(z, p, prev, mask, start=jnp.asarray(start, jnp.float32),
-                                             visited=jnp.asarray(visited), stop_floor=stop_floor))
+        return np.asarray(
+            prior_action_probs(
+                z,
+                p,
+                prev,
+                mask,
+                start=jnp.asarray(start, jnp.float32),
+                visited=jnp.asarray(visited),
+                stop_floor=stop_floor,
+            )
+        )
 
     heap: list[tuple[float, tuple[int, ...], bool]] = [(0.0, (), False)]
     expanded: set[tuple[int, frozenset[int]]] = set()
@@ -307,8 +369,12 @@ class PriorPolicy:
     def path(self, task_id: str) -> tuple[int, ...]:
         """The most probable path of a task (computed once)."""
         if task_id not in self._paths:
-            self._paths[task_id] = most_probable_path(self.specs[task_id], max_steps=self.max_steps,
-                                                      edge_threshold=self.edge_threshold, stop_floor=self.stop_floor)
+            self._paths[task_id] = most_probable_path(
+                self.specs[task_id],
+                max_steps=self.max_steps,
+                edge_threshold=self.edge_threshold,
+                stop_floor=self.stop_floor,
+            )
         return self._paths[task_id]
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:

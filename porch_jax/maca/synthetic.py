@@ -11,6 +11,7 @@ The world's rules (what GraphSpec and a policy should discover):
   well later (the solve -> check edge); a fixer repairs only right after a checker (check -> fix).
 - Every call costs prompt tokens (the task plus everything said so far) and its completion tokens.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -95,14 +96,30 @@ _FILLS: dict[str, tuple[str, ...]] = {
     "name": ("Maria", "Tom", "Aisha", "Kenji", "Lena", "Omar"),
     "item": ("apples", "pencils", "marbles", "cupcakes", "stickers"),
     "fn": ("solve", "process", "compute_value", "check_input", "transform"),
-    "what": ("sum of even numbers", "largest gap between neighbours", "length of the longest increasing run", "second largest value"),
+    "what": (
+        "sum of even numbers",
+        "largest gap between neighbours",
+        "length of the longest increasing run",
+        "second largest value",
+    ),
     "what2": ("prime numbers", "perfect squares", "Fibonacci numbers"),
     "prop": ("is a palindrome ignoring case", "has balanced brackets", "contains every vowel"),
     "order": ("spiral", "zigzag", "column-major"),
-    "phenomenon": ("ice floats on water", "the days are longer in summer", "prices rise when money supply grows",
-                   "a metal spoon feels colder than a wooden one", "plants grow toward light"),
+    "phenomenon": (
+        "ice floats on water",
+        "the days are longer in summer",
+        "prices rise when money supply grows",
+        "a metal spoon feels colder than a wooden one",
+        "plants grow toward light",
+    ),
     "field": ("biology", "economics", "physics", "law", "chemistry", "history"),
-    "concept": ("a chemical change", "an inherited trait", "opportunity cost", "a renewable resource", "a legal precedent"),
+    "concept": (
+        "a chemical change",
+        "an inherited trait",
+        "opportunity cost",
+        "a renewable resource",
+        "a legal precedent",
+    ),
     "o1": ("density differences", "the tilt of the Earth's axis", "thermal conductivity", "a change in demand"),
     "o2": ("gravity acting on mass", "the distance to the Sun", "the colour of the object", "government regulation"),
     "o3": ("magnetic attraction", "ocean currents", "the shape of the object", "consumer preferences"),
@@ -146,7 +163,11 @@ def make_tasks(
         template = rng.choice(_TEMPLATES[family])
         fills = {key: rng.choice(values) for key, values in _FILLS.items()}
         fills.update({key: rng.randint(2, 99) for key in ("a", "b", "c", "d", "p", "q", "k")})
-        tasks.append(SyntheticTask(f"synthetic-{seed}-{k}", family, rng.random() < hard_fraction, template.format(**fills), budget))
+        tasks.append(
+            SyntheticTask(
+                f"synthetic-{seed}-{k}", family, rng.random() < hard_fraction, template.format(**fills), budget
+            )
+        )
     return tasks
 
 

@@ -22,6 +22,7 @@ Choices the paper leaves open, and why:
   beta * tokens, and a tiny epsilon would blow those differences up to unit advantages (teaching "stop
   early" whatever beta is). 0.1 keeps them at the scale of beta's cost.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -101,14 +102,17 @@ class Variant:
             raise ValueError("a variant without GraphSpec and without a policy has nothing to act by")
 
 
-VARIANTS: dict[str, Variant] = {v.name: v for v in (
-    Variant("maca"),
-    Variant("no_z_prior", prior="no_relevance"),
-    Variant("no_p_prior", prior="no_edges"),
-    Variant("no_graphspec", prior="none", mask=False),
-    Variant("no_policy", learn=False),
-    Variant("grpo", prior="none", mask=False, prior_kl_weight=0.0),  # unconstrained GRPO: no mask, no prior KL
-)}
+VARIANTS: dict[str, Variant] = {
+    v.name: v
+    for v in (
+        Variant("maca"),
+        Variant("no_z_prior", prior="no_relevance"),
+        Variant("no_p_prior", prior="no_edges"),
+        Variant("no_graphspec", prior="none", mask=False),
+        Variant("no_policy", learn=False),
+        Variant("grpo", prior="none", mask=False, prior_kl_weight=0.0),  # unconstrained GRPO: no mask, no prior KL
+    )
+}
 
 
 def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_GAMMA) -> list[GraphSpec] | None:
@@ -124,7 +128,9 @@ def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_
         p = np.broadcast_to(~np.eye(p.shape[-1], dtype=bool), p.shape).astype(np.float32)
     z, pp = np.asarray(gate(jnp.asarray(q), gamma)), np.asarray(edge_prior(jnp.asarray(p[:, :n, :n]), jnp.asarray(q)))
     start = p[:, n, :n] * q if p.shape[-1] == n + 1 else [None] * len(q)
-    return [GraphSpec(relevance=q[m], participation=z[m], edge_prior=pp[m], start_prior=start[m]) for m in range(len(q))]
+    return [
+        GraphSpec(relevance=q[m], participation=z[m], edge_prior=pp[m], start_prior=start[m]) for m in range(len(q))
+    ]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,8 +138,17 @@ def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_
 # ---------------------------------------------------------------------------------------------------
 
 
-def maca_loss(log_probs: jax.Array, actions: jax.Array, old_logp: jax.Array, advantages: jax.Array, valid: jax.Array,
-              mix: jax.Array, *, clip_eps: float, prior_kl_weight: float) -> tuple[jax.Array, dict[str, jax.Array]]:
+def maca_loss(
+    log_probs: jax.Array,
+    actions: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    valid: jax.Array,
+    mix: jax.Array,
+    *,
+    clip_eps: float,
+    prior_kl_weight: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
     """Eq. 10 over decisions [D] plus lambda * KL(pi_theta || pi_mix) (see the module docstring).
 
     log_probs [D, A] (Eq. 11), actions/old_logp/advantages/valid [D], mix [D, A] = log pi_mix.
@@ -146,10 +161,24 @@ def maca_loss(log_probs: jax.Array, actions: jax.Array, old_logp: jax.Array, adv
 
 
 @functools.partial(jax.jit, static_argnames=("groups", "token_cost_weight", "prior_kl_weight", "token_unit", "eps"))
-def group_targets(old: jax.Array, ref: jax.Array, prior: jax.Array, valid: jax.Array, episode: jax.Array, step: jax.Array,
-                  tokens: jax.Array, correct: jax.Array, step_mask: jax.Array, *, groups: int, token_cost_weight: float,
-                  prior_kl_weight: float, token_unit: float, eps: float, actions: jax.Array | None = None
-                  ) -> dict[str, jax.Array]:
+def group_targets(
+    old: jax.Array,
+    ref: jax.Array,
+    prior: jax.Array,
+    valid: jax.Array,
+    episode: jax.Array,
+    step: jax.Array,
+    tokens: jax.Array,
+    correct: jax.Array,
+    step_mask: jax.Array,
+    *,
+    groups: int,
+    token_cost_weight: float,
+    prior_kl_weight: float,
+    token_unit: float,
+    eps: float,
+    actions: jax.Array | None = None,
+) -> dict[str, jax.Array]:
     """From the decisions' rollout log-probs, pi_ref log-probs and pi_prior ([R, A]; rows flagged by valid [R],
     placed at (episode, step)) and the episodes' step tokens [E, T], outcomes [E] and step masks: log pi_mix,
     KL_t per decision, R per episode (Eq. 8, 12; lambda weights the KL in the return) and the advantages
@@ -161,11 +190,24 @@ def group_targets(old: jax.Array, ref: jax.Array, prior: jax.Array, valid: jax.A
         taken = lambda x: jnp.take_along_axis(x, actions[:, None], axis=-1)[:, 0]
         kl = jnp.where(valid, taken(old) - taken(mix), 0.0)
     kl_steps = jnp.zeros(tokens.shape, jnp.float32).at[episode, step].add(kl)
-    rewards = step_rewards(correct, tokens, kl_steps, step_mask, token_cost_weight=token_cost_weight,
-                           prior_kl_weight=prior_kl_weight, token_unit=token_unit)
+    rewards = step_rewards(
+        correct,
+        tokens,
+        kl_steps,
+        step_mask,
+        token_cost_weight=token_cost_weight,
+        prior_kl_weight=prior_kl_weight,
+        token_unit=token_unit,
+    )
     returns = trajectory_return(rewards)
     advantages = group_advantages(returns.reshape(groups, -1), eps=eps).reshape(-1)
-    return {"mix": mix, "kl": kl, "returns": returns, "advantages": advantages, "decision_advantages": advantages[episode]}
+    return {
+        "mix": mix,
+        "kl": kl,
+        "returns": returns,
+        "advantages": advantages,
+        "decision_advantages": advantages[episode],
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -197,18 +239,41 @@ class GRPOConfig:
 
 def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
     """The trainers' AdamW; its schedule counts updates, `epochs` per iteration."""
-    return _optimizer(cfg.learning_rate, cfg.warmup_steps, max(cfg.iterations * cfg.epochs, 1), cfg.final_lr_ratio,
-                      cfg.weight_decay, cfg.max_grad_norm)
+    return _optimizer(
+        cfg.learning_rate,
+        cfg.warmup_steps,
+        max(cfg.iterations * cfg.epochs, 1),
+        cfg.final_lr_ratio,
+        cfg.weight_decay,
+        cfg.max_grad_norm,
+    )
 
 
 @functools.cache
-def _optimizer(learning_rate: float, warmup_steps: int, total_steps: int, final_lr_ratio: float, weight_decay: float,
-               max_grad_norm: float) -> optax.GradientTransformation:
+def _optimizer(
+    learning_rate: float,
+    warmup_steps: int,
+    total_steps: int,
+    final_lr_ratio: float,
+    weight_decay: float,
+    max_grad_norm: float,
+) -> optax.GradientTransformation:
     # cached: the same transformation object lets runs with equal settings share compiled update steps
-    return optim.make_optimizer(ConfigDict({
-        "learning_rate": learning_rate, "warmup_steps": warmup_steps, "total_steps": total_steps,
-        "final_lr_ratio": final_lr_ratio, "weight_decay": weight_decay, "b1": 0.9, "b2": 0.999, "eps": 1e-8,
-        "max_grad_norm": max_grad_norm}))
+    return optim.make_optimizer(
+        ConfigDict(
+            {
+                "learning_rate": learning_rate,
+                "warmup_steps": warmup_steps,
+                "total_steps": total_steps,
+                "final_lr_ratio": final_lr_ratio,
+                "weight_decay": weight_decay,
+                "b1": 0.9,
+                "b2": 0.999,
+                "eps": 1e-8,
+                "max_grad_norm": max_grad_norm,
+            }
+        )
+    )
 
 
 @dataclasses.dataclass
@@ -219,12 +284,32 @@ class TrainResult:
 
 
 @functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _update(graphdef: nnx.GraphDef, tx: optax.GradientTransformation, clip_eps: float, prior_kl_weight: float,
-            params: nnx.State, opt_state: optax.OptState, inputs: Mapping[str, jax.Array], masks: jax.Array,
-            actions: jax.Array, old_logp: jax.Array, advantages: jax.Array, valid: jax.Array, mix: jax.Array):
+def _update(
+    graphdef: nnx.GraphDef,
+    tx: optax.GradientTransformation,
+    clip_eps: float,
+    prior_kl_weight: float,
+    params: nnx.State,
+    opt_state: optax.OptState,
+    inputs: Mapping[str, jax.Array],
+    masks: jax.Array,
+    actions: jax.Array,
+    old_logp: jax.Array,
+    advantages: jax.Array,
+    valid: jax.Array,
+    mix: jax.Array,
+):
     def loss_fn(p):
-        return maca_loss(policy_log_probs(graphdef, p, inputs, masks), actions, old_logp, advantages, valid, mix,
-                         clip_eps=clip_eps, prior_kl_weight=prior_kl_weight)
+        return maca_loss(
+            policy_log_probs(graphdef, p, inputs, masks),
+            actions,
+            old_logp,
+            advantages,
+            valid,
+            mix,
+            clip_eps=clip_eps,
+            prior_kl_weight=prior_kl_weight,
+        )
 
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
     updates, opt_state = tx.update(grads, opt_state, params)
@@ -263,11 +348,22 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
     )
 
 
-def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: AgentWorld,
-               specs: Mapping[str, GraphSpec] | None, variant: Variant, cfg: GRPOConfig, *, seed: int = 0,
-               checkpoint_dir: str | Path | None = None, checkpoint_every: int = 0,
-               probe: Callable[[], Mapping[str, float]] | None = None, probe_every: int = 0,
-               progress: Callable[[str], None] | None = None, progress_every_s: float = 30.0) -> TrainResult:
+def train_grpo(
+    policy: ActionPolicy,
+    tasks: Sequence[OrchestrationTask],
+    world: AgentWorld,
+    specs: Mapping[str, GraphSpec] | None,
+    variant: Variant,
+    cfg: GRPOConfig,
+    *,
+    seed: int = 0,
+    checkpoint_dir: str | Path | None = None,
+    checkpoint_every: int = 0,
+    probe: Callable[[], Mapping[str, float]] | None = None,
+    probe_every: int = 0,
+    progress: Callable[[str], None] | None = None,
+    progress_every_s: float = 30.0,
+) -> TrainResult:
     """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
     `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
     held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
@@ -289,40 +385,69 @@ def train_grpo(policy: ActionPolicy, tasks: Sequence[OrchestrationTask], world: 
     ref_params = jax.tree.map(jnp.copy, policy.params)
     opt_state = tx.init(policy.params)
     history: list[dict[str, float]] = []
-    identity = {"variant": dataclasses.asdict(variant), "seed": seed, "iterations": cfg.iterations,
-                "tasks": len(tasks), "first_task": tasks[0].task_id if tasks else None}
-    update = functools.partial(_update, policy.graphdef, tx, cfg.clip_eps,
-                               variant.prior_kl_weight if cfg.kl_in_loss else 0.0)
-    saver = contextlib.nullcontext() if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
+    identity = {
+        "variant": dataclasses.asdict(variant),
+        "seed": seed,
+        "iterations": cfg.iterations,
+        "tasks": len(tasks),
+        "first_task": tasks[0].task_id if tasks else None,
+    }
+    update = functools.partial(
+        _update, policy.graphdef, tx, cfg.clip_eps, variant.prior_kl_weight if cfg.kl_in_loss else 0.0
+    )
+    saver = (
+        contextlib.nullcontext() if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
+    )
     with saver as ckpt:
         start = 0
-        resumed = None if ckpt is None else _resume(
-            ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
+        resumed = (
+            None
+            if ckpt is None
+            else _resume(ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
+        )
         if resumed is not None:
             start, state, data = resumed
             policy.params, opt_state, ref_params = state["params"], state["opt_state"], state["ref_params"]
             rng.bit_generator.state = data["rng"]
             history = list(data["history"])
-        line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
+        line = (
+            None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
+        )
         for it in range(start, cfg.iterations):
             began = time.perf_counter()
             opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
             history.append({"iteration": it, **row, "seconds": time.perf_counter() - began})
             last = it + 1 == cfg.iterations
             if line is not None:
-                line(it + 1, f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
-                             f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f}")
+                line(
+                    it + 1,
+                    f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
+                    f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f}",
+                )
             if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or last):
                 history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
             if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):
-                ckpt.save(it + 1, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params},
-                          {"iteration": it + 1, "rng": rng.bit_generator.state, "history": history}, identity)
+                ckpt.save(
+                    it + 1,
+                    {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params},
+                    {"iteration": it + 1, "rng": rng.bit_generator.state, "history": history},
+                    identity,
+                )
     return TrainResult(policy.params, opt_state, history)
 
 
-def _iteration(policy: ActionPolicy, opt_state: optax.OptState, ref_params: nnx.State, update: Callable,
-               tasks: Sequence[OrchestrationTask], world: AgentWorld, specs: Mapping[str, GraphSpec] | None,
-               variant: Variant, cfg: GRPOConfig, rng: np.random.Generator) -> tuple[optax.OptState, dict[str, float]]:
+def _iteration(
+    policy: ActionPolicy,
+    opt_state: optax.OptState,
+    ref_params: nnx.State,
+    update: Callable,
+    tasks: Sequence[OrchestrationTask],
+    world: AgentWorld,
+    specs: Mapping[str, GraphSpec] | None,
+    variant: Variant,
+    cfg: GRPOConfig,
+    rng: np.random.Generator,
+) -> tuple[optax.OptState, dict[str, float]]:
     """One GRPO iteration (updates `policy.params` in place): groups of rollouts, Eq. 12's returns, Eq. 9's
     advantages, `cfg.epochs` updates. Returns the optimizer state and the iteration's metrics."""
     rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
@@ -339,26 +464,51 @@ def _iteration(policy: ActionPolicy, opt_state: optax.OptState, ref_params: nnx.
     prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
     valid = np.arange(rows) < len(batch.states)
     targets = group_targets(
-        old, ref, prior, valid, pad_rows(batch.episode, rows), pad_rows(batch.step, rows), batch.tokens,
-        np.array([e.correct for e in episodes], np.float32), batch.step_mask, groups=len(picked),
-        token_cost_weight=cfg.token_cost_weight, token_unit=cfg.token_unit, eps=cfg.advantage_eps,
+        old,
+        ref,
+        prior,
+        valid,
+        pad_rows(batch.episode, rows),
+        pad_rows(batch.step, rows),
+        batch.tokens,
+        np.array([e.correct for e in episodes], np.float32),
+        batch.step_mask,
+        groups=len(picked),
+        token_cost_weight=cfg.token_cost_weight,
+        token_unit=cfg.token_unit,
+        eps=cfg.advantage_eps,
         prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0,
-        actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None)
+        actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None,
+    )
     actions = pad_rows(batch.actions, rows)
     old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
     with policy.placement():
         for _ in range(cfg.epochs):
-            policy.params, opt_state, metrics = update(policy.params, opt_state, inputs, masks, actions, old_logp,
-                                                       targets["decision_advantages"], valid, targets["mix"])
+            policy.params, opt_state, metrics = update(
+                policy.params,
+                opt_state,
+                inputs,
+                masks,
+                actions,
+                old_logp,
+                targets["decision_advantages"],
+                valid,
+                targets["mix"],
+            )
     returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
     return opt_state, {
-        "return": float(returns.mean()), "accuracy": float(np.mean([e.correct for e in episodes])),
-        "cost": float(np.mean([e.cost for e in episodes])), "steps": float(np.mean([len(e.path) for e in episodes])),
-        "kl_mix_rollout": float(kl.mean()), **{k: float(v) for k, v in jax.device_get(metrics).items()}}
+        "return": float(returns.mean()),
+        "accuracy": float(np.mean([e.correct for e in episodes])),
+        "cost": float(np.mean([e.cost for e in episodes])),
+        "steps": float(np.mean([len(e.path) for e in episodes])),
+        "kl_mix_rollout": float(kl.mean()),
+        **{k: float(v) for k, v in jax.device_get(metrics).items()},
+    }
 
 
-def _resume(ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
-            ) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
+def _resume(
+    ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
+) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
     """(iteration, state shaped like `target`, data) of `ckpt`'s newest readable step; None when there is none.
     A checkpoint of another run (its recorded identity differs) is refused, naming what differs."""
     steps = ckpt.steps()
@@ -367,12 +517,15 @@ def _resume(ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
     saved = ckpt.config(steps[-1])
     differ = sorted(k for k in identity if json.loads(json.dumps(identity[k])) != saved.get(k))
     if differ:
-        raise ValueError(f"{ckpt.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
-                         f"{ {k: saved.get(k) for k in differ} }); use another checkpoint directory or delete it")
+        raise ValueError(
+            f"{ckpt.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
+            f"{ {k: saved.get(k) for k in differ} }); use another checkpoint directory or delete it"
+        )
     restored = ckpt.restore_latest(abstract_like(target))
     if restored is not None:
-        logging.info("GRPO (%s) resumes from iteration %d of %s", identity["variant"]["name"], restored[0],
-                     ckpt.directory)
+        logging.info(
+            "GRPO (%s) resumes from iteration %d of %s", identity["variant"]["name"], restored[0], ckpt.directory
+        )
     return restored
 
 

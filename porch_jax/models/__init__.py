@@ -1,4 +1,5 @@
 """Flax NNX decoders with Hugging Face safetensors import/export and logical-axis sharding."""
+
 from porch_jax.models.cache import KVCache
 from porch_jax.models.config import ConfigError, ModelConfig
 from porch_jax.models.io import (

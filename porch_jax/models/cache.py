@@ -6,6 +6,7 @@ tokens, so left padding never serves as a key. Keys and values are stored heads-
 ([..., kv_heads, slots, head_dim]), the layout attention's batched matmuls read: stored slots-major,
 XLA:CPU transposed every layer's whole cache at every decode step (~10% of decoding time).
 """
+
 from __future__ import annotations
 
 import jax

@@ -4,6 +4,7 @@ Only what the JAX decoder needs is kept; features we do not implement (sliding w
 attention, scaled RoPE, other activations) are rejected at load time, naming the field, rather
 than silently producing a different model.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -22,7 +23,10 @@ ARCHITECTURES = {
 HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
 LAYER_TYPES = ("full_attention", "linear_attention")
 _LINEAR_FIELDS = (
-    "linear_num_key_heads", "linear_num_value_heads", "linear_key_head_dim", "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
     "linear_conv_kernel_dim",
 )
 
@@ -67,8 +71,15 @@ class ModelConfig:
             raise ConfigError(
                 f"model_type {self.model_type!r} is not supported (known: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ConfigError(f"config field {name!r} must be a positive integer, got {value!r}")
@@ -227,8 +238,13 @@ def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
     layers = hf.get("num_hidden_layers") or 0
     interval = hf.get("full_attention_interval", 4)  # transformers' default layer pattern
     default_types = ["linear_attention" if (i + 1) % interval else "full_attention" for i in range(layers)]
-    defaults = {"linear_num_key_heads": 16, "linear_num_value_heads": 32, "linear_key_head_dim": 128,
-                "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4}
+    defaults = {
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+    }
     return {name: hf.get(name, default) for name, default in defaults.items()} | {
         "layer_types": tuple(hf.get("layer_types") or default_types),
         "attn_output_gate": bool(hf.get("attn_output_gate", True)),

@@ -18,6 +18,7 @@ partitioning rule: under a mesh context (`jax.set_mesh`) they run per device on 
 batch (`_per_batch_shard`); without one, in a program sharded over several CPU devices, XLA gathers
 their operands (exact, not partitioned).
 """
+
 from __future__ import annotations
 
 import jax
@@ -100,8 +101,9 @@ def causal_conv1d(
 
     if not use_native(causal_conv.available, causal_conv.supports(x.shape[-1])):
         return xla_causal_conv1d(x, weight, state=state, segment_ids=segment_ids)
-    return _per_batch_shard(causal_conv.causal_conv1d, dict(x=x), dict(state=state, segment_ids=segment_ids),
-                            dict(weight=weight))
+    return _per_batch_shard(
+        causal_conv.causal_conv1d, dict(x=x), dict(state=state, segment_ids=segment_ids), dict(weight=weight)
+    )
 
 
 def xla_causal_conv1d(
@@ -139,8 +141,10 @@ def _grouped(q: jax.Array, k: jax.Array, v: jax.Array) -> int:
     """Value heads per key head, checking the shapes both forms take."""
     hk, hv = k.shape[2], v.shape[2]
     if q.shape[:3] != k.shape[:3] or hv % hk:
-        raise ValueError(f"q {q.shape} and k {k.shape} need the same [B, T, key heads], and the value heads of "
-                         f"v {v.shape} a multiple of the key heads")
+        raise ValueError(
+            f"q {q.shape} and k {k.shape} need the same [B, T, key heads], and the value heads of "
+            f"v {v.shape} a multiple of the key heads"
+        )
     return hv // hk
 
 
@@ -279,8 +283,11 @@ def _rule_backward(residuals, cotangents):
     d_beta = jnp.sum(d_lower_decay * gram, axis=-1) + jnp.sum(v * d_bv, axis=-1) + from_start * k_bk
     d_v = d_bv * beta[..., None]
     d_q = _per_key_head(d_q_start * from_start[..., None]) + d_qk @ k
-    d_k = (_per_key_head(d_k_out * to_end[..., None] + d_bk * (beta * from_start)[..., None])
-           + (d_gram + _t(d_gram)) @ k + transposed(d_qk) @ q)
+    d_k = (
+        _per_key_head(d_k_out * to_end[..., None] + d_bk * (beta * from_start)[..., None])
+        + (d_gram + _t(d_gram)) @ k
+        + transposed(d_qk) @ q
+    )
     return d_q, d_k, d_v, d_g, d_beta, d_state, None
 
 
@@ -350,8 +357,11 @@ def gated_delta_rule(
 
     if not use_native(gated_delta.available, v.shape[-1] <= gated_delta.MAX_VALUE_DIM):
         return chunk_gated_delta_rule(q, k, v, g, beta, initial_state=initial_state, segment_ids=segment_ids)
-    return _per_batch_shard(gated_delta.gated_delta_rule, dict(q=q, k=k, v=v, g=g, beta=beta),
-                            dict(initial_state=initial_state, segment_ids=segment_ids))
+    return _per_batch_shard(
+        gated_delta.gated_delta_rule,
+        dict(q=q, k=k, v=v, g=g, beta=beta),
+        dict(initial_state=initial_state, segment_ids=segment_ids),
+    )
 
 
 def _per_batch_shard(kernel, batched: dict, optional: dict, replicated: dict | None = None):
@@ -377,4 +387,5 @@ def _per_batch_shard(kernel, batched: dict, optional: dict, replicated: dict | N
 
     in_specs = (PartitionSpec(axes),) * len(sharded) + (PartitionSpec(),) * len(replicated)
     return jax.shard_map(local, in_specs=in_specs, out_specs=PartitionSpec(axes), check_vma=False)(
-        *sharded.values(), *replicated.values())
+        *sharded.values(), *replicated.values()
+    )

@@ -5,6 +5,7 @@ to our module paths. The table is used both ways (import and export), every tens
 against the shape the config implies, and nothing is silently dropped or left uninitialised.
 A new architecture registers another spec in `MODEL_SPECS`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,7 +56,7 @@ class WeightRule:
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
         if not self.in_dims:
             return tuple(shape)
-        return math.prod(shape[self.in_dims:]), math.prod(shape[: self.in_dims])
+        return math.prod(shape[self.in_dims :]), math.prod(shape[: self.in_dims])
 
     def to_ours(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
         return array.T.reshape(shape) if self.in_dims else array
@@ -101,7 +102,6 @@ QWEN3 = ModelSpec(
 )
 
 
-
 def _qwen3_5(prefix: str, ignored: tuple[str, ...] = ()) -> ModelSpec:
     """Qwen3.5 text weights under `prefix`: "model." in a text checkpoint, "model.language_model."
     in a multimodal one (whose vision tower is not loaded). MTP (speculative) heads are dropped."""
@@ -122,8 +122,10 @@ def _qwen3_5(prefix: str, ignored: tuple[str, ...] = ()) -> ModelSpec:
             layer("self_attn.o_proj.weight", "self_attn.o_proj", 2),
             layer("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
             layer("self_attn.k_norm.weight", "self_attn.k_norm.weight"),
-            *(layer(f"linear_attn.{p}.weight", f"linear_attn.{p}", 1)
-              for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")),
+            *(
+                layer(f"linear_attn.{p}.weight", f"linear_attn.{p}", 1)
+                for p in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a")
+            ),
             layer("linear_attn.conv1d.weight", "linear_attn.conv1d"),
             layer("linear_attn.dt_bias", "linear_attn.dt_bias"),
             layer("linear_attn.A_log", "linear_attn.A_log"),
@@ -159,9 +161,7 @@ def init_model(
     **model_kwargs: Any,
 ) -> nnx.Module:
     """A randomly initialised model (HF-like: normal(0, initializer_range), norms at 1)."""
-    model = _spec(config).model_cls(
-        config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, **model_kwargs
-    )
+    model = _spec(config).model_cls(config, rngs=nnx.Rngs(seed), dtype=dtype, param_dtype=param_dtype, **model_kwargs)
     return model if mesh is None else shard_model(model, mesh, rules or RULES)
 
 
@@ -230,9 +230,7 @@ def from_pretrained(
         var = targets[ours]
         expected = rule.hf_shape(var.shape)
         if tuple(array.shape) != expected:
-            raise CheckpointError(
-                f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies {expected}"
-            )
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies {expected}")
         array = rule.to_ours(array, var.shape).astype(var.dtype)
         sharding = variable_sharding(var, mesh, rules or RULES) if mesh is not None else None
         values[ours] = jax.device_put(array, sharding)

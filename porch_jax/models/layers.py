@@ -3,6 +3,7 @@
 Parameters carry logical axis names (`out_sharding` metadata, see sharding.py) and are never
 sharded eagerly, so the same module runs on one device or on a mesh.
 """
+
 from __future__ import annotations
 
 import functools
@@ -227,8 +228,11 @@ def _attention_bwd(block, res, d_out):
     # Swapped behind a barrier (see _barrier): with a single block XLA would fold the swaps into the dots.
     dk, dv = jnp.swapaxes(_barrier(dk_t), 2, 3), jnp.swapaxes(_barrier(dv_t), 2, 3)
     return (
-        jnp.concatenate(dq, axis=2).astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype),
-        _zero_cotangent(attention_mask), _zero_cotangent(segment_ids),
+        jnp.concatenate(dq, axis=2).astype(q.dtype),
+        dk.astype(k.dtype),
+        dv.astype(v.dtype),
+        _zero_cotangent(attention_mask),
+        _zero_cotangent(segment_ids),
     )
 
 

@@ -3,6 +3,7 @@
 Presets let code size a model (parameter counts, memory plans, sharding) without a checkpoint;
 real training loads the checkpoint's own config.json.
 """
+
 from __future__ import annotations
 
 import copy

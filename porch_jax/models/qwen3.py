@@ -1,4 +1,5 @@
 """Qwen3 causal language model in Flax NNX, numerically matching transformers' Qwen3ForCausalLM."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -59,9 +60,7 @@ def default_positions(
     """
     idx = jnp.arange(length, dtype=jnp.int32)[None]
     if segment_ids is not None:
-        starts = jnp.concatenate(
-            [jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
-        )
+        starts = jnp.concatenate([jnp.ones((batch, 1), bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
         return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)
     if cache is None and attention_mask is None:
         return jnp.broadcast_to(idx, (batch, length))
@@ -203,8 +202,17 @@ class Qwen3ForCausalLM(CausalLM):
                 raise ValueError("cache_index is required with a cache")
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a KV cache")
-        rope = forward_rope(positions, b, t, self.config.head_dim, self.config.rope_theta,
-                            attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
+        rope = forward_rope(
+            positions,
+            b,
+            t,
+            self.config.head_dim,
+            self.config.rope_theta,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            cache=cache,
+            cache_index=cache_index,
+        )
         x = self.embed(input_ids)
 
         if cache is None:

@@ -5,6 +5,7 @@ Gated DeltaNet. Differences from Qwen3 that matter numerically: zero-centred RMS
 1 + w), a sigmoid output gate packed per head into q_proj ([query | gate]), RoPE on the first
 quarter of each head only, and the DeltaNet core in float32 (see deltanet.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -120,7 +121,9 @@ class GatedAttention(nnx.Module):
             start = (slot, 0, 0, index, 0)
             k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
-            out = cached_attention(q, k_cache[slot].astype(self.dtype), v_cache[slot].astype(self.dtype), key_mask, index)
+            out = cached_attention(
+                q, k_cache[slot].astype(self.dtype), v_cache[slot].astype(self.dtype), key_mask, index
+            )
             new_kv = (k_cache, v_cache)
         out = (out.reshape(b, t, -1, self.head_dim) * jax.nn.sigmoid(gate)).reshape(b, t, -1)
         return dense(out, self.o_proj[...].astype(self.dtype).reshape(-1, h)), new_kv
@@ -246,8 +249,9 @@ class Qwen3_5ForCausalLM(CausalLM):
         self.cache_slots = tuple(kinds[:i].count(kind) for i, kind in enumerate(kinds))
 
     def make_layer(self, index: int, *, rngs: nnx.Rngs) -> nnx.Module:
-        return DecoderLayer(self.config, self.config.layer_types[index], rngs=rngs, dtype=self.dtype,
-                            param_dtype=self.param_dtype)
+        return DecoderLayer(
+            self.config, self.config.layer_types[index], rngs=rngs, dtype=self.dtype, param_dtype=self.param_dtype
+        )
 
     def init_cache(self, batch: int, max_len: int, dtype=jnp.float32) -> HybridCache:
         """An empty cache; the delta-rule state is float32 whatever `dtype` (as in transformers)."""
@@ -255,7 +259,9 @@ class Qwen3_5ForCausalLM(CausalLM):
         attention = c.layer_types.count(FULL_ATTENTION)
         linear = len(c.layer_types) - attention
         kv_shape = (attention, batch, c.num_key_value_heads, max_len, c.head_dim)
-        channels = 2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+        channels = (
+            2 * c.linear_num_key_heads * c.linear_key_head_dim + c.linear_num_value_heads * c.linear_value_head_dim
+        )
         return HybridCache(
             k=jnp.zeros(kv_shape, dtype),
             v=jnp.zeros(kv_shape, dtype),
@@ -284,8 +290,17 @@ class Qwen3_5ForCausalLM(CausalLM):
             if segment_ids is not None:
                 raise ValueError("segment_ids (packing) cannot be combined with a cache")
         rotary = int(self.config.head_dim * self.config.partial_rotary_factor)
-        rope = forward_rope(positions, b, t, rotary, self.config.rope_theta,
-                            attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index)
+        rope = forward_rope(
+            positions,
+            b,
+            t,
+            rotary,
+            self.config.rope_theta,
+            attention_mask=attention_mask,
+            segment_ids=segment_ids,
+            cache=cache,
+            cache_index=cache_index,
+        )
         x = self.embed(input_ids)
         if attention_mask is not None:
             attention_mask = attention_mask.astype(bool)

@@ -16,6 +16,7 @@ Why it looks the way it does:
 - Sampling avoids sorting the vocabulary (slow on XLA:CPU): exact radix-select cuts for top-k /
   top-p, and inverse-CDF draws.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -156,7 +157,7 @@ class Sampler:
         step = self.batch_buckets[-1]
         state = nnx.state(self.model)
         for start in range(0, len(order), step):
-            chunk = order[start:start + step]
+            chunk = order[start : start + step]
             completions = self._run_batch(state, [prompts[i] for i in chunk], [params[i] for i in chunk])
             for i, completion in zip(chunk, completions):
                 results[i] = completion
@@ -178,9 +179,7 @@ class Sampler:
 
     # ----------------------------------------------------------------------------- host side
 
-    def _run_batch(
-        self, state: nnx.State, prompts: list[list[int]], params: list[SamplingParams]
-    ) -> list[Completion]:
+    def _run_batch(self, state: nnx.State, prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
         n = len(prompts)
         batch = _bucket(n, self.batch_buckets)
         prompt_len = _bucket(max(map(len, prompts)), self.prompt_buckets)
@@ -191,18 +190,28 @@ class Sampler:
         prompt_mask = np.zeros((batch, prompt_len), bool)
         prompt_mask[n:, -1] = True  # filler rows: one token each, budget 0, so they finish at once
         for b, (prompt, stops) in enumerate(zip(prompts, stop_sets)):
-            tokens[b, prompt_len - len(prompt):] = prompt
-            prompt_mask[b, prompt_len - len(prompt):] = True
-            stop_ids[b, :len(stops)] = stops
+            tokens[b, prompt_len - len(prompt) :] = prompt
+            prompt_mask[b, prompt_len - len(prompt) :] = True
+            stop_ids[b, : len(stops)] = stops
 
         def column(field: str, dtype, fill=0) -> np.ndarray:
             return np.array([getattr(p, field) for p in params] + [fill] * (batch - n), dtype)
 
         seeds = (column("seed", np.int64) % 2**32).astype(np.uint32)
-        out_tokens, out_logprobs, lengths, stopped = jax.device_get(self._generate(
-            state, tokens, prompt_mask, stop_ids, column("temperature", np.float32), column("top_p", np.float32, 1),
-            column("top_k", np.int32), column("max_new_tokens", np.int32), seeds, cache_len=cache_len,
-        ))
+        out_tokens, out_logprobs, lengths, stopped = jax.device_get(
+            self._generate(
+                state,
+                tokens,
+                prompt_mask,
+                stop_ids,
+                column("temperature", np.float32),
+                column("top_p", np.float32, 1),
+                column("top_k", np.int32),
+                column("max_new_tokens", np.int32),
+                seeds,
+                cache_len=cache_len,
+            )
+        )
         completions = []
         for b in range(n):
             k = int(lengths[b])
@@ -270,8 +279,12 @@ class Sampler:
         logits = _logits(hidden[:, -1], head)
         zeros = jnp.zeros(batch, jnp.int32)
         token, done, lengths, out_tokens, out_logprobs, stopped = pick(
-            0, logits, zeros.astype(bool), zeros,
-            jnp.zeros((batch, num_new), jnp.int32), jnp.zeros((batch, num_new), jnp.float32),
+            0,
+            logits,
+            zeros.astype(bool),
+            zeros,
+            jnp.zeros((batch, num_new), jnp.int32),
+            jnp.zeros((batch, num_new), jnp.float32),
         )
 
         def cond(carry):
@@ -281,7 +294,9 @@ class Sampler:
         def body(carry):
             step, token, cache, done, lengths, out_tokens, out_logprobs, stopped = carry
             hidden, cache = model.hidden_states(
-                token[:, None], positions=(next_position + step - 1)[:, None], cache=cache,
+                token[:, None],
+                positions=(next_position + step - 1)[:, None],
+                cache=cache,
                 cache_index=prompt_len + step - 1,
             )
             token, done, lengths, out_tokens, out_logprobs, new_stop = pick(
@@ -345,6 +360,7 @@ def _top_k_top_p(probs: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Ar
 
 def _largest_passing(passes, rows: int) -> jax.Array:
     """Per row, the largest non-negative int32 b with passes(b), for passes monotone decreasing in b."""
+
     def bit(i, prefix):
         candidate = prefix | jnp.left_shift(jnp.int32(1), 30 - i)
         return jnp.where(passes(candidate), candidate, prefix)
@@ -381,6 +397,6 @@ def _apply_stop_strings(completion: Completion, stop: tuple[str, ...], decode) -
         hits = [text.find(s) for s in stop if s in text]
         if hits:
             completion.token_ids, completion.logprobs = ids[:end], completion.logprobs[:end]
-            completion.text = text[:min(hits)]
+            completion.text = text[: min(hits)]
             completion.finish_reason = "stop"
             return

@@ -5,6 +5,7 @@ Parameters are annotated with logical names (`out_sharding` metadata, e.g. ('emb
 that does not divide evenly over its mesh axis is replicated instead (e.g. 1 kv head on 2 tensor
 shards), so any tiny model runs on any mesh.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

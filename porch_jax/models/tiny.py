@@ -5,6 +5,7 @@ vLLM load) but no hub is reachable: we train a byte-level BPE on a small corpus 
 the package, give it Qwen's special tokens and a Qwen-style chat template with Hermes tool calls
 (what vLLM's `hermes` parser reads), and save random weights from our own model code.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -105,10 +106,12 @@ def build_tokenizer(vocab_size: int = 1024, corpus: str | None = None) -> PreTra
     if vocab_size < 256 + added:
         raise ValueError(f"vocab_size must be at least {256 + added} (256 bytes + {added} added tokens)")
     bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
+    bpe.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(_SPLIT_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
     bpe.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - added,

@@ -3,6 +3,7 @@
 Every action maps to one tool call ``{"name": ..., "arguments": {...}}`` (``to_call``); that call
 dict is also the form a parsed action takes in trajectory records.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ REVISABLE_FIELDS: tuple[str, ...] = ("subgoal", "context", "tools", "budget")
 
 
 # ---- sub-agent ---------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class ToolCall:
@@ -65,6 +67,7 @@ SubagentAction = Union[ToolCall, Submit, ReviseRequest, StopRequest]
 
 
 # ---- orchestrator ------------------------------------------------------------------------------
+
 
 def _check_agent_id(cls: str, agent_id: Any) -> None:
     if isinstance(agent_id, bool) or not isinstance(agent_id, int) or agent_id < 0:
@@ -110,7 +113,9 @@ class Revise:
                 object.__setattr__(self, name, tuple(v))
         if self.subgoal is not None and not isinstance(self.subgoal, str):
             raise TypeError("Revise.subgoal must be None or str")
-        if self.budget is not None and (isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1):
+        if self.budget is not None and (
+            isinstance(self.budget, bool) or not isinstance(self.budget, int) or self.budget < 1
+        ):
             raise TypeError(f"Revise.budget must be None or an int >= 1, got {self.budget!r}")
         if not isinstance(self.note, str):
             raise TypeError("Revise.note must be str")
@@ -164,8 +169,10 @@ def to_call(action: Action) -> dict[str, Any]:
         return {"name": STOP, "arguments": action.message.to_arguments()}
     if isinstance(action, Delegate):
         h = action.harness
-        return {"name": DELEGATE, "arguments": {"subgoal": h.subgoal, "context": list(h.context),
-                                                "tools": list(h.tools), "budget": h.budget}}
+        return {
+            "name": DELEGATE,
+            "arguments": {"subgoal": h.subgoal, "context": list(h.context), "tools": list(h.tools), "budget": h.budget},
+        }
     if isinstance(action, Revise):
         args: dict[str, Any] = {"agent_id": action.agent_id}
         for k, v in action.changes().items():

@@ -3,6 +3,7 @@
 Frozen so a recorded decision can never be mutated after the fact; every revision produces a new
 value with ``version + 1`` (the paper's Φ^ℓ → Φ^ℓ+1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,8 +51,13 @@ class Harness:
         return dataclasses.replace(self, **changes, version=self.version + 1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"subgoal": self.subgoal, "context": list(self.context), "tools": list(self.tools),
-                "budget": self.budget, "version": self.version}
+        return {
+            "subgoal": self.subgoal,
+            "context": list(self.context),
+            "tools": list(self.tools),
+            "budget": self.budget,
+            "version": self.version,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Harness:

@@ -3,6 +3,7 @@
 Status says why the sub-agent is talking (progress, uncertainty, blockage); request names what to
 change (task scope or a resource) and how; evidence quotes the tool outputs that justify it.
 """
+
 from __future__ import annotations
 
 import enum

@@ -6,6 +6,7 @@ before the call and ``<think>`` blocks are ignored. Any failure raises a ``Proto
 ``observation`` is short enough to hand back to the model as its next observation; arbitrary
 input never raises anything else.
 """
+
 from __future__ import annotations
 
 import functools
@@ -15,9 +16,25 @@ from collections.abc import Collection
 from typing import Any
 
 from porch_jax.protocol.actions import (
-    COMM_ACTIONS, DELEGATE, FINISH, ORCHESTRATOR_ACTIONS, REVISABLE_FIELDS, REVISE, STOP, SUBMIT,
-    Delegate, Finish, OrchestratorAction, Revise, ReviseRequest, Stop, StopRequest, Submit,
-    SubagentAction, ToolCall)
+    COMM_ACTIONS,
+    DELEGATE,
+    FINISH,
+    ORCHESTRATOR_ACTIONS,
+    REVISABLE_FIELDS,
+    REVISE,
+    STOP,
+    SUBMIT,
+    Delegate,
+    Finish,
+    OrchestratorAction,
+    Revise,
+    ReviseRequest,
+    Stop,
+    StopRequest,
+    Submit,
+    SubagentAction,
+    ToolCall,
+)
 from porch_jax.protocol.harness import Harness
 from porch_jax.protocol.messages import Message, Request, RequestTarget
 
@@ -107,6 +124,7 @@ def extract_call(text: str) -> dict[str, Any]:
 
 # ---- argument readers --------------------------------------------------------------------------
 
+
 class _Args:
     """Typed access to one call's arguments; raises BadArguments naming the action and key."""
 
@@ -167,8 +185,9 @@ def _message(a: _Args) -> Message:
         try:
             target = RequestTarget(req["target"].lower())
         except ValueError:
-            raise BadArguments(f"{a.action}: request target must be one of "
-                               f"{[t.value for t in RequestTarget]}.") from None
+            raise BadArguments(
+                f"{a.action}: request target must be one of {[t.value for t in RequestTarget]}."
+            ) from None
         request = Request(target, r.str("operation"), r.str("detail", required=False, default=""))
     return Message(a.str("status", required=False), request, a.strs("evidence", required=False) or ())
 
@@ -183,8 +202,10 @@ def _check_tools(tools: tuple[str, ...] | None, available: Collection[str] | Non
 
 # ---- calls -> actions ----------------------------------------------------------------------------
 
+
 def _typed(build):
     """Turn a constructor's TypeError/ValueError into BadArguments: only ProtocolError escapes."""
+
     @functools.wraps(build)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -193,13 +214,18 @@ def _typed(build):
             raise
         except (TypeError, ValueError) as e:
             raise BadArguments(_short(str(e)) + ".") from None
+
     return wrapper
 
 
 @_typed
-def orchestrator_action_from_call(call: dict[str, Any], *, available_tools: Collection[str] | None = None,
-                                  agent_ids: Collection[int] | None = None,
-                                  revisable: Collection[str] = REVISABLE_FIELDS) -> OrchestratorAction:
+def orchestrator_action_from_call(
+    call: dict[str, Any],
+    *,
+    available_tools: Collection[str] | None = None,
+    agent_ids: Collection[int] | None = None,
+    revisable: Collection[str] = REVISABLE_FIELDS,
+) -> OrchestratorAction:
     """Validate a tool call against the orchestrator's action set.
 
     ``available_tools``: tools a harness may grant; ``agent_ids``: live sub-agents that Revise/Stop
@@ -221,8 +247,14 @@ def orchestrator_action_from_call(call: dict[str, Any], *, available_tools: Coll
             raise BadArguments(f"revise: no live sub-agent {agent_id}; live: {sorted(agent_ids)}.")
         tools = a.strs("tools", required=False)
         _check_tools(tools, available_tools)
-        return Revise(agent_id, a.str("subgoal", required=False), a.strs("context", required=False), tools,
-                      a.int("budget", 1, required=False), a.str("note", required=False, default=""))
+        return Revise(
+            agent_id,
+            a.str("subgoal", required=False),
+            a.strs("context", required=False),
+            tools,
+            a.int("budget", 1, required=False),
+            a.str("note", required=False, default=""),
+        )
     if name == STOP:
         a = _Args(name, args, ("agent_id", "reason"))
         agent_id = a.int("agent_id", 0)
@@ -235,8 +267,9 @@ def orchestrator_action_from_call(call: dict[str, Any], *, available_tools: Coll
 
 
 @_typed
-def subagent_action_from_call(call: dict[str, Any], allowed_tools: Collection[str],
-                              comm: Collection[str] = COMM_ACTIONS) -> SubagentAction:
+def subagent_action_from_call(
+    call: dict[str, Any], allowed_tools: Collection[str], comm: Collection[str] = COMM_ACTIONS
+) -> SubagentAction:
     """Validate a tool call against a sub-agent's tools Ω and communication actions ``comm``.
 
     Tool arguments are checked by the environment, not here (it owns the tool schemas).
@@ -253,8 +286,9 @@ def subagent_action_from_call(call: dict[str, Any], allowed_tools: Collection[st
         a = _Args(name, args, _MESSAGE_KEYS)
         return ReviseRequest(_message(a)) if name == REVISE else StopRequest(_message(a))
     if name not in allowed_tools:
-        raise ToolNotAllowed(f"tool {_short(name)!r} is not in your tool set {sorted(allowed_tools)}"
-                             f" (communication: {sorted(comm)}).")
+        raise ToolNotAllowed(
+            f"tool {_short(name)!r} is not in your tool set {sorted(allowed_tools)} (communication: {sorted(comm)})."
+        )
     return ToolCall(name, args)
 
 
@@ -263,7 +297,8 @@ def parse_orchestrator_action(text: str, **checks: Any) -> OrchestratorAction:
     return orchestrator_action_from_call(extract_call(text), **checks)
 
 
-def parse_subagent_action(text: str, allowed_tools: Collection[str],
-                          comm: Collection[str] = COMM_ACTIONS) -> SubagentAction:
+def parse_subagent_action(
+    text: str, allowed_tools: Collection[str], comm: Collection[str] = COMM_ACTIONS
+) -> SubagentAction:
     """Text -> sub-agent action (a tool from ``allowed_tools`` or a communication action)."""
     return subagent_action_from_call(extract_call(text), allowed_tools, comm)

@@ -5,6 +5,7 @@ rendered line is terse and omits absent fields. Actions are rendered exactly as 
 templates render a tool call (``<tool_call>\\n{json}\\n</tool_call>``) so trained models emit what
 vLLM's hermes parser reads.
 """
+
 from __future__ import annotations
 
 import json
@@ -13,7 +14,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from porch_jax.protocol.actions import (
-    COMM_ACTIONS, REVISABLE_FIELDS, REVISE, STOP, SUBMIT, Action, ReviseRequest, StopRequest, Submit, to_call)
+    COMM_ACTIONS,
+    REVISABLE_FIELDS,
+    REVISE,
+    STOP,
+    SUBMIT,
+    Action,
+    ReviseRequest,
+    StopRequest,
+    Submit,
+    to_call,
+)
 from porch_jax.protocol.harness import Harness
 from porch_jax.protocol.messages import Message
 
@@ -64,32 +75,39 @@ def render_harness(h: Harness) -> str:
 _COMM_DOCS = {
     SUBMIT: "submit(result, status?, evidence?): done",
     REVISE: "revise(status, request{target: task|context|tools|budget, operation, detail}, evidence): "
-            "ask to change your subgoal or resources",
+    "ask to change your subgoal or resources",
     STOP: "stop(status, evidence?): this path cannot succeed",
 }
 
 
-def subagent_system_prompt(comm: Collection[str] = COMM_ACTIONS,
-                           tool_docs: Mapping[str, str] | None = None) -> str:
+def subagent_system_prompt(comm: Collection[str] = COMM_ACTIONS, tool_docs: Mapping[str, str] | None = None) -> str:
     """Static instructions: reply format, communication actions, and the proactive-communication cue."""
     lines = ["You are a sub-agent. One <tool_call> per reply."]
     if tool_docs:
         lines += [f"{k}: {v}" for k, v in tool_docs.items()]
     lines += [_COMM_DOCS[c] for c in COMM_ACTIONS if c in comm]
     if REVISE in comm or STOP in comm:
-        lines.append("When blocked (unclear task, missing tool or context, budget short), consider proactive "
-                     "communication; quote tool outputs as evidence.")
+        lines.append(
+            "When blocked (unclear task, missing tool or context, budget short), consider proactive "
+            "communication; quote tool outputs as evidence."
+        )
     return "\n".join(lines)
 
 
-def subagent_messages(harness: Harness, memory: Sequence[Mapping[str, str]] = (), *,
-                      comm: Collection[str] = COMM_ACTIONS,
-                      tool_docs: Mapping[str, str] | None = None) -> list[dict[str, str]]:
+def subagent_messages(
+    harness: Harness,
+    memory: Sequence[Mapping[str, str]] = (),
+    *,
+    comm: Collection[str] = COMM_ACTIONS,
+    tool_docs: Mapping[str, str] | None = None,
+) -> list[dict[str, str]]:
     """I_sub: instructions, the delegated harness, then memory (the local trajectory: actions,
     observations and harness-update records, as chat messages)."""
-    return [{"role": "system", "content": subagent_system_prompt(comm, tool_docs)},
-            {"role": "user", "content": render_harness(harness)},
-            *(dict(m) for m in memory)]
+    return [
+        {"role": "system", "content": subagent_system_prompt(comm, tool_docs)},
+        {"role": "user", "content": render_harness(harness)},
+        *(dict(m) for m in memory),
+    ]
 
 
 def harness_update_text(old: Harness, new: Harness, note: str = "") -> str:
@@ -110,6 +128,7 @@ def harness_update_text(old: Harness, new: Harness, note: str = "") -> str:
 
 # ---- orchestrator side ---------------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class FeedbackView:
     """Which message signals the orchestrator sees (the communication-component ablation)."""
@@ -122,8 +141,9 @@ class FeedbackView:
 FULL_VIEW = FeedbackView()
 
 
-def render_message(message: Message, view: FeedbackView = FULL_VIEW,
-                   max_evidence_chars: int | None = None) -> list[str]:
+def render_message(
+    message: Message, view: FeedbackView = FULL_VIEW, max_evidence_chars: int | None = None
+) -> list[str]:
     """The visible signals of ``message`` as lines."""
     lines = []
     if view.status and message.status is not None:
@@ -137,9 +157,18 @@ def render_message(message: Message, view: FeedbackView = FULL_VIEW,
     return lines
 
 
-def render_feedback(agent_id: int, event: str, *, message: Message | None = None, result: str | None = None,
-                    version: int | None = None, steps_used: int | None = None, budget: int | None = None,
-                    view: FeedbackView = FULL_VIEW, max_evidence_chars: int | None = None) -> str:
+def render_feedback(
+    agent_id: int,
+    event: str,
+    *,
+    message: Message | None = None,
+    result: str | None = None,
+    version: int | None = None,
+    steps_used: int | None = None,
+    budget: int | None = None,
+    view: FeedbackView = FULL_VIEW,
+    max_evidence_chars: int | None = None,
+) -> str:
     """o^orch: what the orchestrator sees when sub-agent ``agent_id`` hands back control.
 
     ``event`` is the reason (submit, revise, stop, or an engine event such as "budget_exhausted").
@@ -163,18 +192,24 @@ def comm_feedback(agent_id: int, action: Submit | ReviseRequest | StopRequest, *
     return render_feedback(agent_id, event, message=action.message, **kwargs)
 
 
-def orchestrator_system_prompt(tool_docs: Mapping[str, str] | Sequence[str] = (), *,
-                               revisable: Collection[str] = REVISABLE_FIELDS, max_agents: int | None = None,
-                               inline_actions: bool = True) -> str:
+def orchestrator_system_prompt(
+    tool_docs: Mapping[str, str] | Sequence[str] = (),
+    *,
+    revisable: Collection[str] = REVISABLE_FIELDS,
+    max_agents: int | None = None,
+    inline_actions: bool = True,
+) -> str:
     """Orchestrator instructions. ``inline_actions`` lists the action signatures in text (for small
     models and tool-less templates); turn it off when the backend passes ``orchestrator_tool_schemas``."""
     lines = ["Orchestrate sub-agents to solve the task. One <tool_call> per reply."]
     if inline_actions:
         rev = ", ".join(f"{f}?" for f in REVISABLE_FIELDS if f in revisable)
-        lines += ["delegate(subgoal, context[], tools[], budget)",
-                  f"revise(agent_id, {rev + ', ' if rev else ''}note?): lists replace; budget is the new total",
-                  "stop(agent_id, reason?)",
-                  "finish(answer)"]
+        lines += [
+            "delegate(subgoal, context[], tools[], budget)",
+            f"revise(agent_id, {rev + ', ' if rev else ''}note?): lists replace; budget is the new total",
+            "stop(agent_id, reason?)",
+            "finish(answer)",
+        ]
     if max_agents is not None:
         lines.append(f"At most {max_agents} sub-agents.")
     if tool_docs:

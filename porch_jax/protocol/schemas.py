@@ -3,6 +3,7 @@
 Passed as ``tools`` to a chat template or an OpenAI-compatible server (vLLM), they describe the
 same calls that ``parse`` accepts; descriptions are kept short because templates inline them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
@@ -18,8 +19,19 @@ _AGENT = {"type": "integer", "minimum": 0}
 
 
 def _tool(name: str, description: str, properties: dict[str, Any], required: Sequence[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": list(required), "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": list(required),
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 def _tools_prop(available_tools: Collection[str] | None) -> dict[str, Any]:
@@ -28,18 +40,22 @@ def _tools_prop(available_tools: Collection[str] | None) -> dict[str, Any]:
     return {"type": "array", "items": {"type": "string", "enum": sorted(available_tools)}}
 
 
-def orchestrator_tool_schemas(available_tools: Collection[str] | None = None,
-                              revisable: Collection[str] = REVISABLE_FIELDS) -> list[dict[str, Any]]:
+def orchestrator_tool_schemas(
+    available_tools: Collection[str] | None = None, revisable: Collection[str] = REVISABLE_FIELDS
+) -> list[dict[str, Any]]:
     """Delegate / Revise / Stop / Finish. ``available_tools`` become an enum; ``revisable`` limits
     the fields a revise may set (revision ablations)."""
     tools = _tools_prop(available_tools)
     harness = {"subgoal": _STR, "context": _STRS, "tools": tools, "budget": _BUDGET}
-    revise_props = {"agent_id": _AGENT, **{k: v for k, v in harness.items() if k in revisable},
-                    "note": _STR}
+    revise_props = {"agent_id": _AGENT, **{k: v for k, v in harness.items() if k in revisable}, "note": _STR}
     return [
         _tool(DELEGATE, "Start a sub-agent.", harness, ("subgoal", "context", "tools", "budget")),
-        _tool(REVISE, "Change a paused sub-agent's harness; lists replace, budget is the new total.",
-              revise_props, ("agent_id",)),
+        _tool(
+            REVISE,
+            "Change a paused sub-agent's harness; lists replace, budget is the new total.",
+            revise_props,
+            ("agent_id",),
+        ),
         _tool(STOP, "End a sub-agent.", {"agent_id": _AGENT, "reason": _STR}, ("agent_id",)),
         _tool(FINISH, "Give the final answer.", {"answer": _STR}, ("answer",)),
     ]
@@ -47,10 +63,16 @@ def orchestrator_tool_schemas(available_tools: Collection[str] | None = None,
 
 _MESSAGE_PROPS = {
     "status": {"type": "string", "description": "progress, uncertainty or blockage"},
-    "request": {"type": "object", "properties": {
-        "target": {"type": "string", "enum": [t.value for t in RequestTarget]},
-        "operation": {"type": "string", "description": "e.g. add, remove, split, update, extend"},
-        "detail": _STR}, "required": ["target", "operation"], "additionalProperties": False},
+    "request": {
+        "type": "object",
+        "properties": {
+            "target": {"type": "string", "enum": [t.value for t in RequestTarget]},
+            "operation": {"type": "string", "description": "e.g. add, remove, split, update, extend"},
+            "detail": _STR,
+        },
+        "required": ["target", "operation"],
+        "additionalProperties": False,
+    },
     "evidence": {"type": "array", "items": {"type": "string"}, "description": "quoted tool outputs"},
 }
 
@@ -59,8 +81,9 @@ def comm_tool_schemas(comm: Collection[str] = COMM_ACTIONS) -> list[dict[str, An
     """Schemas of the communication actions in ``comm``."""
     out = []
     if SUBMIT in comm:
-        out.append(_tool(SUBMIT, "Local task done: return the result.",
-                         {"result": _STR, **_MESSAGE_PROPS}, ("result",)))
+        out.append(
+            _tool(SUBMIT, "Local task done: return the result.", {"result": _STR, **_MESSAGE_PROPS}, ("result",))
+        )
     if REVISE in comm:
         out.append(_tool(REVISE, "Ask to change your subgoal, context, tools or budget.", _MESSAGE_PROPS, ()))
     if STOP in comm:
@@ -68,8 +91,9 @@ def comm_tool_schemas(comm: Collection[str] = COMM_ACTIONS) -> list[dict[str, An
     return out
 
 
-def subagent_tool_schemas(tools: Sequence[Mapping[str, Any]] = (),
-                          comm: Collection[str] = COMM_ACTIONS) -> list[dict[str, Any]]:
+def subagent_tool_schemas(
+    tools: Sequence[Mapping[str, Any]] = (), comm: Collection[str] = COMM_ACTIONS
+) -> list[dict[str, Any]]:
     """The sub-agent's environment tool schemas followed by its communication actions."""
     names = [t.get("function", t).get("name") for t in tools]
     clash = sorted(set(names) & set(COMM_ACTIONS))

@@ -1,9 +1,31 @@
 """Rollout: the interleaved orchestrator / sub-agent engine, its baselines and ablations, and the
 concurrent resumable episode runner."""
+
 from porch_jax.rollout.config import (
-    ABLATIONS, BUDGETS, MESSAGE_ABLATIONS, REVISION_ABLATIONS, SYSTEMS, Budgets, EngineConfig, system_config)
+    ABLATIONS,
+    BUDGETS,
+    MESSAGE_ABLATIONS,
+    REVISION_ABLATIONS,
+    SYSTEMS,
+    Budgets,
+    EngineConfig,
+    system_config,
+)
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.runner import RunSummary, error_record, run_episodes, task_key
 
-__all__ = ["ABLATIONS", "BUDGETS", "MESSAGE_ABLATIONS", "REVISION_ABLATIONS", "SYSTEMS", "Budgets", "EngineConfig",
-           "system_config", "Engine", "RunSummary", "error_record", "run_episodes", "task_key"]
+__all__ = [
+    "ABLATIONS",
+    "BUDGETS",
+    "MESSAGE_ABLATIONS",
+    "REVISION_ABLATIONS",
+    "SYSTEMS",
+    "Budgets",
+    "EngineConfig",
+    "system_config",
+    "Engine",
+    "RunSummary",
+    "error_record",
+    "run_episodes",
+    "task_key",
+]

@@ -5,6 +5,7 @@ rerun finishes only what is missing. Systems run in parallel processes (the scri
 CPU-bound); the table is computed from the stores alone, so it can be rebuilt without rerunning.
 Success intervals are Wilson 95% intervals; ablation deltas are paired (same tasks) 95% intervals.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -19,7 +20,14 @@ from typing import Any
 
 from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.workplace import (
-    ExpertConfig, ScriptedExpert, ScriptedSubagent, SubagentConfig, TaskMixture, WorkplaceEnv, make_tasks)
+    ExpertConfig,
+    ScriptedExpert,
+    ScriptedSubagent,
+    SubagentConfig,
+    TaskMixture,
+    WorkplaceEnv,
+    make_tasks,
+)
 from porch_jax.rollout.config import Budgets, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.runner import run_episodes
@@ -48,8 +56,9 @@ class Summary:
     delta: tuple[float, float, float] | None = None  # paired success difference to the reference: mean, lo, hi
 
 
-def summarize(system: str, records: Sequence[EpisodeRecord], reference: Sequence[EpisodeRecord] | None = None
-              ) -> Summary:
+def summarize(
+    system: str, records: Sequence[EpisodeRecord], reference: Sequence[EpisodeRecord] | None = None
+) -> Summary:
     n = len(records)
     k = sum(r.outcome.success for r in records)
     calls = sum(c.calls for r in records for c in r.cost.values())
@@ -63,34 +72,52 @@ def summarize(system: str, records: Sequence[EpisodeRecord], reference: Sequence
             sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / (len(diffs) - 1))
             half = 1.96 * sd / math.sqrt(len(diffs))
             delta = (mean, mean - half, mean + half)
-    return Summary(system, n, k / n if n else 0.0, wilson(k, n),
-                   sum(c.prompt_tokens + c.completion_tokens for r in records for c in r.cost.values()) / max(n, 1),
-                   sum(r.meta.get("steps", 0) for r in records) / max(n, 1), invalid / max(calls, 1),
-                   sum(r.outcome.reason.startswith("error:") for r in records), delta)
+    return Summary(
+        system,
+        n,
+        k / n if n else 0.0,
+        wilson(k, n),
+        sum(c.prompt_tokens + c.completion_tokens for r in records for c in r.cost.values()) / max(n, 1),
+        sum(r.meta.get("steps", 0) for r in records) / max(n, 1),
+        invalid / max(calls, 1),
+        sum(r.outcome.reason.startswith("error:") for r in records),
+        delta,
+    )
 
 
 def format_table(rows: Sequence[Summary]) -> str:
-    head = (f"{'system':<12} {'success':>7} {'95% CI':>15} {'vs proactive':>22} {'tokens':>8} {'steps':>6} "
-            f"{'invalid':>7}")
+    head = (
+        f"{'system':<12} {'success':>7} {'95% CI':>15} {'vs proactive':>22} {'tokens':>8} {'steps':>6} {'invalid':>7}"
+    )
     lines = [head, "-" * len(head)]
     for s in rows:
         d = f"{s.delta[0]:+.3f} [{s.delta[1]:+.3f},{s.delta[2]:+.3f}]" if s.delta else ""
-        lines.append(f"{s.system:<12} {s.success:>7.3f} {f'[{s.ci[0]:.3f},{s.ci[1]:.3f}]':>15} {d:>22} "
-                     f"{s.tokens:>8.0f} {s.steps:>6.1f} {s.invalid_rate:>7.3f}")
+        lines.append(
+            f"{s.system:<12} {s.success:>7.3f} {f'[{s.ci[0]:.3f},{s.ci[1]:.3f}]':>15} {d:>22} "
+            f"{s.tokens:>8.0f} {s.steps:>6.1f} {s.invalid_rate:>7.3f}"
+        )
     return "\n".join(lines)
 
 
 # ---- running ---------------------------------------------------------------------------------------
+
 
 def workplace_engine(system: str, settings: Mapping[str, Any]) -> Engine:
     """The engine for ``system`` with the scripted expert and sub-agents configured by ``settings``
     (keys ``expert``, ``subagent``, ``budgets``, ``max_decisions``; plain dicts)."""
     expert = ScriptedExpert(ExpertConfig(**_tuples(settings.get("expert", {}))))
     subagent = ScriptedSubagent(SubagentConfig(**settings.get("subagent", {})))
-    base = EngineConfig(budgets=Budgets(**settings.get("budgets", {})),
-                        max_decisions=settings.get("max_decisions", EngineConfig.max_decisions))
-    return Engine(WorkplaceEnv, ScriptedBackend(expert), ScriptedBackend(subagent), system_config(system, base),
-                  system_name=system)
+    base = EngineConfig(
+        budgets=Budgets(**settings.get("budgets", {})),
+        max_decisions=settings.get("max_decisions", EngineConfig.max_decisions),
+    )
+    return Engine(
+        WorkplaceEnv,
+        ScriptedBackend(expert),
+        ScriptedBackend(subagent),
+        system_config(system, base),
+        system_name=system,
+    )
 
 
 def _tuples(d: Mapping[str, Any]) -> dict[str, Any]:
@@ -112,12 +139,21 @@ def _run_system(system: str, settings: dict[str, Any], run_dir: str) -> None:
         return await engine.run(task, episode_id=task.task_id)
 
     with TrajectoryStore(Path(run_dir) / f"{system}.jsonl") as store:
-        asyncio.run(run_episodes(tasks, episode, store, settings.get("concurrency", 16), progress=False,
-                                 episode_timeout_s=settings.get("episode_timeout_s")))
+        asyncio.run(
+            run_episodes(
+                tasks,
+                episode,
+                store,
+                settings.get("concurrency", 16),
+                progress=False,
+                episode_timeout_s=settings.get("episode_timeout_s"),
+            )
+        )
 
 
-def run_comparison(systems: Sequence[str], settings: dict[str, Any], run_dir: str | Path,
-                   processes: int = 2) -> list[Summary]:
+def run_comparison(
+    systems: Sequence[str], settings: dict[str, Any], run_dir: str | Path, processes: int = 2
+) -> list[Summary]:
     """Run (or resume) every system into ``run_dir``, then summarize against ``proactive`` if present."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

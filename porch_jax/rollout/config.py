@@ -5,6 +5,7 @@ sub-agents, a default of 30 (GAIA) / 50 (SWE) steps per sub-agent. A task may ca
 of its own (the workplace suite does, so that a mid-run revision costs something); the engine uses
 the smaller of the two.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -70,9 +71,9 @@ def system_config(name: str, base: EngineConfig = EngineConfig()) -> EngineConfi
         return dataclasses.replace(base, system=name)
     if name in REVISION_ABLATIONS:
         dropped = REVISION_ABLATIONS[name]
-        return dataclasses.replace(base, system="proactive",
-                                   revisable=tuple(f for f in base.revisable if f != dropped))
+        return dataclasses.replace(base, system="proactive", revisable=tuple(f for f in base.revisable if f != dropped))
     if name in MESSAGE_ABLATIONS:
-        return dataclasses.replace(base, system="proactive",
-                                   view=dataclasses.replace(base.view, **{MESSAGE_ABLATIONS[name]: False}))
+        return dataclasses.replace(
+            base, system="proactive", view=dataclasses.replace(base.view, **{MESSAGE_ABLATIONS[name]: False})
+        )
     raise ValueError(f"unknown system {name!r}; use one of {SYSTEMS + ABLATIONS}")

@@ -6,6 +6,7 @@ average; with proactive communication the sub-agent pauses at its next step, so 
 grow with H. Measured on the workplace probe (one sub-agent whose work lasts exactly H steps, a goal
 change arriving at a stratified-uniform time), from the recorded arrival times and decision clocks.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -16,7 +17,13 @@ from dataclasses import dataclass
 
 from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.workplace import (
-    ExpertConfig, ScriptedExpert, ScriptedSubagent, SubagentConfig, WorkplaceEnv, make_probe)
+    ExpertConfig,
+    ScriptedExpert,
+    ScriptedSubagent,
+    SubagentConfig,
+    WorkplaceEnv,
+    make_probe,
+)
 from porch_jax.rollout.config import system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.trajectories import EpisodeRecord
@@ -45,9 +52,13 @@ def probe_engine(system: str) -> Engine:
     """A flawless expert that budgets exactly the work (so lifecycles last H) and slip-free sub-agents:
     only the protocol's timing differs between systems."""
     expert = ExpertConfig(0.0, 0.0, 0.0, 0.0, blind_spots=(), budget_margin=0)
-    return Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)),
-                  ScriptedBackend(ScriptedSubagent(SubagentConfig(slip_base=0.0))), system_config(system),
-                  system_name=system)
+    return Engine(
+        WorkplaceEnv,
+        ScriptedBackend(ScriptedExpert(expert)),
+        ScriptedBackend(ScriptedSubagent(SubagentConfig(slip_base=0.0))),
+        system_config(system),
+        system_name=system,
+    )
 
 
 async def measure_delay(system: str, horizon: int, episodes: int, seed: int = 0) -> DelayStats:
@@ -61,8 +72,9 @@ async def measure_delay(system: str, horizon: int, episodes: int, seed: int = 0)
     return DelayStats(horizon, statistics.fmean(delays), sem, len(delays))
 
 
-def delay_table(horizons: tuple[int, ...] = (10, 30, 90), episodes: int = 200,
-                systems: tuple[str, ...] = ("proactive", "lifecycle")) -> dict[str, list[DelayStats]]:
+def delay_table(
+    horizons: tuple[int, ...] = (10, 30, 90), episodes: int = 200, systems: tuple[str, ...] = ("proactive", "lifecycle")
+) -> dict[str, list[DelayStats]]:
     return {s: [asyncio.run(measure_delay(s, h, episodes)) for h in horizons] for s in systems}
 
 

@@ -11,6 +11,7 @@ is an observation to the model and a counted invalid action, never a crash, and 
 failure. Time is the global count of sub-agent steps: notifications arrive on it, budgets are
 counted on it, and each decision records it, so intervention delay can be measured.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,13 +20,31 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from porch_jax.backends import Backend, ChatRequest, ChatResult, CostMeter, MeteredBackend
-from porch_jax.envs.base import (
-    Environment, Feedback, MemoryItem, OrchestratorView, SubagentView, Turn)
+from porch_jax.envs.base import Environment, Feedback, MemoryItem, OrchestratorView, SubagentView, Turn
 from porch_jax.protocol import (
-    Delegate, Finish, Harness, Message, ProtocolError, Revise, ReviseRequest, Stop, StopRequest, Submit,
-    ToolCall, comm_feedback, harness_update_text, observation_message, orchestrator_system_prompt,
-    parse_orchestrator_action, parse_subagent_action, render_feedback, subagent_messages,
-    subagent_tool_schemas, task_message, to_call)
+    Delegate,
+    Finish,
+    Harness,
+    Message,
+    ProtocolError,
+    Revise,
+    ReviseRequest,
+    Stop,
+    StopRequest,
+    Submit,
+    ToolCall,
+    comm_feedback,
+    harness_update_text,
+    observation_message,
+    orchestrator_system_prompt,
+    parse_orchestrator_action,
+    parse_subagent_action,
+    render_feedback,
+    subagent_messages,
+    subagent_tool_schemas,
+    task_message,
+    to_call,
+)
 from porch_jax.rollout.config import EngineConfig
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome, RoleCost, SubStep
 
@@ -70,8 +89,15 @@ class Engine:
     cost meter, so the record's cost covers every orchestrator and sub-agent call.
     """
 
-    def __init__(self, env_factory: Callable[[], Environment], orchestrator: Backend, subagent: Backend,
-                 config: EngineConfig = EngineConfig(), *, system_name: str | None = None):
+    def __init__(
+        self,
+        env_factory: Callable[[], Environment],
+        orchestrator: Backend,
+        subagent: Backend,
+        config: EngineConfig = EngineConfig(),
+        *,
+        system_name: str | None = None,
+    ):
         self.env_factory, self.orchestrator, self.subagent, self.cfg = env_factory, orchestrator, subagent, config
         self.system_name = system_name or config.system
         self._hash = config.config_hash()
@@ -82,27 +108,47 @@ class Engine:
         env.reset(task)
         meter = CostMeter()
         b = self.cfg.budgets
-        ep = _Episode(task, env, MeteredBackend(self.orchestrator, meter), MeteredBackend(self.subagent, meter),
-                      min(b.total_steps, getattr(task, "total_budget", None) or b.total_steps),
-                      min(b.max_agents, getattr(task, "max_agents", None) or b.max_agents),
-                      getattr(task, "seed", 0) if seed is None else seed)
+        ep = _Episode(
+            task,
+            env,
+            MeteredBackend(self.orchestrator, meter),
+            MeteredBackend(self.subagent, meter),
+            min(b.total_steps, getattr(task, "total_budget", None) or b.total_steps),
+            min(b.max_agents, getattr(task, "max_agents", None) or b.max_agents),
+            getattr(task, "seed", 0) if seed is None else seed,
+        )
         if self.cfg.system == "react":
             answer, decisions, ended, extra = await self._react(ep)
         else:
             answer, decisions, ended, extra = await self._orchestrate(ep)
         score = env.score(answer)
         reason = score.reason if ended == "finish" else f"{ended}; {score.reason}"
-        meta = {"steps": ep.clock, "total_budget": ep.total, "agents": len(ep.agents), "invalid": ep.invalid,
-                "backend_errors": ep.backend_errors, "ended": ended, "answer": answer,
-                "decision_clock": [d.meta["clock"] for d in decisions],
-                "deliveries": [dataclasses.asdict(d) for d in env.deliveries()], **extra}
+        meta = {
+            "steps": ep.clock,
+            "total_budget": ep.total,
+            "agents": len(ep.agents),
+            "invalid": ep.invalid,
+            "backend_errors": ep.backend_errors,
+            "ended": ended,
+            "answer": answer,
+            "decision_clock": [d.meta["clock"] for d in decisions],
+            "deliveries": [dataclasses.asdict(d) for d in env.deliveries()],
+            **extra,
+        }
         if hasattr(task, "features"):
             meta.update(template=getattr(task, "template", ""), features=list(task.features))
         return EpisodeRecord(
             episode_id=episode_id or f"{self.system_name}/{getattr(task, 'task_id', ep.seed)}",
-            task_id=str(getattr(task, "task_id", ep.seed)), env=env.name, system=self.system_name,
-            config_hash=self._hash, seed=ep.seed, outcome=Outcome(score.success, score.score, reason),
-            cost={role: RoleCost(**c) for role, c in meter.to_dict().items()}, decisions=decisions, meta=meta)
+            task_id=str(getattr(task, "task_id", ep.seed)),
+            env=env.name,
+            system=self.system_name,
+            config_hash=self._hash,
+            seed=ep.seed,
+            outcome=Outcome(score.success, score.score, reason),
+            cost={role: RoleCost(**c) for role, c in meter.to_dict().items()},
+            decisions=decisions,
+            meta=meta,
+        )
 
     # ---- backend calls -----------------------------------------------------------------------
     async def _chat(self, ep: _Episode, backend: Backend, request: ChatRequest) -> ChatResult | str:
@@ -121,27 +167,43 @@ class Engine:
         default = min(cfg.budgets.default_agent_budget, ep.total)
         if getattr(ep.task, "total_budget", None) is None:  # tasks with their own tight budget size each agent
             limits += f", {default} steps per agent by default"
-        messages = [{"role": "system", "content": orchestrator_system_prompt(
-                        env.tool_names(), revisable=revisable, max_agents=ep.max_agents)},
-                    task_message(f"{ep.task.text} ({limits})")]
+        messages = [
+            {
+                "role": "system",
+                "content": orchestrator_system_prompt(env.tool_names(), revisable=revisable, max_agents=ep.max_agents),
+            },
+            task_message(f"{ep.task.text} ({limits})"),
+        ]
         decisions: list[DecisionRecord] = []
         turns: list[Turn] = []
         grace = 1  # decisions allowed once the total budget is spent (to finish)
         while len(decisions) < cfg.max_decisions:
             context = list(messages)
-            view = OrchestratorView(ep.task, tuple(turns), ep.live, len(ep.agents), ep.max_agents, ep.steps_left,
-                                    min(default, ep.steps_left), revisable, cfg.comm, ep.seed)
+            view = OrchestratorView(
+                ep.task,
+                tuple(turns),
+                ep.live,
+                len(ep.agents),
+                ep.max_agents,
+                ep.steps_left,
+                min(default, ep.steps_left),
+                revisable,
+                cfg.comm,
+                ep.seed,
+            )
             clock = ep.clock
-            result = await self._chat(ep, ep.orchestrator, ChatRequest(
-                context, None, cfg.orchestrator_sampling, "orchestrator", view))
+            result = await self._chat(
+                ep, ep.orchestrator, ChatRequest(context, None, cfg.orchestrator_sampling, "orchestrator", view)
+            )
             text = "" if isinstance(result, str) else result.text  # a failed call produced no text
             action, error = None, None
             if isinstance(result, str):
                 error = result
             else:
                 try:
-                    action = parse_orchestrator_action(text, available_tools=env.tool_names(), agent_ids=ep.live,
-                                                       revisable=revisable)
+                    action = parse_orchestrator_action(
+                        text, available_tools=env.tool_names(), agent_ids=ep.live, revisable=revisable
+                    )
                 except ProtocolError as e:
                     error = e.observation
             segment: list[SubStep] = []
@@ -153,12 +215,21 @@ class Engine:
             notes = tuple(env.poll_notifications(ep.clock)) if not isinstance(action, Finish) else ()
             fb = dataclasses.replace(fb, notifications=notes)
             feedback_text = "\n".join([fb.text] + [f"[notification] {n}" for n in notes])
-            decisions.append(DecisionRecord(
-                index=len(decisions), context=context, action_text=text,
-                action_token_ids=[] if isinstance(result, str) else list(result.token_ids),
-                action_logprobs=[] if isinstance(result, str) else list(result.logprobs),
-                action=None if action is None else to_call(action), feedback=feedback_text, agent_id=fb.agent_id,
-                segment=segment, parse_error=error, meta={"clock": clock, "event": fb.event}))
+            decisions.append(
+                DecisionRecord(
+                    index=len(decisions),
+                    context=context,
+                    action_text=text,
+                    action_token_ids=[] if isinstance(result, str) else list(result.token_ids),
+                    action_logprobs=[] if isinstance(result, str) else list(result.logprobs),
+                    action=None if action is None else to_call(action),
+                    feedback=feedback_text,
+                    agent_id=fb.agent_id,
+                    segment=segment,
+                    parse_error=error,
+                    meta={"clock": clock, "event": fb.event},
+                )
+            )
             if isinstance(action, Finish):
                 return action.answer, decisions, "finish", {}
             turns.append(Turn(action, fb))
@@ -177,8 +248,13 @@ class Engine:
         if isinstance(action, Stop):
             agent = ep.agents[action.agent_id]
             agent.paused = False
-            return Feedback("stopped", agent.id, steps_used=agent.steps_used, budget=agent.harness.budget,
-                            text=f"[agent {agent.id} stopped]")
+            return Feedback(
+                "stopped",
+                agent.id,
+                steps_used=agent.steps_used,
+                budget=agent.harness.budget,
+                text=f"[agent {agent.id} stopped]",
+            )
         if isinstance(action, Delegate):
             if len(ep.agents) >= ep.max_agents:
                 return Feedback("rejected", text=f"rejected: at most {ep.max_agents} sub-agents")
@@ -207,15 +283,21 @@ class Engine:
         while True:
             h = agent.harness
             if agent.steps_used >= h.budget or ep.steps_left == 0:
-                return self._exhausted(ep, agent, "budget_exhausted" if agent.steps_used >= h.budget
-                                       else "total_budget_exhausted")
+                return self._exhausted(
+                    ep, agent, "budget_exhausted" if agent.steps_used >= h.budget else "total_budget_exhausted"
+                )
             for text in env.poll_notifications(ep.clock):
                 agent.memory.append(MemoryItem("notification", text))
                 agent.chat.append(observation_message(f"[notification] {text}"))
                 segment.append(SubStep(agent.id, h.version, "notification", text))
             view = SubagentView(agent.id, h, agent.steps_used, tuple(agent.memory), cfg.comm, solo, ep.seed)
-            request = ChatRequest(subagent_messages(h, agent.chat, comm=cfg.comm), self._tool_schemas(env, h.tools),
-                                  cfg.subagent_sampling, "subagent", view)
+            request = ChatRequest(
+                subagent_messages(h, agent.chat, comm=cfg.comm),
+                self._tool_schemas(env, h.tools),
+                cfg.subagent_sampling,
+                "subagent",
+                view,
+            )
             result = await self._chat(ep, ep.subagent, request)
             ep.clock += 1
             agent.steps_used += 1
@@ -245,27 +327,49 @@ class Engine:
             segment.append(SubStep(agent.id, h.version, "comm", text, to_call(action)["name"]))
             agent.paused = isinstance(action, (ReviseRequest, StopRequest))
             shown = self._shown(action.message)
-            fb_text = comm_feedback(agent.id, action, version=h.version, steps_used=agent.steps_used, budget=h.budget,
-                                    view=cfg.view, max_evidence_chars=cfg.max_evidence_chars)
+            fb_text = comm_feedback(
+                agent.id,
+                action,
+                version=h.version,
+                steps_used=agent.steps_used,
+                budget=h.budget,
+                view=cfg.view,
+                max_evidence_chars=cfg.max_evidence_chars,
+            )
             event = {Submit: "submit", ReviseRequest: "revise", StopRequest: "stop"}[type(action)]
-            return Feedback(event, agent.id, action.result if isinstance(action, Submit) else None, shown,
-                            agent.steps_used, h.budget, text=fb_text)
+            return Feedback(
+                event,
+                agent.id,
+                action.result if isinstance(action, Submit) else None,
+                shown,
+                agent.steps_used,
+                h.budget,
+                text=fb_text,
+            )
 
     def _exhausted(self, ep: _Episode, agent: _Agent, event: str) -> Feedback:
         """The structured report of a sub-agent whose budget ran out: a result is never lost."""
         outputs = tuple(m.text for m in agent.memory if m.kind == "call")[-2:]
         msg = Message(f"budget exhausted after {agent.steps_used} steps without a submit", None, outputs)
         agent.paused = False
-        text = render_feedback(agent.id, event, message=msg, version=agent.harness.version,
-                               steps_used=agent.steps_used, budget=agent.harness.budget, view=self.cfg.view,
-                               max_evidence_chars=self.cfg.max_evidence_chars)
+        text = render_feedback(
+            agent.id,
+            event,
+            message=msg,
+            version=agent.harness.version,
+            steps_used=agent.steps_used,
+            budget=agent.harness.budget,
+            view=self.cfg.view,
+            max_evidence_chars=self.cfg.max_evidence_chars,
+        )
         return Feedback(event, agent.id, None, self._shown(msg), agent.steps_used, agent.harness.budget, text=text)
 
     def _shown(self, msg: Message) -> Message:
         """The message as the orchestrator sees it under the message ablation."""
         v = self.cfg.view
-        return Message(msg.status if v.status else None, msg.request if v.request else None,
-                       msg.evidence if v.evidence else ())
+        return Message(
+            msg.status if v.status else None, msg.request if v.request else None, msg.evidence if v.evidence else ()
+        )
 
     def _tool_schemas(self, env: Environment, tools: tuple[str, ...]) -> list[dict[str, Any]]:
         if tools not in self._schemas:

@@ -11,6 +11,7 @@
 
 A write failure (disk full, store locked) is not an episode failure: it stops the run and raises.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -41,13 +42,21 @@ def task_key(task: Any) -> str:
 
 def error_record(task: Any, key: str, reason: str) -> EpisodeRecord:
     """The record of an episode that did not produce one."""
+
     def get(name: str, default: Any) -> Any:
         value = task.get(name) if isinstance(task, Mapping) else getattr(task, name, None)
         return default if value is None else value
+
     seed = get("seed", 0)
-    return EpisodeRecord(episode_id=key, task_id=str(get("task_id", key)), env=str(get("env", "")), system="",
-                         config_hash="", seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
-                         outcome=Outcome(success=False, score=0.0, reason=reason))
+    return EpisodeRecord(
+        episode_id=key,
+        task_id=str(get("task_id", key)),
+        env=str(get("env", "")),
+        system="",
+        config_hash="",
+        seed=seed if isinstance(seed, int) and not isinstance(seed, bool) else 0,
+        outcome=Outcome(success=False, score=0.0, reason=reason),
+    )
 
 
 @dataclass
@@ -68,20 +77,28 @@ class _Progress:
     def __init__(self, todo: int, skipped: int, enabled: bool, interval_s: float):
         self.todo, self.skipped = todo, skipped
         self.done = self.ok = self.errors = 0
-        self.line = ProgressLine(todo, lambda s: print(f"[runner] {s}", file=sys.stderr, flush=True),
-                                 every_s=interval_s, unit="ep") if enabled else None
+        self.line = (
+            ProgressLine(
+                todo, lambda s: print(f"[runner] {s}", file=sys.stderr, flush=True), every_s=interval_s, unit="ep"
+            )
+            if enabled
+            else None
+        )
 
     def update(self, record: EpisodeRecord) -> None:
         self.done += 1
         self.ok += record.outcome.success
         self.errors += record.outcome.reason.startswith("error:")
         if self.line is not None:
-            self.line(self.done, f"{self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.skipped} "
-                                 "skipped earlier)")
+            self.line(
+                self.done,
+                f"{self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.skipped} skipped earlier)",
+            )
 
 
-async def _run_one(task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float | None,
-                   on_error: ErrorRecordFn) -> EpisodeRecord:
+async def _run_one(
+    task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float | None, on_error: ErrorRecordFn
+) -> EpisodeRecord:
     try:
         coro = episode_fn(task)
         record = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
@@ -107,10 +124,18 @@ async def _run_one(task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float 
     return record
 
 
-async def run_episodes(tasks: Iterable[Any], episode_fn: EpisodeFn, store: TrajectoryStore, concurrency: int = 32,
-                       progress: bool = True, *, key: Callable[[Any], str] = task_key,
-                       episode_timeout_s: float | None = None, on_error: ErrorRecordFn = error_record,
-                       progress_interval_s: float = 5.0) -> RunSummary:
+async def run_episodes(
+    tasks: Iterable[Any],
+    episode_fn: EpisodeFn,
+    store: TrajectoryStore,
+    concurrency: int = 32,
+    progress: bool = True,
+    *,
+    key: Callable[[Any], str] = task_key,
+    episode_timeout_s: float | None = None,
+    on_error: ErrorRecordFn = error_record,
+    progress_interval_s: float = 5.0,
+) -> RunSummary:
     """Run ``episode_fn`` over the tasks not yet in ``store``; returns counts and wall time.
 
     Raises only for a bad call (duplicate task keys, concurrency < 1) or a failed write.
@@ -155,6 +180,11 @@ async def run_episodes(tasks: Iterable[Any], episode_fn: EpisodeFn, store: Traje
             w.cancel()
         queue.put_nowait(None)  # flush whatever finished, also when cancelled
         await writing
-    return RunSummary(total=len(keyed), skipped=len(keyed) - len(todo), completed=prog.done, succeeded=prog.ok,
-                      errors=prog.errors, wall_s=time.monotonic() - t0)
-
+    return RunSummary(
+        total=len(keyed),
+        skipped=len(keyed) - len(todo),
+        completed=prog.done,
+        succeeded=prog.ok,
+        errors=prog.errors,
+        wall_s=time.monotonic() - t0,
+    )

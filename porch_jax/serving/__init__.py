@@ -2,17 +2,30 @@
 
 ``weights`` (JAX and our models) is imported lazily, so ``server`` works without them.
 """
+
 from typing import Any
 
 from porch_jax.serving.server import ServerConfig, ServerError, VLLMServer, cpu_python, free_port, vllm_cpu_missing
 
 _WEIGHTS = ("WeightSync", "WeightSyncError", "check_weights_folder", "export_for_serving", "model_prompt_logprobs")
-__all__ = ["ServerConfig", "ServerError", "VLLMServer", "WeightSync", "WeightSyncError", "check_weights_folder",
-           "cpu_python", "export_for_serving", "free_port", "model_prompt_logprobs", "vllm_cpu_missing"]
+__all__ = [
+    "ServerConfig",
+    "ServerError",
+    "VLLMServer",
+    "WeightSync",
+    "WeightSyncError",
+    "check_weights_folder",
+    "cpu_python",
+    "export_for_serving",
+    "free_port",
+    "model_prompt_logprobs",
+    "vllm_cpu_missing",
+]
 
 
 def __getattr__(name: str) -> Any:
     if name in _WEIGHTS:
         from porch_jax.serving import weights
+
         return getattr(weights, name)
     raise AttributeError(name)

@@ -14,6 +14,7 @@ that starts but cannot run the model, e.g. an attention head size its CPU kernel
 only on the first request). Any failure stops the server and raises ``ServerError`` with the
 tail of the server log.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -123,8 +124,15 @@ class VLLMServer:
     ``run_dir`` holds the server log and vLLM's cache and RPC folders. ``port=0`` picks a free one.
     """
 
-    def __init__(self, model_dir: str | Path, run_dir: str | Path, *, api_key: str, port: int = 0,
-                 config: ServerConfig = ServerConfig()):
+    def __init__(
+        self,
+        model_dir: str | Path,
+        run_dir: str | Path,
+        *,
+        api_key: str,
+        port: int = 0,
+        config: ServerConfig = ServerConfig(),
+    ):
         if not api_key:
             raise ValueError("api_key must be non-empty: an open server accepts any client")
         self.model_dir, self.run_dir = Path(model_dir).resolve(), Path(run_dir).resolve()
@@ -149,10 +157,27 @@ class VLLMServer:
     def command(self) -> list[str]:
         c, device = self.config, self.config.resolved_device()
         python = str(cpu_python(c)) if device == "cpu" else sys.executable
-        cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
-               "--served-model-name", c.served_model_name, "--host", c.host, "--port", str(self.port),
-               "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
-               "--tensor-parallel-size", str(c.tensor_parallel_size)]
+        cmd = [
+            python,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(self.model_dir),
+            "--served-model-name",
+            c.served_model_name,
+            "--host",
+            c.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            c.dtype,
+            "--max-model-len",
+            str(c.max_model_len),
+            "--seed",
+            str(c.seed),
+            "--tensor-parallel-size",
+            str(c.tensor_parallel_size),
+        ]
         if c.enforce_eager or (c.enforce_eager is None and device == "cpu"):
             cmd.append("--enforce-eager")
         if device == "cpu":
@@ -163,9 +188,14 @@ class VLLMServer:
 
     def environment(self) -> dict[str, str]:
         env = dict(os.environ)
-        env.update(VLLM_API_KEY=self.api_key, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1",
-                   VLLM_HOST_IP=self.config.host, VLLM_CACHE_ROOT=str(self.run_dir / "vllm_cache"),
-                   VLLM_RPC_BASE_PATH=str(self.run_dir / "vllm_rpc"))
+        env.update(
+            VLLM_API_KEY=self.api_key,
+            HF_HUB_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            VLLM_HOST_IP=self.config.host,
+            VLLM_CACHE_ROOT=str(self.run_dir / "vllm_cache"),
+            VLLM_RPC_BASE_PATH=str(self.run_dir / "vllm_rpc"),
+        )
         if self.config.weight_reload:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self.config.resolved_device() == "cpu":
@@ -188,9 +218,14 @@ class VLLMServer:
         (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(self.command(), env=self.environment(), stdout=log,
-                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            start_new_session=True)
+            self.process = subprocess.Popen(
+                self.command(),
+                env=self.environment(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         atexit.register(self.stop)
         try:
             self._wait_ready(t0 + self.config.startup_timeout_s)
@@ -212,14 +247,19 @@ class VLLMServer:
                 except httpx.TransportError:
                     pass
                 if time.perf_counter() > deadline:
-                    raise ServerError(f"vLLM server did not answer /v1/models within "
-                                      f"{self.config.startup_timeout_s:.0f} s{self.log_tail()}")
+                    raise ServerError(
+                        f"vLLM server did not answer /v1/models within "
+                        f"{self.config.startup_timeout_s:.0f} s{self.log_tail()}"
+                    )
                 time.sleep(0.5)
-            smoke = client.post("/v1/completions", timeout=120.0,
-                                json={"model": self.model, "prompt": "hello", "max_tokens": 1})
+            smoke = client.post(
+                "/v1/completions", timeout=120.0, json={"model": self.model, "prompt": "hello", "max_tokens": 1}
+            )
             if smoke.status_code != 200:
-                raise ServerError(f"vLLM server failed its first completion (HTTP {smoke.status_code}: "
-                                  f"{smoke.text[:300]}){self.log_tail()}")
+                raise ServerError(
+                    f"vLLM server failed its first completion (HTTP {smoke.status_code}: "
+                    f"{smoke.text[:300]}){self.log_tail()}"
+                )
 
     def log_tail(self, lines: int = 30) -> str:
         """The log's exception lines (the root cause is often far above the end) and its last lines."""

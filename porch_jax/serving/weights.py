@@ -13,6 +13,7 @@ keeps the OLD embedding as the output head (measured: gap 0.8 after reload, 5e-7
 ``from_pretrained`` and transformers ignore for tied models), and ``push`` refuses a tied folder
 without it.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,10 @@ def check_weights_folder(path: str | Path) -> Path:
             with safe_open(file, framework="numpy") as f:
                 names.update(f.keys())
         if "lm_head.weight" not in names:
-            raise WeightSyncError(f"{path}: tied embeddings but no lm_head.weight tensor; vLLM's reload would "
-                                  "keep the old output head. Write the folder with export_for_serving.")
+            raise WeightSyncError(
+                f"{path}: tied embeddings but no lm_head.weight tensor; vLLM's reload would "
+                "keep the old output head. Write the folder with export_for_serving."
+            )
     return path
 
 
@@ -78,8 +81,9 @@ class WeightSync:
 
     def __init__(self, base_url: str, *, api_key: str, model: str, timeout_s: float = 300.0):
         self.base_url, self.model = base_url.rstrip("/"), model
-        self._client = httpx.Client(base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"},
-                                    timeout=timeout_s, trust_env=False)
+        self._client = httpx.Client(
+            base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s, trust_env=False
+        )
 
     def _post(self, path: str, body: dict[str, Any] | None = None, **params: str) -> dict[str, Any]:
         try:
@@ -115,12 +119,13 @@ class WeightSync:
         ids = [int(t) for t in token_ids]
         if len(ids) < 2:
             raise ValueError("need at least 2 token ids to score")
-        data = self._post("/v1/completions", {"model": self.model, "prompt": ids, "max_tokens": 1,
-                                               "temperature": 0.0, "prompt_logprobs": 0})
+        data = self._post(
+            "/v1/completions",
+            {"model": self.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0},
+        )
         try:
             entries = data["choices"][0]["prompt_logprobs"][1:]
-            return np.array([entry[str(t)]["logprob"] for entry, t in zip(entries, ids[1:], strict=True)],
-                            np.float32)
+            return np.array([entry[str(t)]["logprob"] for entry, t in zip(entries, ids[1:], strict=True)], np.float32)
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise WeightSyncError(f"{self.base_url}: prompt_logprobs do not cover the prompt ({e!r})") from e
 
@@ -134,7 +139,8 @@ class WeightSync:
             raise WeightSyncError(
                 f"{self.base_url}: server and model logprobs differ by {gap:.3g} > {tol:g} (worst at token "
                 f"{worst + 1}: server {server[worst]:.5f}, model {ours[worst]:.5f}); the served weights are "
-                "not the trained ones")
+                "not the trained ones"
+            )
         return gap
 
     def close(self) -> None:

@@ -7,6 +7,7 @@ corrupt files) is reported by name, moved aside (never deleted: it is evidence) 
 kept step is tried, so a crash during a save costs at most the steps since the one before it.
 Orbax's INFO lines (~40 per save) are kept out of absl's log (`quiet_orbax`); PORCH_JAX_ORBAX_LOGS=1 keeps them.
 """
+
 from __future__ import annotations
 
 import logging
@@ -88,7 +89,12 @@ class Checkpointer:
             except CheckpointError as e:
                 moved = self._quarantine(step)
                 older = [s for s in self.steps() if s < step]
-                log.error("%s; moved it to %s; %s", e, moved, f"restarting from step {older[-1]}" if older else "no older step")
+                log.error(
+                    "%s; moved it to %s; %s",
+                    e,
+                    moved,
+                    f"restarting from step {older[-1]}" if older else "no older step",
+                )
                 continue
             log.info("restored step %d from %s", step, self.directory)
             return step, state, data

@@ -9,6 +9,7 @@ close its arguments are to the expert's (exact subgoal / agent / answer, Jaccard
 and context lists, budget within a relative distance), 0 when the action differs. Because the
 reference is the expert, DA-GRPO can at best reach the expert, blind spots included.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
@@ -35,8 +36,15 @@ def _same(a: Any, b: Any) -> float:
     return float(norm(a) == norm(b))
 
 
-_FIELD_SCORES = {"subgoal": _same, "context": _jaccard, "tools": _jaccard, "budget": _budget, "agent_id": _same,
-                 "answer": _same, "reason": lambda a, b: 1.0}
+_FIELD_SCORES = {
+    "subgoal": _same,
+    "context": _jaccard,
+    "tools": _jaccard,
+    "budget": _budget,
+    "agent_id": _same,
+    "answer": _same,
+    "reason": lambda a, b: 1.0,
+}
 
 
 def argument_similarity(args: Mapping[str, Any], reference: Mapping[str, Any]) -> float:

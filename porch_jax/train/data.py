@@ -15,6 +15,7 @@ Shapes come from a fixed set of buckets (T, K) and a fixed batch size, so a jitt
 once per bucket. The epoch plan is a pure function of (seed, epoch, dataset); the iterator's state
 is (seed, epoch, position), which a checkpoint stores to resume exactly.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -73,7 +74,9 @@ class Example:
     scalars: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
-def render_prompt(tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] | None = None) -> list[int]:
+def render_prompt(
+    tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] | None = None
+) -> list[int]:
     """The orchestrator's context as token ids, ending with the assistant generation prompt."""
     encoded = tokenizer.apply_chat_template(
         list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
@@ -158,7 +161,9 @@ def opod_examples(
     return examples
 
 
-def grpo_examples(groups: Iterable[Mapping[str, Any]], tokenizer, *, tools: Sequence[Mapping] | None = None) -> list[Example]:
+def grpo_examples(
+    groups: Iterable[Mapping[str, Any]], tokenizer, *, tools: Sequence[Mapping] | None = None
+) -> list[Example]:
     """GRPO rows from sampled groups {key, context, samples: [{token_ids, logprobs, reward}]}.
 
     Each sample is scored under the group's context with its group-normalized advantage
@@ -185,7 +190,9 @@ def with_opd_target(example: Example, target: Sequence[int], logprobs: Sequence[
     views = dict(example.views)
     for name in ("student", "teacher"):
         views[name] = dataclasses.replace(
-            views[name], target=tuple(target), logprobs=tuple(logprobs) if logprobs is not None and name == "student" else None
+            views[name],
+            target=tuple(target),
+            logprobs=tuple(logprobs) if logprobs is not None and name == "student" else None,
         )
     return dataclasses.replace(example, views=views)
 
@@ -324,7 +331,10 @@ def epoch_plan(
 def process_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...], axis: int) -> slice:
     """The contiguous range of `axis` that this process's devices hold under `sharding`."""
     spans = sorted(
-        {idx[axis].indices(global_shape[axis])[:2] for idx in sharding.addressable_devices_indices_map(global_shape).values()}
+        {
+            idx[axis].indices(global_shape[axis])[:2]
+            for idx in sharding.addressable_devices_indices_map(global_shape).values()
+        }
     )
     if any(stop < next_start for (_, stop), (next_start, _) in itertools.pairwise(spans)):
         raise ValueError(f"this process's rows along axis {axis} are not contiguous: {spans}")
@@ -377,7 +387,10 @@ class BatchIterator:
     def _epoch(self, epoch: int) -> list[np.ndarray]:
         if self._plan is None or self._plan[0] != epoch:
             batch = self.micro_batch * self.accum_steps
-            self._plan = (epoch, epoch_plan(self.examples, self.buckets, batch, self.state.seed, epoch, self.target_reserve))
+            self._plan = (
+                epoch,
+                epoch_plan(self.examples, self.buckets, batch, self.state.seed, epoch, self.target_reserve),
+            )
         return self._plan[1]
 
     def next_host_batch(self) -> HostBatch:
@@ -396,15 +409,14 @@ class BatchIterator:
         need = self.buckets.of(ex for micro in host.rows for ex in micro)
         if need[0] > t or need[1] > k:
             raise DataError(f"rows outgrew their bucket {host.bucket} (need {need}): raise target_reserve")
-        parts = [
-            collate(micro, self.views, self.scalars, t, k, pad_id=self.pad_id)
-            for micro in host.rows
-        ]
+        parts = [collate(micro, self.views, self.scalars, t, k, pad_id=self.pad_id) for micro in host.rows]
         local = jax.tree.map(lambda *xs: np.stack(xs), *parts)
 
         def put(x: np.ndarray) -> jax.Array:
             sharding = jax.sharding.NamedSharding(self.sharding.mesh, _pad_spec(self.sharding.spec, x.ndim))
-            return jax.make_array_from_process_local_data(sharding, x, (self.accum_steps, self.micro_batch) + x.shape[2:])
+            return jax.make_array_from_process_local_data(
+                sharding, x, (self.accum_steps, self.micro_batch) + x.shape[2:]
+            )
 
         return jax.tree.map(put, local)
 
@@ -426,4 +438,3 @@ def hint_table(rows: Iterable[Mapping[str, Any]]) -> dict[DecisionKey, str]:
         if row.get("attributable", True) and row.get("hint"):
             table[(str(row["episode_id"]), int(row["index"]))] = str(row["hint"])
     return table
-

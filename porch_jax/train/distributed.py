@@ -4,6 +4,7 @@ Must run before anything touches a JAX backend. On CPU each process gets `cpu_de
 and collectives go over gloo; an initialization timeout turns a missing peer into an error
 instead of a hang.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,9 @@ def resolve(cfg: DistributedConfig, env: Mapping[str, str] = os.environ) -> Dist
     if out.multi_process:
         missing = [f for f in ("coordinator_address", "process_id") if getattr(out, f) is None]
         if missing:
-            raise ValueError(f"multi-process run ({n} processes) needs {', '.join(missing)} (flag or {_ENV[missing[0]][1]})")
+            raise ValueError(
+                f"multi-process run ({n} processes) needs {', '.join(missing)} (flag or {_ENV[missing[0]][1]})"
+            )
         if not 0 <= pid < n:
             raise ValueError(f"process_id {pid} is outside [0, {n})")
     return out

@@ -82,23 +82,21 @@ def _from_chunks(xc: Array, n: int) -> Array:
 
 def _logits(h: Array, w: Array) -> Array:
     """[c, H] @ [H, V] in the head's dtype, accumulated and returned in fp32."""
-    return lax.dot_general(
-        h.astype(w.dtype), w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32
-    )
+    return lax.dot_general(h.astype(w.dtype), w, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _d_hidden(gz: Array, w: Array) -> Array:
     """gz [c, V] @ w.T -> [c, H] in fp32."""
-    return lax.dot_general(
-        gz.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32
-    )
+    return lax.dot_general(gz.astype(w.dtype), w, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
 
 def _d_head(h: Array, gz: Array, w: Array) -> Array:
     """h.T @ gz -> [H, V] in fp32, with h.T written out: XLA:CPU runs a dot contracting both operands'
     major axis slowly, and in bf16 upcasts it to f32 (layers.row_major)."""
     return lax.dot_general(
-        transposed(h.astype(w.dtype)), gz.astype(w.dtype), (((1,), (0,)), ((), ())),
+        transposed(h.astype(w.dtype)),
+        gz.astype(w.dtype),
+        (((1,), (0,)), ((), ())),
         preferred_element_type=jnp.float32,
     )
 
@@ -110,9 +108,7 @@ def _dtype_tag(x: Array) -> Array:
 
 def _check_pair(hidden: Array, head: Array, name: str) -> None:
     if hidden.ndim != 2 or head.ndim != 2 or hidden.shape[1] != head.shape[0]:
-        raise ValueError(
-            f"{name}: expected hidden [N, H] and head [H, V], got {hidden.shape} and {head.shape}"
-        )
+        raise ValueError(f"{name}: expected hidden [N, H] and head [H, V], got {hidden.shape} and {head.shape}")
 
 
 def _check_mask(mask: Array, n: int, name: str) -> None:
@@ -160,6 +156,7 @@ def _fused_kl(sh, sw, th, tw, mask, chunk, grad_in_forward):
 def _fused_kl_fwd(sh, sw, th, tw, mask, chunk, grad_in_forward):
     xs = (_to_chunks(sh, chunk), _to_chunks(th, chunk), _to_chunks(mask, chunk))
     if grad_in_forward:
+
         def body(carry, xs_c):
             acc, dw = carry
             hs, ht, m = xs_c
@@ -240,9 +237,13 @@ def chunked_reverse_kl(
     mask = lax.stop_gradient(mask.astype(jnp.float32))
     chunk = _resolve_chunk(n, student_head.shape[1], chunk_size)
     total = _fused_kl(
-        student_hidden, student_head,
-        lax.stop_gradient(teacher_hidden), lax.stop_gradient(teacher_head),
-        mask, chunk, bool(grad_in_forward),
+        student_hidden,
+        student_head,
+        lax.stop_gradient(teacher_hidden),
+        lax.stop_gradient(teacher_head),
+        mask,
+        chunk,
+        bool(grad_in_forward),
     )
     return total, jnp.sum(mask)
 
@@ -291,6 +292,7 @@ def _fused_ce(h, w, targets, mask, chunk, grad_in_forward):
 def _fused_ce_fwd(h, w, targets, mask, chunk, grad_in_forward):
     xs = (_to_chunks(h, chunk), _to_chunks(targets, chunk), _to_chunks(mask, chunk))
     if grad_in_forward:
+
         def body(carry, xs_c):
             acc, dw = carry
             hc, tc, m = xs_c

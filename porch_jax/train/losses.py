@@ -76,7 +76,9 @@ def aggregation_weights(
 
 
 def aggregate(
-    token_losses: Array, mask: Array, weights: Array | None = None,
+    token_losses: Array,
+    mask: Array,
+    weights: Array | None = None,
     aggregation: Aggregation = "token",
 ) -> tuple[Array, Array]:
     """(sum, count) of a [B, T] token loss under ``aggregation`` (masked tokens never leak NaN)."""
@@ -128,9 +130,7 @@ def token_cross_entropy(
     return aggregate(ce, mask, weights, aggregation)
 
 
-def rwr_weights(
-    rewards: Array, *, weighting: RwrWeighting = "reward", temperature: float = 1.0
-) -> Array:
+def rwr_weights(rewards: Array, *, weighting: RwrWeighting = "reward", temperature: float = 1.0) -> Array:
     """Per-decision RWR weights from trajectory rewards [B] (no gradient).
 
     - ``"reward"``: w = r. With 0/1 success rewards this is cross-entropy on the decisions of
@@ -205,9 +205,7 @@ def opd_loss(
     return reverse_kl(student_logits, teacher_logits, mask, attributable, aggregation="decision")
 
 
-def opod_loss(
-    rwr: tuple[Array, Array], opd: tuple[Array, Array], opd_weight: float
-) -> tuple[Array, dict[str, Array]]:
+def opod_loss(rwr: tuple[Array, Array], opd: tuple[Array, Array], opd_weight: float) -> tuple[Array, dict[str, Array]]:
     """L_OPOD = l_RWR + lambda * l_OPD from the two accumulated (sum, count) parts.
 
     Each part is divided by its own count (the two supervise different decision sets); a part
@@ -223,9 +221,7 @@ def opod_loss(
 # --------------------------------------------------------------------------------------------
 
 
-def group_advantages(
-    rewards: Array, *, eps: float = 1e-4, scale_by_std: bool = True, ddof: int = 1
-) -> Array:
+def group_advantages(rewards: Array, *, eps: float = 1e-4, scale_by_std: bool = True, ddof: int = 1) -> Array:
     """Group-normalized advantages for rewards [G groups, n samples]: (r - mean) / (std + eps).
 
     ``ddof=1`` (unbiased std) matches TRL's GRPO; ``scale_by_std=False`` only centres (Dr. GRPO).
@@ -293,9 +289,7 @@ def grpo_loss(
     else:
         k3 = jnp.zeros_like(new)
 
-    total, count = aggregate(
-        per_token, mask, None, "token" if aggregation == "token" else "decision"
-    )
+    total, count = aggregate(per_token, mask, None, "token" if aggregation == "token" else "decision")
 
     m = (mask != 0).astype(jnp.float32)
     is_clipped = ((ratio < 1.0 - eps_low) & (adv < 0)) | ((ratio > 1.0 + eps_high) & (adv > 0))
@@ -323,13 +317,9 @@ def _flat(hidden: Array) -> Array:
     return hidden.reshape(-1, hidden.shape[-1])
 
 
-def token_logprobs_from_hidden(
-    hidden: Array, head: Array, targets: Array, *, chunk_size: int | None = None
-) -> Array:
+def token_logprobs_from_hidden(hidden: Array, head: Array, targets: Array, *, chunk_size: int | None = None) -> Array:
     """[B, T] log-probs of ``targets`` under ``hidden [B, T, H] @ head [H, V]``, chunked."""
-    lp = fused_kl.chunked_token_logprobs(
-        _flat(hidden), head, targets.reshape(-1), chunk_size=chunk_size
-    )
+    lp = fused_kl.chunked_token_logprobs(_flat(hidden), head, targets.reshape(-1), chunk_size=chunk_size)
     return lp.reshape(targets.shape)
 
 
@@ -346,7 +336,10 @@ def token_cross_entropy_from_hidden(
     """``token_cross_entropy`` computed from hidden states [B, T, H] and head [H, V]."""
     tw, count = aggregation_weights(mask, weights, aggregation)
     total, _ = fused_kl.chunked_token_cross_entropy(
-        _flat(hidden), head, _safe_targets(targets, mask).reshape(-1), tw.reshape(-1),
+        _flat(hidden),
+        head,
+        _safe_targets(targets, mask).reshape(-1),
+        tw.reshape(-1),
         chunk_size=chunk_size,
     )
     return total, count
@@ -387,12 +380,15 @@ def opd_loss_from_hidden(
     gradients."""
     if student_hidden.shape[:2] != teacher_hidden.shape[:2]:
         raise ValueError(
-            f"student and teacher hidden states must align: {student_hidden.shape[:2]} vs "
-            f"{teacher_hidden.shape[:2]}"
+            f"student and teacher hidden states must align: {student_hidden.shape[:2]} vs {teacher_hidden.shape[:2]}"
         )
     tw, count = aggregation_weights(mask, attributable, aggregation)
     total, _ = fused_kl.chunked_reverse_kl(
-        _flat(student_hidden), student_head, _flat(teacher_hidden), teacher_head,
-        tw.reshape(-1), chunk_size=chunk_size,
+        _flat(student_hidden),
+        student_head,
+        _flat(teacher_hidden),
+        teacher_head,
+        tw.reshape(-1),
+        chunk_size=chunk_size,
     )
     return total, count

@@ -5,6 +5,7 @@ moments mirror their parameter; batches are [accum, micro, ...] with micro over 
 'batch' axes; step counters and metrics are replicated. Nothing here depends on the mesh shape,
 so one code path serves 1 device, 8 fake CPU devices and a multi-host mesh.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -80,7 +81,9 @@ def opt_state_shardings(tx: optax.GradientTransformation, params: nnx.State, sha
     )
 
 
-def train_state_shardings(tx: optax.GradientTransformation, params: nnx.State, shardings: nnx.State, mesh: Mesh) -> dict:
+def train_state_shardings(
+    tx: optax.GradientTransformation, params: nnx.State, shardings: nnx.State, mesh: Mesh
+) -> dict:
     """Shardings of the train state {step, params, opt_state}."""
     return {
         "step": replicated(mesh),
@@ -101,5 +104,7 @@ def describe(shardings: Mapping | nnx.State) -> dict[str, str]:
     """{path: spec} for logs and tests."""
     return {
         jax.tree_util.keystr(path): str(s.spec)
-        for path, s in jax.tree_util.tree_flatten_with_path(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[0]
+        for path, s in jax.tree_util.tree_flatten_with_path(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))[
+            0
+        ]
     }

@@ -2,6 +2,7 @@
 
 Only process 0 writes. Throughput excludes the first step of each run, which pays for compiling.
 """
+
 from __future__ import annotations
 
 import math
@@ -76,7 +77,11 @@ class MetricsLogger:
         parts += [f"grad_norm {m['grad_norm']:.3f}", f"lr {m['learning_rate']:.2e}"]
         if "steps_per_s" in m:
             rate = m["steps_per_s"]
-            parts += [f"{m['tokens_per_s']:,.0f} tok/s", f"{rate:.2f} it/s", f"ETA {format_duration((self.total - step) / rate)}"]
+            parts += [
+                f"{m['tokens_per_s']:,.0f} tok/s",
+                f"{rate:.2f} it/s",
+                f"ETA {format_duration((self.total - step) / rate)}",
+            ]
         return " | ".join(parts)
 
     def text(self, message: str) -> None:

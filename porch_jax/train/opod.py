@@ -18,6 +18,7 @@ kernels. The step itself is ours: packed rows carry several decisions each, so p
 averaging needs per-token weights and host-side decision counts, which train.step's one-decision-
 per-row layout does not express.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,6 +60,7 @@ POLICY_FILE = "policy.json"  # written next to an export: the view the policy wa
 
 # ---- losses of one batch (pure) ------------------------------------------------------------------
 
+
 def _gathered(model: nnx.Module, v: Mapping[str, jax.Array]) -> jax.Array:
     hidden = model.hidden_states(v["tokens"], attention_mask=v["mask"])
     return jnp.take_along_axis(hidden, v["index"][..., None], axis=1)
@@ -68,8 +70,9 @@ def _head(model: nnx.Module) -> jax.Array:
     return model.lm_head_kernel().astype(model.dtype)
 
 
-def batch_parts(model: nnx.Module, teacher: nnx.Module | None, batch: Batch, *, clip_eps: float = 0.2
-                ) -> tuple[dict[str, tuple[jax.Array, jax.Array]], dict[str, jax.Array]]:
+def batch_parts(
+    model: nnx.Module, teacher: nnx.Module | None, batch: Batch, *, clip_eps: float = 0.2
+) -> tuple[dict[str, tuple[jax.Array, jax.Array]], dict[str, jax.Array]]:
     """(sum, count) of each loss part present in ``batch`` and extra metrics.
 
     "ce": packed rows (SFT; RWR when the rows hold successful episodes' decisions), per-token
@@ -81,22 +84,25 @@ def batch_parts(model: nnx.Module, teacher: nnx.Module | None, batch: Batch, *, 
     if "ce" in batch:
         v = batch["ce"]
         total, _ = losses.token_cross_entropy_from_hidden(
-            _gathered(model, v), head, v["targets"], v["target_mask"], v["weight"], aggregation="token")
+            _gathered(model, v), head, v["targets"], v["target_mask"], v["weight"], aggregation="token"
+        )
         parts["ce"] = (total, v["count"])
     if "student" in batch:
         s, t = batch["student"], batch["teacher"]
         hs = _gathered(model, s)
         ht = lax.stop_gradient(_gathered(teacher, t))
-        parts["opd"] = losses.opd_loss_from_hidden(hs, head, ht, lax.stop_gradient(_head(teacher)), s["target_mask"],
-                                                   aggregation="decision")
+        parts["opd"] = losses.opd_loss_from_hidden(
+            hs, head, ht, lax.stop_gradient(_head(teacher)), s["target_mask"], aggregation="decision"
+        )
         logp = losses.token_logprobs_from_hidden(lax.stop_gradient(hs), lax.stop_gradient(head), s["targets"])
         gap = jnp.where(s["target_mask"], jnp.abs(logp - s["logprobs"]), 0.0)
         extra["logprob_gap"] = losses.safe_mean(jnp.sum(gap), jnp.sum(s["target_mask"], dtype=jnp.float32))
     if "group" in batch:
         g = batch["group"]
         logp = losses.token_logprobs_from_hidden(_gathered(model, g), head, g["targets"])
-        total, count, m = losses.grpo_loss(logp, g["logprobs"], None, g["advantage"], g["target_mask"],
-                                           clip_eps=clip_eps, aggregation="sequence")
+        total, count, m = losses.grpo_loss(
+            logp, g["logprobs"], None, g["advantage"], g["target_mask"], clip_eps=clip_eps, aggregation="sequence"
+        )
         parts["pg"] = (total, count)
         extra["clip_fraction"] = m["clip_fraction"]
     return parts, extra
@@ -125,14 +131,24 @@ class PolicyTrainer:
     ``teacher=True`` keeps a frozen copy of the initial weights (OPD's self-teacher).
     """
 
-    def __init__(self, init_dir: str | Path, workdir: str | Path, cfg: ConfigDict, *, teacher: bool = False,
-                 stream: TextIO = sys.stdout):
+    def __init__(
+        self,
+        init_dir: str | Path,
+        workdir: str | Path,
+        cfg: ConfigDict,
+        *,
+        teacher: bool = False,
+        stream: TextIO = sys.stdout,
+    ):
         from transformers import AutoTokenizer
 
         self.cfg, self.workdir, self.stream = cfg, Path(workdir), stream
         self.tokenizer = AutoTokenizer.from_pretrained(str(init_dir))
-        self.view = json.loads((Path(init_dir) / POLICY_FILE).read_text())["view"] if (
-            Path(init_dir) / POLICY_FILE).is_file() else cfg.get("view", "full")
+        self.view = (
+            json.loads((Path(init_dir) / POLICY_FILE).read_text())["view"]
+            if (Path(init_dir) / POLICY_FILE).is_file()
+            else cfg.get("view", "full")
+        )
         model = from_pretrained(init_dir)
         self.mesh = mesh_lib.make_mesh(tuple(cfg.get("mesh", (1, 1, 1))))
         opt_cfg = ConfigDict({**cfg.to_dict(), "total_steps": cfg.steps})
@@ -145,8 +161,9 @@ class PolicyTrainer:
         if restored is not None:
             self.start_step, self.state, _ = restored
         self.student = nnx.merge(self.graphdef, self.state["params"])
-        self._rows = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec(
-            mesh_lib.batch_spec(mesh=self.mesh)[1]))
+        self._rows = jax.sharding.NamedSharding(
+            self.mesh, jax.sharding.PartitionSpec(mesh_lib.batch_spec(mesh=self.mesh)[1])
+        )
         self._step = jax.jit(self._step_impl, donate_argnums=(0,))
         self._tx = tx
 
@@ -154,14 +171,20 @@ class PolicyTrainer:
         teacher_model = None if teacher is None else nnx.merge(self.graphdef, teacher)
 
         def loss_fn(params):
-            parts, extra = batch_parts(nnx.merge(self.graphdef, params), teacher_model, batch,
-                                       clip_eps=float(self.cfg.get("clip_eps", 0.2)))
+            parts, extra = batch_parts(
+                nnx.merge(self.graphdef, params), teacher_model, batch, clip_eps=float(self.cfg.get("clip_eps", 0.2))
+            )
             return combine(parts, float(self.cfg.get("opd_weight", 0.0))), (parts, extra)
 
         (loss, (parts, extra)), grads = jax.value_and_grad(loss_fn, has_aux=True)(state["params"])
         updates, opt_state = self._tx.update(grads, state["opt_state"], state["params"])
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads), "update_norm": optax.global_norm(updates),
-                   "learning_rate": self.schedule(state["step"]), **extra}
+        metrics = {
+            "loss": loss,
+            "grad_norm": optax.global_norm(grads),
+            "update_norm": optax.global_norm(updates),
+            "learning_rate": self.schedule(state["step"]),
+            **extra,
+        }
         for k, (total, count) in parts.items():
             metrics[k], metrics[f"{k}_count"] = losses.safe_mean(total, count), count
         params = optax.apply_updates(state["params"], updates)
@@ -237,12 +260,14 @@ def _truncate_log(path: Path, step: int) -> None:
 
 # ---- batch sources -----------------------------------------------------------------------------------
 
+
 def _fitting(items: Sequence[Any], length: Callable[[Any], int], limit: int) -> list[Any]:
     """The items within the largest bucket; the rest are left out with a warning, never cut."""
     kept = [x for x in items if length(x) <= limit]
     if len(kept) < len(items):
-        log.warning("%d of %d rows exceed the largest bucket (%d tokens); left out", len(items) - len(kept),
-                    len(items), limit)
+        log.warning(
+            "%d of %d rows exceed the largest bucket (%d tokens); left out", len(items) - len(kept), len(items), limit
+        )
     return kept
 
 
@@ -277,8 +302,12 @@ class PackedSource:
 
 
 def sample_actions(sampler: Sampler, prompts: Sequence[Sequence[int]], cfg: ConfigDict, seed: int) -> list[Any]:
-    params = SamplingParams(max_new_tokens=int(cfg.max_new_tokens), temperature=float(cfg.temperature),
-                            top_p=float(cfg.get("top_p", 1.0)), seed=seed)
+    params = SamplingParams(
+        max_new_tokens=int(cfg.max_new_tokens),
+        temperature=float(cfg.temperature),
+        top_p=float(cfg.get("top_p", 1.0)),
+        seed=seed,
+    )
     return sampler.generate([list(p) for p in prompts], params)
 
 
@@ -293,31 +322,41 @@ class OpdSource:
         self.k = _targets_bucket(int(cfg.max_new_tokens) + 1, 32)
         longest = max(max(len(r.student), len(r.teacher)) for r in rows)
         self.sampler: Sampler | None = None
-        self._sampler_args = dict(tokenizer=tokenizer, max_len=bucket(longest, buckets) + self.k,
-                                  prompt_buckets=buckets, batch_buckets=(int(cfg.batch),))
+        self._sampler_args = dict(
+            tokenizer=tokenizer,
+            max_len=bucket(longest, buckets) + self.k,
+            prompt_buckets=buckets,
+            batch_buckets=(int(cfg.batch),),
+        )
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[dict[str, Any], dict[str, float]]:
         if self.sampler is None or self.sampler.model is not student:
             self.sampler = Sampler(student, **self._sampler_args)
         rng = np.random.default_rng([int(self.cfg.seed), step])
-        rows = [self.rows[i] for i in rng.choice(len(self.rows), min(int(self.cfg.batch), len(self.rows)), replace=False)]
+        rows = [
+            self.rows[i] for i in rng.choice(len(self.rows), min(int(self.cfg.batch), len(self.rows)), replace=False)
+        ]
         done = sample_actions(self.sampler, [r.student for r in rows], self.cfg, int(self.cfg.seed) * 1_000_003 + step)
         # A sample that is no action at all is dropped (OpdRow says why): an empty action scores nothing.
         keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done)]
         actions = [c.token_ids if k else [] for c, k in zip(done, keep)]
         t_s = bucket(max(len(r.student) for r in rows), self.buckets) + self.k
         t_t = bucket(max(len(r.teacher) for r in rows), self.buckets) + self.k
-        student = scored_batch([r.student for r in rows], actions, t_s, self.k,
-                               [c.logprobs if k else [] for c, k in zip(done, keep)])
+        student = scored_batch(
+            [r.student for r in rows], actions, t_s, self.k, [c.logprobs if k else [] for c, k in zip(done, keep)]
+        )
         teacher = scored_batch([r.teacher for r in rows], actions, t_t, self.k)
-        stats = {"sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
-                 "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
-                 "sampled_not_action": 1.0 - float(np.mean(keep))}
+        stats = {
+            "sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
+            "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
+            "sampled_not_action": 1.0 - float(np.mean(keep)),
+        }
         return {"student": student, "teacher": teacher}, stats
 
 
 def opod_batches(ce: Callable[[int], dict[str, np.ndarray]] | None, opd: OpdSource | None) -> BatchFn:
     """OPOD's batch: a packed RWR (or SFT) batch and a freshly sampled OPD batch (either may be absent)."""
+
     def make(step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         batch, stats = {}, {}
         if ce is not None:
@@ -326,6 +365,7 @@ def opod_batches(ce: Callable[[int], dict[str, np.ndarray]] | None, opd: OpdSour
             part, stats = opd(step, student)
             batch.update(part)
         return batch, stats | {"tokens": _tokens(batch)}
+
     return make
 
 
@@ -336,8 +376,14 @@ def _tokens(batch: Batch) -> float:
 class GroupSource:
     """DA-GRPO: ``contexts_per_step`` expert contexts, ``group_size`` samples each, scored against the expert."""
 
-    def __init__(self, contexts: Sequence[ExpertContext], tokenizer: Any, cfg: ConfigDict, buckets: Sequence[int],
-                 available_tools: Collection[str]):
+    def __init__(
+        self,
+        contexts: Sequence[ExpertContext],
+        tokenizer: Any,
+        cfg: ConfigDict,
+        buckets: Sequence[int],
+        available_tools: Collection[str],
+    ):
         contexts = _fitting(contexts, lambda c: len(c.prompt), max(buckets))
         if not contexts:
             raise ValueError("no expert decision contexts")
@@ -345,8 +391,12 @@ class GroupSource:
         self.k = _targets_bucket(int(cfg.max_new_tokens) + 1, 32)
         rows = int(cfg.contexts_per_step) * int(cfg.group_size)
         longest = max(len(c.prompt) for c in contexts)
-        self._sampler_args = dict(tokenizer=tokenizer, max_len=bucket(longest, buckets) + self.k,
-                                  prompt_buckets=buckets, batch_buckets=(rows,))
+        self._sampler_args = dict(
+            tokenizer=tokenizer,
+            max_len=bucket(longest, buckets) + self.k,
+            prompt_buckets=buckets,
+            batch_buckets=(rows,),
+        )
         self.sampler: Sampler | None = None
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
@@ -358,11 +408,19 @@ class GroupSource:
         prompts = [c.prompt for c in chosen for _ in range(g)]
         done = sample_actions(self.sampler, prompts, cfg, int(cfg.seed) * 1_000_003 + step)
         texts = [c.decode(d.text) if c.decode else d.text for c, d in zip([c for c in chosen for _ in range(g)], done)]
-        rewards = np.asarray([decision_reward(t, c.reference, self.tools)["reward"]
-                              for c, t in zip([c for c in chosen for _ in range(g)], texts)], np.float32)
+        rewards = np.asarray(
+            [
+                decision_reward(t, c.reference, self.tools)["reward"]
+                for c, t in zip([c for c in chosen for _ in range(g)], texts)
+            ],
+            np.float32,
+        )
         advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
         group["advantage"] = advantages.astype(np.float32)
-        return {"group": group}, {"reward": float(rewards.mean()), "reward_std": float(rewards.std()),
-                                  "tokens": float(group["mask"].sum())}
+        return {"group": group}, {
+            "reward": float(rewards.mean()),
+            "reward_std": float(rewards.std()),
+            "tokens": float(group["mask"].sum()),
+        }

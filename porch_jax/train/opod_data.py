@@ -19,6 +19,7 @@ actions are short pointers decoded into full tool calls before the engine parses
 keep full actions while the policy is trained on, and samples, the compact form. The same view is applied wherever the policy reads a context: training,
 on-policy sampling, the teacher's s ⊕ H, rollouts and evaluation; records keep the exact context.
 """
+
 from __future__ import annotations
 
 import functools
@@ -62,8 +63,9 @@ def policy_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], view: st
     return render_prompt(tokenizer, policy_view(context, view))
 
 
-def action_tokens(tokenizer: Any, call: Mapping[str, Any], context: Sequence[Mapping[str, Any]],
-                  view: str) -> list[int]:
+def action_tokens(
+    tokenizer: Any, call: Mapping[str, Any], context: Sequence[Mapping[str, Any]], view: str
+) -> list[int]:
     """A stored action as the policy writes it (then eos): the compact form in the "dsl" view."""
     text = codec.encode_action(call, context) if view == "dsl" else render_call(call)
     return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
@@ -83,6 +85,7 @@ def teacher_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], hint: s
 
 
 # ---- packed decision rows ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Span:
@@ -115,22 +118,32 @@ def pack_episode(episode: EpisodeRecord, tokenizer: Any, view: str, weight: floa
             continue
         prompt, target = policy_prompt(tokenizer, d.context, view), policy_target(tokenizer, d, view)
         if len(prompt) + len(target) > max_len:
-            log.warning("%s/%d: %d tokens exceed max_len %d; left out", episode.episode_id, d.index,
-                        len(prompt) + len(target), max_len)
+            log.warning(
+                "%s/%d: %d tokens exceed max_len %d; left out",
+                episode.episode_id,
+                d.index,
+                len(prompt) + len(target),
+                max_len,
+            )
             continue
         tokens = rows[-1][0] if rows else None
-        if tokens is None or prompt[:len(tokens)] != tokens or len(prompt) + len(target) > max_len:
+        if tokens is None or prompt[: len(tokens)] != tokens or len(prompt) + len(target) > max_len:
             rows.append((list(prompt), []))
         else:
-            rows[-1][0].extend(prompt[len(tokens):])
+            rows[-1][0].extend(prompt[len(tokens) :])
         tokens, spans = rows[-1]
         spans.append(Span(len(tokens), len(target), weight))
         tokens.extend(target)
     return [SeqRow(tuple(t), tuple(s)) for t, s in rows if s]
 
 
-def packed_rows(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str, max_len: int,
-                weight: Callable[[EpisodeRecord], float] = lambda ep: 1.0) -> list[SeqRow]:
+def packed_rows(
+    episodes: Iterable[EpisodeRecord],
+    tokenizer: Any,
+    view: str,
+    max_len: int,
+    weight: Callable[[EpisodeRecord], float] = lambda ep: 1.0,
+) -> list[SeqRow]:
     """SFT: every episode with weight 1. RWR: ``weight = reward`` (0/1 success drops failed episodes)."""
     rows = []
     for ep in episodes:
@@ -140,8 +153,13 @@ def packed_rows(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str, ma
     return rows
 
 
-def hint_following_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str,
-                        follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None]) -> list[SeqRow]:
+def hint_following_rows(
+    episodes: Iterable[EpisodeRecord],
+    hints: Mapping[Key, str],
+    tokenizer: Any,
+    view: str,
+    follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None],
+) -> list[SeqRow]:
     """SFT examples that teach hint following: context ⊕ H -> the decision corrected as H says.
 
     A tiny model trained from scratch follows a hint in its context only if it has seen contexts
@@ -161,8 +179,13 @@ def hint_following_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, s
     return rows
 
 
-def empty_hint_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str,
-                    follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None]) -> list[SeqRow]:
+def empty_hint_rows(
+    episodes: Iterable[EpisodeRecord],
+    hints: Mapping[Key, str],
+    tokenizer: Any,
+    view: str,
+    follow: Callable[[Mapping[str, Any], str], dict[str, Any] | None],
+) -> list[SeqRow]:
     """The contrast to ``hint_following_rows`` on the same decisions (same order): context ⊕ empty
     hint -> the decision as it was. A model that has only seen hint turns followed by corrections
     reads any hint turn, even an empty one, as "fix the usual blind spot"; with these rows an empty
@@ -181,6 +204,7 @@ def empty_hint_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str],
 
 # ---- OPD pairs and DA-GRPO contexts -------------------------------------------------------------------
 
+
 @dataclass(frozen=True)
 class OpdRow:
     """A FLAG=true decision: the student's prompt (s) and the teacher's (s ⊕ H); the action is sampled.
@@ -197,10 +221,17 @@ class OpdRow:
 
 def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str) -> list[OpdRow]:
     """One row per attributable decision, of successful and failed episodes alike."""
-    return [OpdRow((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)),
-                   tuple(teacher_prompt(tokenizer, d.context, hints[(ep.episode_id, d.index)], view)),
-                   functools.partial(codec.decodes, context=d.context) if view == "dsl" else None)
-            for ep in episodes for d in ep.decisions if (ep.episode_id, d.index) in hints and _valid(d)]
+    return [
+        OpdRow(
+            (ep.episode_id, d.index),
+            tuple(policy_prompt(tokenizer, d.context, view)),
+            tuple(teacher_prompt(tokenizer, d.context, hints[(ep.episode_id, d.index)], view)),
+            functools.partial(codec.decodes, context=d.context) if view == "dsl" else None,
+        )
+        for ep in episodes
+        for d in ep.decisions
+        if (ep.episode_id, d.index) in hints and _valid(d)
+    ]
 
 
 @dataclass(frozen=True)
@@ -217,12 +248,18 @@ def expert_contexts(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str
     def decoder(context: Any) -> Callable[[str], str] | None:
         return (lambda text: codec.decode_text(text, context)) if view == "dsl" else None
 
-    return [ExpertContext((ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)), d.action,
-                          decoder(d.context))
-            for ep in episodes for d in ep.decisions if _valid(d)]
+    return [
+        ExpertContext(
+            (ep.episode_id, d.index), tuple(policy_prompt(tokenizer, d.context, view)), d.action, decoder(d.context)
+        )
+        for ep in episodes
+        for d in ep.decisions
+        if _valid(d)
+    ]
 
 
 # ---- batches -------------------------------------------------------------------------------------------
+
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket holding ``n``."""
@@ -236,20 +273,27 @@ def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
     """Rows as arrays: tokens/mask [B, t]; index/targets/target_mask/weight [B, k] (weight: the
     decision's weight over its length, per token); count []: decisions with a non-zero weight."""
     b = len(rows)
-    out = {"tokens": np.zeros((b, t), np.int32), "mask": np.zeros((b, t), bool),
-           "index": np.zeros((b, k), np.int32), "targets": np.zeros((b, k), np.int32),
-           "target_mask": np.zeros((b, k), bool), "weight": np.zeros((b, k), np.float32)}
+    out = {
+        "tokens": np.zeros((b, t), np.int32),
+        "mask": np.zeros((b, t), bool),
+        "index": np.zeros((b, k), np.int32),
+        "targets": np.zeros((b, k), np.int32),
+        "target_mask": np.zeros((b, k), bool),
+        "weight": np.zeros((b, k), np.float32),
+    }
     count = 0
     for i, row in enumerate(rows):
         if len(row.tokens) > t or sum(s.length for s in row.spans) > k:
-            raise DataError(f"row of {len(row.tokens)} tokens / {sum(s.length for s in row.spans)} targets > ({t}, {k})")
-        out["tokens"][i, :len(row.tokens)] = row.tokens
-        out["mask"][i, :len(row.tokens)] = True
+            raise DataError(
+                f"row of {len(row.tokens)} tokens / {sum(s.length for s in row.spans)} targets > ({t}, {k})"
+            )
+        out["tokens"][i, : len(row.tokens)] = row.tokens
+        out["mask"][i, : len(row.tokens)] = True
         j = 0
         for s in row.spans:
             sl = slice(j, j + s.length)
             out["index"][i, sl] = np.arange(s.start - 1, s.start - 1 + s.length)  # column c predicts token c + 1
-            out["targets"][i, sl] = row.tokens[s.start:s.start + s.length]
+            out["targets"][i, sl] = row.tokens[s.start : s.start + s.length]
             out["target_mask"][i, sl] = True
             out["weight"][i, sl] = s.weight / s.length
             count += s.weight != 0
@@ -258,8 +302,13 @@ def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
     return out
 
 
-def scored_batch(prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[int]], t: int, k: int,
-                 logprobs: Sequence[Sequence[float]] | None = None) -> dict[str, np.ndarray]:
+def scored_batch(
+    prompts: Sequence[Sequence[int]],
+    actions: Sequence[Sequence[int]],
+    t: int,
+    k: int,
+    logprobs: Sequence[Sequence[float]] | None = None,
+) -> dict[str, np.ndarray]:
     """One decision per row: prompt then action, every action token scored (OPD, GRPO).
 
     With ``logprobs`` (the sampler's), ``logprobs``/``sampled`` [B, k] travel with the row."""
@@ -267,5 +316,5 @@ def scored_batch(prompts: Sequence[Sequence[int]], actions: Sequence[Sequence[in
     out = seq_batch(rows, t, k)
     out["logprobs"] = np.zeros((len(rows), k), np.float32)
     for i, lp in enumerate(logprobs or ()):
-        out["logprobs"][i, :len(lp)] = lp
+        out["logprobs"][i, : len(lp)] = lp
     return out

@@ -3,6 +3,7 @@
 Weight decay skips vectors (norm weights, biases): decaying a norm's scale toward zero fights the
 normalization it exists for.
 """
+
 from __future__ import annotations
 
 import jax

@@ -11,6 +11,7 @@ through the chunked fused kernels of losses.py, so full [tokens, vocab] logits n
 Parameters stay float32 (master copy); the model's compute dtype decides the matmul precision.
 The train state {step, params, opt_state} is donated, and all in/out shardings are explicit.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,22 +112,38 @@ def micro_parts(
     if method in ("sft", "rwr"):
         v = micro["policy"]
         part = losses.token_cross_entropy_from_hidden(
-            _gathered_hidden(model, v), _head(model), v["targets"], v["target_mask"], v["weight"],
-            aggregation=cfg.aggregation, chunk_size=cfg.chunk_size,
+            _gathered_hidden(model, v),
+            _head(model),
+            v["targets"],
+            v["target_mask"],
+            v["weight"],
+            aggregation=cfg.aggregation,
+            chunk_size=cfg.chunk_size,
         )
         return {"ce" if method == "sft" else "rwr": part}, {"tokens": _tokens(v)}
     if method == "opod":
         r, s, t = micro["rwr"], micro["student"], micro["teacher"]
         head = _head(model)
         rwr = losses.token_cross_entropy_from_hidden(
-            _gathered_hidden(model, r), head, r["targets"], r["target_mask"], r["weight"],
-            aggregation=cfg.aggregation, chunk_size=cfg.chunk_size,
+            _gathered_hidden(model, r),
+            head,
+            r["targets"],
+            r["target_mask"],
+            r["weight"],
+            aggregation=cfg.aggregation,
+            chunk_size=cfg.chunk_size,
         )
         student_hidden = _gathered_hidden(model, s)
         teacher_hidden = lax.stop_gradient(_gathered_hidden(frozen, t))
         opd = losses.opd_loss_from_hidden(
-            student_hidden, head, teacher_hidden, lax.stop_gradient(_head(frozen)), s["target_mask"], s["weight"],
-            aggregation=cfg.aggregation, chunk_size=cfg.chunk_size,
+            student_hidden,
+            head,
+            teacher_hidden,
+            lax.stop_gradient(_head(frozen)),
+            s["target_mask"],
+            s["weight"],
+            aggregation=cfg.aggregation,
+            chunk_size=cfg.chunk_size,
         )
         logp = losses.token_logprobs_from_hidden(
             lax.stop_gradient(student_hidden), lax.stop_gradient(head), s["targets"], chunk_size=cfg.chunk_size
@@ -143,16 +160,29 @@ def micro_parts(
         ref = None
         if frozen is not None:
             ref = losses.token_logprobs_from_hidden(
-                lax.stop_gradient(_gathered_hidden(frozen, v)), lax.stop_gradient(_head(frozen)), v["targets"],
+                lax.stop_gradient(_gathered_hidden(frozen, v)),
+                lax.stop_gradient(_head(frozen)),
+                v["targets"],
                 chunk_size=cfg.chunk_size,
             )
         total, count, m = losses.grpo_loss(
-            logp, old, ref, micro["advantage"], v["target_mask"],
-            clip_eps=cfg.grpo_clip_eps, clip_eps_high=cfg.grpo_clip_eps_high, kl_coef=cfg.grpo_kl_coef,
+            logp,
+            old,
+            ref,
+            micro["advantage"],
+            v["target_mask"],
+            clip_eps=cfg.grpo_clip_eps,
+            clip_eps_high=cfg.grpo_clip_eps_high,
+            kl_coef=cfg.grpo_kl_coef,
             aggregation=cfg.grpo_aggregation,
         )
-        aux = {"tokens": _tokens(v), "clipped_tokens": m["clipped_tokens"], "kl_sum": m["kl_sum"],
-               "scored_tokens": m["tokens"], **_logprob_gap(logp, v)}
+        aux = {
+            "tokens": _tokens(v),
+            "clipped_tokens": m["clipped_tokens"],
+            "kl_sum": m["kl_sum"],
+            "scored_tokens": m["tokens"],
+            **_logprob_gap(logp, v),
+        }
         return {"pg": (total, count)}, aux
     raise ValueError(f"unknown method {method!r}")
 
@@ -281,13 +311,17 @@ def init_train_state(
     if jax.tree.leaves(rest):
         raise ValueError(f"model has non-Param state the trainer does not handle: {list(nnx.to_flat_state(rest))[:3]}")
     shardings = train_state_shardings_of(model, tx, mesh)
-    params = jax.device_put(params, shardings["params"], may_alias=False)  # the state is donated: never alias the model's arrays
+    params = jax.device_put(
+        params, shardings["params"], may_alias=False
+    )  # the state is donated: never alias the model's arrays
     opt_state = jax.jit(tx.init, out_shardings=shardings["opt_state"])(params)
     step = jax.device_put(jnp.zeros((), jnp.int32), shardings["step"])
     return graphdef, {"step": step, "params": params, "opt_state": opt_state}, shardings
 
 
-def train_state_shardings_of(model: nnx.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh) -> TrainState:
+def train_state_shardings_of(
+    model: nnx.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh
+) -> TrainState:
     """Shardings of the train state of `model` (concrete or abstract) on `mesh`."""
     params = nnx.state(model, nnx.Param)
     return mesh_lib.train_state_shardings(tx, params, mesh_lib.param_shardings(model, mesh), mesh)
@@ -296,8 +330,10 @@ def train_state_shardings_of(model: nnx.Module, tx: optax.GradientTransformation
 def abstract_train_state(model: nnx.Module, tx: optax.GradientTransformation, mesh: jax.sharding.Mesh) -> TrainState:
     """ShapeDtypeStructs with shardings on `mesh`: the target to restore a checkpoint onto any mesh."""
     params = nnx.state(model, nnx.Param)
-    shapes = {"step": jax.ShapeDtypeStruct((), jnp.int32), "params": params, "opt_state": jax.eval_shape(tx.init, params)}
+    shapes = {
+        "step": jax.ShapeDtypeStruct((), jnp.int32),
+        "params": params,
+        "opt_state": jax.eval_shape(tx.init, params),
+    }
     shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), shapes)
     return mesh_lib.abstract_like(shapes, train_state_shardings_of(model, tx, mesh))
-
-

@@ -9,6 +9,7 @@ OPD is on-policy: before each OPOD step an `OnPolicyHook` may replace the OPD ta
 process's rows with actions the current student samples (`SamplerHook` does it with
 porch_jax.models.sampler); without a hook the recorded actions are distilled (off-policy).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,7 +48,16 @@ class SamplerHook:
     Single-process only: the embedded sampler jits over the process's own prompts, which a
     multi-host mesh would need as global arrays (a vLLM-backed hook is the multi-host route)."""
 
-    def __init__(self, tokenizer, *, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0, seed: int = 0, max_len: int = 2048):
+    def __init__(
+        self,
+        tokenizer,
+        *,
+        max_new_tokens: int,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+        max_len: int = 2048,
+    ):
         if jax.process_count() > 1:
             raise NotImplementedError("SamplerHook samples with the embedded JAX sampler, which runs in one process")
         self.tokenizer, self.max_len = tokenizer, max_len
@@ -59,11 +69,18 @@ class SamplerHook:
 
         if self._sampler is None or self._sampler.model is not student:
             self._sampler = Sampler(student, self.tokenizer, max_len=self.max_len)
-        slots = [(i, j) for i, micro in enumerate(host.rows) for j, ex in enumerate(micro) if ex is not None and "student" in ex.views]
+        slots = [
+            (i, j)
+            for i, micro in enumerate(host.rows)
+            for j, ex in enumerate(micro)
+            if ex is not None and "student" in ex.views
+        ]
         if not slots:
             return host
         params = SamplingParams(
-            max_new_tokens=self.max_new_tokens, temperature=self.temperature, top_p=self.top_p,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
             seed=self.seed + step * 1_000_003,  # a fresh, reproducible draw per step (resume included)
         )
         prompts = [list(host.rows[i][j].views["student"].prompt) for i, j in slots]
@@ -82,7 +99,9 @@ class TrainResult:
 
 
 def loss_config(cfg: ConfigDict) -> step_lib.LossConfig:
-    return step_lib.LossConfig(**{f.name: cfg[f.name] for f in dataclasses.fields(step_lib.LossConfig) if f.name in cfg})
+    return step_lib.LossConfig(
+        **{f.name: cfg[f.name] for f in dataclasses.fields(step_lib.LossConfig) if f.name in cfg}
+    )
 
 
 class Trainer:
@@ -106,8 +125,13 @@ class Trainer:
         self.graphdef, self.state, self.shardings = step_lib.init_train_state(model, self.tx, self.mesh)
         self.abstract_state = step_lib.abstract_train_state(model, self.tx, self.mesh)
         self.step_fn = step_lib.TrainStep(
-            config.method, self.graphdef, self.tx, self.schedule, loss_config(config.loss),
-            mesh=self.mesh, state_shardings=self.shardings,
+            config.method,
+            self.graphdef,
+            self.tx,
+            self.schedule,
+            loss_config(config.loss),
+            mesh=self.mesh,
+            state_shardings=self.shardings,
         )
         spec = self.step_fn.spec
         # The frozen teacher/reference is the initial model, copied because the state is donated.
@@ -172,4 +196,3 @@ class Trainer:
             self.checkpointer.close()
             self.metrics.close()
         return TrainResult(self.state, history, self.start_step, self.step_fn.num_traces)
-

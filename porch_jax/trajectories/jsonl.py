@@ -7,6 +7,7 @@ readers skip with a warning (it was never acknowledged) and the writer, on openi
 ``<path>.torn`` and truncates, so the next line starts clean. One writer per file: the writer holds an
 exclusive ``flock``, so two runs cannot interleave lines.
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -57,8 +58,12 @@ class AppendOnlyJsonl:
             f.write(torn + b"\n")
         os.ftruncate(fd, keep)
         os.fsync(fd)
-        log.warning("%s: removed a torn last line (%d bytes, from an interrupted write); saved to %s.torn",
-                    self.path, len(torn), self.path)
+        log.warning(
+            "%s: removed a torn last line (%d bytes, from an interrupted write); saved to %s.torn",
+            self.path,
+            len(torn),
+            self.path,
+        )
 
     def write_lines(self, data: bytes) -> None:
         """Whole newline-terminated lines, written at once and fsynced (one durability point)."""
@@ -67,7 +72,7 @@ class AppendOnlyJsonl:
         fd = self._writer()
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
 
     def raw_lines(self) -> Iterator[tuple[int, bytes]]:
@@ -77,8 +82,12 @@ class AppendOnlyJsonl:
         with open(self.path, "rb") as f:
             for lineno, raw in enumerate(f, start=1):
                 if not raw.endswith(b"\n"):
-                    log.warning("%s:%d: ignoring a torn last line (%d bytes, no newline): an interrupted write",
-                                self.path, lineno, len(raw))
+                    log.warning(
+                        "%s:%d: ignoring a torn last line (%d bytes, no newline): an interrupted write",
+                        self.path,
+                        lineno,
+                        len(raw),
+                    )
                     return
                 yield lineno, raw
 

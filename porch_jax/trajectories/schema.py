@@ -4,6 +4,7 @@ One ``EpisodeRecord`` per JSONL line. ``from_dict`` checks every field's presenc
 raises ``RecordError`` naming the field path (e.g. ``decisions[2].segment[0].kind``), so a bad
 record fails loudly at load time instead of silently in a training batch.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -111,8 +112,9 @@ class EpisodeRecord:
             raise RecordError(f"expected a JSON object, got {type(d).__name__}")
         version = d.get("schema_version")
         if version != SCHEMA_VERSION:
-            raise RecordError(f"unsupported schema_version {version!r} (this code reads {SCHEMA_VERSION})",
-                              field="schema_version")
+            raise RecordError(
+                f"unsupported schema_version {version!r} (this code reads {SCHEMA_VERSION})", field="schema_version"
+            )
         return _build(cls, d, "")
 
 
@@ -173,9 +175,15 @@ def _convert(tp: Any, v: Any, path: str) -> Any:
         if not isinstance(v, dict):
             raise RecordError(f"expected object, got {type(v).__name__}", field=path)
         return _build(tp, v, f"{path}.")
-    ok = (isinstance(v, bool) if tp is bool else
-          isinstance(v, (int, float)) and not isinstance(v, bool) if tp is float else
-          isinstance(v, int) and not isinstance(v, bool) if tp is int else isinstance(v, tp))
+    ok = (
+        isinstance(v, bool)
+        if tp is bool
+        else isinstance(v, (int, float)) and not isinstance(v, bool)
+        if tp is float
+        else isinstance(v, int) and not isinstance(v, bool)
+        if tp is int
+        else isinstance(v, tp)
+    )
     if not ok:
         raise RecordError(f"expected {_type_name(tp)}, got {type(v).__name__}", field=path)
     return float(v) if tp is float else v

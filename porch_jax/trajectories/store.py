@@ -10,6 +10,7 @@ parse is corruption, not a crash artefact: readers raise ``RecordError`` with fi
 One writer per file: the writer holds an exclusive ``flock`` so two runs cannot interleave lines.
 (The file mechanics live in ``trajectories.jsonl``, shared with the attribution job.)
 """
+
 from __future__ import annotations
 
 import json

@@ -1,6 +1,7 @@
 """The attribution job: a 1,000-decision store judged, killed midway (kill -9), resumed: every
 decision recorded exactly once, with the same judgements as an uninterrupted run; malformed replies
 and failed calls are recorded as errors, never dropped."""
+
 import asyncio
 import dataclasses
 import json
@@ -29,10 +30,11 @@ def _store_of_1000(path):
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in make_tasks(40, TaskMixture(slack=(1, 3)))]
+
     base, out, n, i = asyncio.run(run()), [], 0, 0
     while n < 1000:
         ep = base[i % len(base)]
-        keep = ep.decisions[:1000 - n]
+        keep = ep.decisions[: 1000 - n]
         out.append(dataclasses.replace(ep, episode_id=f"{ep.episode_id}#{i}", decisions=keep))
         n, i = n + len(keep), i + 1
     with TrajectoryStore(path) as store:
@@ -42,8 +44,11 @@ def _store_of_1000(path):
 
 def _judge(store_path, out_path, **kw):
     with AttributionStore(out_path) as out:
-        return asyncio.run(attribute_store(TrajectoryStore(store_path), ScriptedBackend(ScriptedJudge(), **kw), out,
-                                           concurrency=8, progress=False))
+        return asyncio.run(
+            attribute_store(
+                TrajectoryStore(store_path), ScriptedBackend(ScriptedJudge(), **kw), out, concurrency=8, progress=False
+            )
+        )
 
 
 @pytest.mark.slow
@@ -82,8 +87,10 @@ def test_kill_and_resume_1000_decisions_without_duplicates(tmp_path):
     assert summary.skipped_done == written and len(rows) == 1000
     assert {(r["episode_id"], r["index"]) for r in rows} == keys  # each decision exactly once
     by_key = {(r["episode_id"], r["index"]): (r["attributable"], r["hint"], r["status"]) for r in rows}
-    ref = {(r["episode_id"], r["index"]): (r["attributable"], r["hint"], r["status"])
-           for r in AttributionStore(tmp_path / "reference.jsonl").read()}
+    ref = {
+        (r["episode_id"], r["index"]): (r["attributable"], r["hint"], r["status"])
+        for r in AttributionStore(tmp_path / "reference.jsonl").read()
+    }
     assert by_key == ref
     assert _judge(tmp_path / "traj.jsonl", out).judged == 0  # a finished job has nothing left to do
 
@@ -116,15 +123,21 @@ def test_malformed_replies_and_failed_calls_are_recorded_as_errors(tmp_path):
         if calls == 1:
             raise RuntimeError("server went away")
         return "I think the decision was fine." if calls == 2 else "FLAG: false"
+
     with AttributionStore(tmp_path / "a.jsonl") as out:
-        summary = asyncio.run(attribute_store(TrajectoryStore(tmp_path / "t.jsonl"), ScriptedBackend(flaky), out,
-                                              concurrency=1, progress=False))
+        summary = asyncio.run(
+            attribute_store(
+                TrajectoryStore(tmp_path / "t.jsonl"), ScriptedBackend(flaky), out, concurrency=1, progress=False
+            )
+        )
     rows = AttributionStore(tmp_path / "a.jsonl").read()
     errors = [r for r in rows if r["status"] == "error"]
     assert len(rows) == len(ep.decisions) and summary.errors == len(errors) == 2
     assert "server went away" in errors[0]["detail"] and "no_flag" in errors[1]["detail"]
     assert all(not r["attributable"] for r in errors)
     skipped = [r for r in rows if r["status"] == "skipped"]
-    assert skipped and all(ep.decisions[r["index"]].action is None or
-                           ep.decisions[r["index"]].action["name"] in ("finish", "stop") for r in skipped)
+    assert skipped and all(
+        ep.decisions[r["index"]].action is None or ep.decisions[r["index"]].action["name"] in ("finish", "stop")
+        for r in skipped
+    )
     assert json.loads((tmp_path / "a.jsonl").read_text().splitlines()[0])["episode_id"] == "e"

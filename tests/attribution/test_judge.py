@@ -1,6 +1,7 @@
 """The scripted judge on real expert decisions (each blind spot and slip is attributed, with the
 right correction), on what it must not attribute, through the backend interface, and
 ``follow_hint``."""
+
 import asyncio
 import collections
 import re
@@ -14,8 +15,13 @@ from porch_jax.envs.workplace import TaskMixture, make_tasks
 from porch_jax.eval import suite as suite_lib
 from porch_jax.protocol import render_call
 
-SUITE = {"mixture": {}, "subagent": {}, "max_decisions": 20, "max_evidence_chars": 160,
-         "expert": {"p_omit_context": 0.1, "p_omit_tool": 0.1, "p_misscope": 0.1, "p_underbudget": 0.1}}
+SUITE = {
+    "mixture": {},
+    "subagent": {},
+    "max_decisions": 20,
+    "max_evidence_chars": 160,
+    "expert": {"p_omit_context": 0.1, "p_omit_tool": 0.1, "p_misscope": 0.1, "p_underbudget": 0.1},
+}
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +32,7 @@ def judged():
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+
     return [(d, judge(AttributionUnit.of(d))) for ep in asyncio.run(run()) for d in ep.decisions]
 
 
@@ -55,7 +62,7 @@ def test_blind_spots_and_slips_get_their_corrections(judged):
             _, budget = map(int, re.search(r"(\d+)/(\d+) steps\]", d.feedback).groups())
             assert int(a.hint.split()[-1]) == budget + extra
         elif a.hint.startswith("set subgoal to "):
-            clause = a.hint[len("set subgoal to '"):-1]
+            clause = a.hint[len("set subgoal to '") : -1]
             assert clause.startswith(d.action["arguments"]["subgoal"] + " ") and clause in d.context[1]["content"]
 
 
@@ -73,13 +80,27 @@ def test_not_attributable(judged):
 def test_a_fact_never_seen_is_not_attributable():
     unit = AttributionUnit(
         ({"role": "user", "content": "Task: 1) find phone of Ana Kaya 2) text Ana Kaya the door code"},),
-        render_call({"name": "delegate", "arguments": {"subgoal": "text Ana Kaya the door code", "context": [],
-                                                       "tools": ["messaging"], "budget": 4}}),
-        (), "[agent 0 v0 revise 1/4 steps]\nstatus: blocked: missing context 'door code'; step 1/4\n"
-            "request: context add: door code")
+        render_call(
+            {
+                "name": "delegate",
+                "arguments": {
+                    "subgoal": "text Ana Kaya the door code",
+                    "context": [],
+                    "tools": ["messaging"],
+                    "budget": 4,
+                },
+            }
+        ),
+        (),
+        "[agent 0 v0 revise 1/4 steps]\nstatus: blocked: missing context 'door code'; step 1/4\n"
+        "request: context add: door code",
+    )
     assert not judge(unit).attributable
-    seen = AttributionUnit(unit.context + ({"role": "user", "content": "[agent 0 v0 submit 3/4 steps]\n"
-                                            "result: door code: 4411\nstatus: done"},), *list(vars(unit).values())[1:])
+    seen = AttributionUnit(
+        unit.context
+        + ({"role": "user", "content": "[agent 0 v0 submit 3/4 steps]\nresult: door code: 4411\nstatus: done"},),
+        *list(vars(unit).values())[1:],
+    )
     assert judge(seen).hint == "add 'door code: 4411' to context"
 
 
@@ -91,6 +112,7 @@ def _history_first_delegations(blind_rate):
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+
     out = []
     for ep in asyncio.run(run()):
         d = next(d for d in ep.decisions if d.action["name"] == "delegate")
@@ -124,26 +146,47 @@ def test_through_the_backend_interface(judged):
     assert parse_reply(reply.text) == a
 
 
-@pytest.mark.parametrize("call, hint, expected", [
-    ({"name": "delegate", "arguments": {"subgoal": "s", "context": [], "tools": ["search", "extract"], "budget": 5}},
-     "add archive to tools", {"tools": ["archive", "extract", "search"]}),
-    ({"name": "delegate", "arguments": {"subgoal": "s", "context": ["z: 1"], "tools": [], "budget": 5}},
-     "add 'door code: 4411' to context", {"context": ["door code: 4411", "z: 1"]}),
-    ({"name": "delegate", "arguments": {"subgoal": "s", "context": [], "tools": [], "budget": 4}},
-     "set budget to 7", {"budget": 7}),
-    ({"name": "revise", "arguments": {"agent_id": 1, "budget": 4}}, "set subgoal to 'find phone of Ana Kaya'",
-     {"subgoal": "find phone of Ana Kaya"}),
-])
+@pytest.mark.parametrize(
+    "call, hint, expected",
+    [
+        (
+            {
+                "name": "delegate",
+                "arguments": {"subgoal": "s", "context": [], "tools": ["search", "extract"], "budget": 5},
+            },
+            "add archive to tools",
+            {"tools": ["archive", "extract", "search"]},
+        ),
+        (
+            {"name": "delegate", "arguments": {"subgoal": "s", "context": ["z: 1"], "tools": [], "budget": 5}},
+            "add 'door code: 4411' to context",
+            {"context": ["door code: 4411", "z: 1"]},
+        ),
+        (
+            {"name": "delegate", "arguments": {"subgoal": "s", "context": [], "tools": [], "budget": 4}},
+            "set budget to 7",
+            {"budget": 7},
+        ),
+        (
+            {"name": "revise", "arguments": {"agent_id": 1, "budget": 4}},
+            "set subgoal to 'find phone of Ana Kaya'",
+            {"subgoal": "find phone of Ana Kaya"},
+        ),
+    ],
+)
 def test_follow_hint(call, hint, expected):
     out = follow_hint(call, hint)
     assert out["name"] == call["name"] and out["arguments"] == {**call["arguments"], **expected}
     assert call["arguments"] != out["arguments"]  # the input is not mutated
 
 
-@pytest.mark.parametrize("call, hint", [
-    ({"name": "revise", "arguments": {"agent_id": 1, "budget": 4}}, "add archive to tools"),  # would drop tools
-    ({"name": "finish", "arguments": {"answer": "x"}}, "set budget to 3"),
-    ({"name": "delegate", "arguments": {"subgoal": "s", "context": [], "tools": [], "budget": 4}}, "be smarter"),
-])
+@pytest.mark.parametrize(
+    "call, hint",
+    [
+        ({"name": "revise", "arguments": {"agent_id": 1, "budget": 4}}, "add archive to tools"),  # would drop tools
+        ({"name": "finish", "arguments": {"answer": "x"}}, "set budget to 3"),
+        ({"name": "delegate", "arguments": {"subgoal": "s", "context": [], "tools": [], "budget": 4}}, "be smarter"),
+    ],
+)
 def test_follow_hint_declines(call, hint):
     assert follow_hint(call, hint) is None

@@ -1,4 +1,5 @@
 """EmbeddedBackend: micro-batching of concurrent requests, per-request failures, real tiny model."""
+
 import asyncio
 import time
 
@@ -28,8 +29,10 @@ class FakeSampler:
     def generate(self, prompts, params):
         self.calls.append([p.seed for p in params])
         time.sleep(0.05)
-        return [Completion(token_ids=list(p), logprobs=[-1.0] * len(p), text=f"seed={q.seed}", finish_reason="stop")
-                for p, q in zip(prompts, params)]
+        return [
+            Completion(token_ids=list(p), logprobs=[-1.0] * len(p), text=f"seed={q.seed}", finish_reason="stop")
+            for p, q in zip(prompts, params)
+        ]
 
 
 def req(text, seed=None):
@@ -42,6 +45,7 @@ def test_concurrent_requests_share_sampler_calls():
 
     async def run():
         return await asyncio.gather(*(backend.chat(req("a bb ccc", seed=7 if i == 3 else None)) for i in range(10)))
+
     results = asyncio.run(run())
     assert sum(backend.batch_sizes) == 10 and max(backend.batch_sizes) > 1
     assert len(backend.batch_sizes) <= 3  # 10 requests with max_batch 8: at least two calls, few more
@@ -54,8 +58,10 @@ def test_failures_stay_per_request():
     backend = EmbeddedBackend(FakeSampler())
 
     async def run():
-        return await asyncio.gather(backend.chat(req("ok")), backend.chat(req("w " * 9)), backend.chat(req("BAD")),
-                                    return_exceptions=True)
+        return await asyncio.gather(
+            backend.chat(req("ok")), backend.chat(req("w " * 9)), backend.chat(req("BAD")), return_exceptions=True
+        )
+
     ok, too_long, bad_template = asyncio.run(run())
     assert ok.token_ids == [2]
     assert isinstance(too_long, BackendError) and "at most 8" in str(too_long)
@@ -69,6 +75,7 @@ def test_timed_out_request_does_not_break_the_worker():
         with pytest.raises(TimeoutError):
             await asyncio.wait_for(backend.chat(req("x")), 0.001)
         return await RetryingBackend(backend, timeout_s=5).chat(req("y y"))
+
     assert asyncio.run(run()).token_ids == [1, 1]
 
 
@@ -84,16 +91,23 @@ def test_real_tiny_model_keeps_sampled_ids(tmp_path):
     tokenizer = AutoTokenizer.from_pretrained(path)
     sampler = Sampler(from_pretrained(path), tokenizer, max_len=128, batch_buckets=(4,))
     backend = EmbeddedBackend(sampler, seed=5)
-    requests = [ChatRequest([{"role": "system", "content": "Orchestrate."}, {"role": "user", "content": f"Task {i}"}],
-                            sampling=Sampling(max_tokens=6, temperature=0.0 if i == 0 else 1.0)) for i in range(3)]
+    requests = [
+        ChatRequest(
+            [{"role": "system", "content": "Orchestrate."}, {"role": "user", "content": f"Task {i}"}],
+            sampling=Sampling(max_tokens=6, temperature=0.0 if i == 0 else 1.0),
+        )
+        for i in range(3)
+    ]
 
     async def run():
         return await asyncio.gather(*(backend.chat(r) for r in requests))
+
     results = asyncio.run(run())
     assert backend.batch_sizes == [3]
     prompts = [backend.encode(r) for r in requests]
-    direct = sampler.generate(prompts, [SamplingParams(max_new_tokens=6, temperature=0.0 if i == 0 else 1.0, seed=5 + i)
-                                        for i in range(3)])
+    direct = sampler.generate(
+        prompts, [SamplingParams(max_new_tokens=6, temperature=0.0 if i == 0 else 1.0, seed=5 + i) for i in range(3)]
+    )
     for r, d, p in zip(results, direct, prompts):
         assert (r.token_ids, r.logprobs, r.text) == (d.token_ids, d.logprobs, d.text)
         assert r.prompt_tokens == len(p) and r.completion_tokens == len(r.token_ids) <= 6

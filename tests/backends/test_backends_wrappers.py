@@ -1,12 +1,21 @@
 """Scripted backend, cost metering through nested meters, retries/timeouts and fault injection."""
+
 import asyncio
 import time
 
 import pytest
 
 from porch_jax.backends import (
-    BackendError, ChatRequest, ChatResult, CostMeter, FaultyBackend, MeteredBackend, RetryingBackend, Sampling,
-    ScriptedBackend)
+    BackendError,
+    ChatRequest,
+    ChatResult,
+    CostMeter,
+    FaultyBackend,
+    MeteredBackend,
+    RetryingBackend,
+    Sampling,
+    ScriptedBackend,
+)
 
 
 def req(text="a b c", role="orchestrator", **sampling):
@@ -31,6 +40,7 @@ class Flaky:
 def test_scripted_counts_and_async_policy():
     async def policy(r):
         return f"echo {r.state}"
+
     result = asyncio.run(ScriptedBackend(policy).chat(ChatRequest([{"role": "user", "content": "one two"}], state=7)))
     assert (result.text, result.prompt_tokens, result.completion_tokens, result.token_ids) == ("echo 7", 2, 2, [])
     with pytest.raises(BackendError, match="n=2"):
@@ -47,9 +57,12 @@ def test_cost_meter_rolls_up_nested_subagents():
         await MeteredBackend(backend, episode).chat(req("p1 p2", "orchestrator"))
         await MeteredBackend(backend, sub).chat(req("p1", "subagent"))
         await MeteredBackend(backend, nested).chat(req("p1 p2 p3", "subagent"))
+
     asyncio.run(run())
-    assert episode.to_dict() == {"orchestrator": {"calls": 1, "prompt_tokens": 2, "completion_tokens": 3},
-                                 "subagent": {"calls": 2, "prompt_tokens": 4, "completion_tokens": 6}}
+    assert episode.to_dict() == {
+        "orchestrator": {"calls": 1, "prompt_tokens": 2, "completion_tokens": 3},
+        "subagent": {"calls": 2, "prompt_tokens": 4, "completion_tokens": 6},
+    }
     assert sub.to_dict() == {"subagent": {"calls": 2, "prompt_tokens": 4, "completion_tokens": 6}}
     assert episode.total_tokens() == 15 and episode.total_tokens("orchestrator") == 5
 
@@ -93,8 +106,10 @@ def test_faulty_backend_is_seeded_and_hits_its_rate():
                     outs.append((await faulty.chat(req())).text)
                 except BackendError as e:
                     outs.append(str(e))
+
         asyncio.run(go())
         return outs, faulty.injected
+
     a, counts = run(1)
     assert a == run(1)[0] != run(2)[0]
     assert set(counts) == {"timeout", "error", "garbage"} and 60 <= sum(counts.values()) <= 140

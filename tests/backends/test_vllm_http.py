@@ -5,6 +5,7 @@
 a hang, a refused connection) is produced on purpose. The real server is exercised in
 tests/serving/test_vllm_server.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -21,11 +22,15 @@ from porch_jax.backends import BackendError, ChatRequest, Sampling
 from porch_jax.backends.vllm_http import VLLMBackend, parse_chat_response
 
 OK = {
-    "choices": [{
-        "index": 0, "message": {"role": "assistant", "content": " fold fold"}, "finish_reason": "length",
-        "token_ids": [668, 668],
-        "logprobs": {"content": [{"token": " fold", "logprob": -6.4}, {"token": " fold", "logprob": -5.9}]},
-    }],
+    "choices": [
+        {
+            "index": 0,
+            "message": {"role": "assistant", "content": " fold fold"},
+            "finish_reason": "length",
+            "token_ids": [668, 668],
+            "logprobs": {"content": [{"token": " fold", "logprob": -6.4}, {"token": " fold", "logprob": -5.9}]},
+        }
+    ],
     "usage": {"prompt_tokens": 13, "completion_tokens": 2, "total_tokens": 15},
 }
 
@@ -152,6 +157,7 @@ def test_refused_connection_fails_over_and_cools_down(fake):
     async def run():
         async with b:
             return [await b.chat(req()) for _ in range(4)]
+
     results = asyncio.run(run())
     assert all(r.token_ids == [668, 668] for r in results)
     stats = {s.url: s for s in b.servers}
@@ -167,6 +173,7 @@ def test_concurrent_requests_spread_over_servers():
         async def run():
             async with b:
                 return await asyncio.gather(*(b.chat(req()) for _ in range(8)))
+
         results = asyncio.run(run())
         assert len(results) == 8
         assert [len(s.requests) for s in servers] == [4, 4]

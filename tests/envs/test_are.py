@@ -4,6 +4,7 @@ The slow tests run ARE in its own venv (scripts/install_are.sh) on this project'
 scenarios (tests/fixtures/gaia2: a timed email, a task change mid-run, a conditional second turn)
 and on the five tutorial scenarios ARE ships.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,8 +30,13 @@ from porch_jax.protocol import (
 from porch_jax.trajectories import TrajectoryStore
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gaia2"
-TUTORIALS = ("scenario_tutorial", "scenario_apps_tutorial", "scenario_events_tutorial",
-             "scenario_validation_tutorial", "scenario_find_image_file")
+TUTORIALS = (
+    "scenario_tutorial",
+    "scenario_apps_tutorial",
+    "scenario_events_tutorial",
+    "scenario_validation_tutorial",
+    "scenario_find_image_file",
+)
 OURS = ("porch_task_change", "porch_timed_forward", "porch_two_turns")
 needs_are = pytest.mark.skipif(are_python() is None, reason=f"ARE venv missing: `{INSTALL_HINT}`")
 
@@ -48,14 +54,25 @@ def test_are_argument_types_map_to_json_schema():
 
 
 def test_app_tools_become_function_schemas_and_the_user_interface_is_not_a_subagent_tool():
-    send = SimpleNamespace(_public_name="Mail__send", _public_description="Send.", app_name="Mail",
-                           args=[_arg("to", "list[str]"), _arg("cc", "list[str] | None", default=True)])
-    aui = SimpleNamespace(_public_name="AgentUserInterface__send_message_to_user", app_name="AgentUserInterface",
-                          _public_description="", args=[])
+    send = SimpleNamespace(
+        _public_name="Mail__send",
+        _public_description="Send.",
+        app_name="Mail",
+        args=[_arg("to", "list[str]"), _arg("cc", "list[str] | None", default=True)],
+    )
+    aui = SimpleNamespace(
+        _public_name="AgentUserInterface__send_message_to_user",
+        app_name="AgentUserInterface",
+        _public_description="",
+        args=[],
+    )
     schema = tool_schema(send)["function"]
     assert schema["name"] == "Mail__send" and schema["parameters"]["required"] == ["to"]
-    assert schema["parameters"]["properties"]["cc"] == {"type": "array", "items": {"type": "string"},
-                                                        "description": "the cc"}
+    assert schema["parameters"]["properties"]["cc"] == {
+        "type": "array",
+        "items": {"type": "string"},
+        "description": "the cc",
+    }
     assert list(subagent_tools([send, aui])) == ["Mail__send"]
 
 
@@ -67,8 +84,10 @@ def test_turn_text_round_trips_the_new_message():
 
 # ---- the scripted oracle policies ---------------------------------------------------------------
 TASK, CHANGE = "When John replies, add the sync.", "Also invite Greg."
-PLAN = [PlanStep("add", "Cal__add", {"who": ["John", "Greg"]}, 100.0, (TASK, CHANGE), 0),
-        PlanStep("answer", "AgentUserInterface__send_message_to_user", {"content": "added"}, 100.0, (TASK, CHANGE), 0)]
+PLAN = [
+    PlanStep("add", "Cal__add", {"who": ["John", "Greg"]}, 100.0, (TASK, CHANGE), 0),
+    PlanStep("answer", "AgentUserInterface__send_message_to_user", {"content": "added"}, 100.0, (TASK, CHANGE), 0),
+]
 TOOLS = ("Cal__add", NOW_TOOL, WAIT_TOOL)
 
 
@@ -85,8 +104,10 @@ def test_scripted_subagent_waits_for_the_plan_step_time():
 
 
 def test_a_user_change_makes_a_proactive_subagent_ask_and_a_lifecycle_one_skip():
-    heard = [MemoryItem("call", "{'current_timestamp': 40.0}", NOW_TOOL, {}),
-             MemoryItem("notification", f"User: {CHANGE}")]
+    heard = [
+        MemoryItem("call", "{'current_timestamp': 40.0}", NOW_TOOL, {}),
+        MemoryItem("notification", f"User: {CHANGE}"),
+    ]
     action = _act(COMM_ACTIONS, heard)
     assert isinstance(action, ReviseRequest)
     assert action.message.request.target == RequestTarget.TASK and action.message.request.detail == CHANGE
@@ -110,8 +131,9 @@ def test_oracle_runs_score_100_percent(tmp_path):
 @needs_are
 def test_gaia2_judge_scores_our_agent_through_the_engine(tmp_path):
     store = tmp_path / "episodes.jsonl"
-    summary = run_gaia2(tmp_path / "run", dataset=FIXTURES / "scenarios", checks=FIXTURES / "checks",
-                        scenarios=TUTORIALS, store=store)
+    summary = run_gaia2(
+        tmp_path / "run", dataset=FIXTURES / "scenarios", checks=FIXTURES / "checks", scenarios=TUTORIALS, store=store
+    )
     assert summary["success_rate"] == 1.0, summary
     assert summary["scenarios"]["porch_two_turns"]["turns"] == 2  # the second turn came after the judge's check
     records = {r.episode_id: r for r in TrajectoryStore(store).read()}

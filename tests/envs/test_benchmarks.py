@@ -1,5 +1,6 @@
 """Benchmark loaders and scorers: the reference answers score 100%, wrong answers 0% (code through real
 execution in the sandbox), the recorded Table 4 splits match the data, and extraction handles real text."""
+
 from __future__ import annotations
 
 import pathlib
@@ -23,7 +24,9 @@ from porch_jax.envs.benchmarks.splits import TABLE4, load_splits, make_splits
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "maca" / "data"
 SHARED = default_data_dir()
-needs_shared_data = pytest.mark.skipif(not (SHARED / "mbpp" / "mbpp.jsonl").exists(), reason=f"no benchmark data at {SHARED}")
+needs_shared_data = pytest.mark.skipif(
+    not (SHARED / "mbpp" / "mbpp.jsonl").exists(), reason=f"no benchmark data at {SHARED}"
+)
 
 
 def _wrong(task: BenchmarkTask) -> str:
@@ -40,7 +43,9 @@ def test_reference_answers_score_100_and_wrong_answers_0(name):
     benchmark = BENCHMARKS[name]
     tasks = load_all_tasks(name, data_dir=FIXTURES)
     assert len(tasks) == 4 and all(t.benchmark == name and t.prompt for t in tasks)
-    right = evaluate(benchmark, tasks, lambda t: Answer(t.reference, prompt_tokens=100, completion_tokens=len(t.task_id)))
+    right = evaluate(
+        benchmark, tasks, lambda t: Answer(t.reference, prompt_tokens=100, completion_tokens=len(t.task_id))
+    )
     assert right.accuracy == 1.0, [r.task_id for r in right.results if not r.correct]
     assert right.avg_cost == pytest.approx(100 + sum(len(t.task_id) for t in tasks) / len(tasks))
     wrong = evaluate(benchmark, tasks, lambda t: Answer(_wrong(t)))
@@ -49,7 +54,9 @@ def test_reference_answers_score_100_and_wrong_answers_0(name):
 
 def test_code_answers_may_restate_the_function_in_a_fenced_block():
     task = next(t for t in load_all_tasks("humaneval", data_dir=FIXTURES) if t.task_id == "HumanEval/53")
-    assert BENCHMARKS["humaneval"].check(task, "Here:\n```python\ndef add(x: int, y: int):\n    return x + y\n```\nDone.")
+    assert BENCHMARKS["humaneval"].check(
+        task, "Here:\n```python\ndef add(x: int, y: int):\n    return x + y\n```\nDone."
+    )
     assert not BENCHMARKS["humaneval"].check(task, "```python\ndef add(x: int, y: int):\n    return x - y\n```")
 
 
@@ -146,8 +153,18 @@ def test_unknown_benchmark_and_source_are_errors():
 
 def test_hub_rows_are_normalised_to_the_local_schema(monkeypatch):
     rows = [
-        {"id": "Q1", "question": "Which is a gas?", "choices": {"text": ["ice", "steam", "rock"], "label": ["1", "2", "3"]}, "answerKey": "2"},
-        {"id": "Q2", "question": "Which is red?", "choices": {"text": ["sky", "blood", "grass", "snow"], "label": list("ABCD")}, "answerKey": "B"},
+        {
+            "id": "Q1",
+            "question": "Which is a gas?",
+            "choices": {"text": ["ice", "steam", "rock"], "label": ["1", "2", "3"]},
+            "answerKey": "2",
+        },
+        {
+            "id": "Q2",
+            "question": "Which is red?",
+            "choices": {"text": ["sky", "blood", "grass", "snow"], "label": list("ABCD")},
+            "answerKey": "B",
+        },
     ]
     calls = []
 

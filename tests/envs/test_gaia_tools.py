@@ -1,4 +1,5 @@
 """GAIA tools offline: corpus search, page extraction, sandboxed code, GAIA scoring, and an engine run."""
+
 from __future__ import annotations
 
 import asyncio
@@ -22,11 +23,17 @@ from porch_jax.rollout import Engine, EngineConfig
 
 NOISE = "<script>var population = 1;</script><style>p {color: red}</style><nav>Home | Greenland | Login</nav>"
 CORPUS = [
-    Page("https://wiki.example/Greenland", "Greenland",
-         f"<html>{NOISE}<h1>Greenland</h1><p>Greenland is the world's largest island.</p>"
-         "<p>Its capital is Nuuk.</p><p>Historical population estimate for 1960: 56,081 inhabitants.</p></html>"),
-    Page("https://wiki.example/Iceland", "Iceland",
-         "<html><p>Iceland is a Nordic island country. Its population is about 380,000.</p></html>"),
+    Page(
+        "https://wiki.example/Greenland",
+        "Greenland",
+        f"<html>{NOISE}<h1>Greenland</h1><p>Greenland is the world's largest island.</p>"
+        "<p>Its capital is Nuuk.</p><p>Historical population estimate for 1960: 56,081 inhabitants.</p></html>",
+    ),
+    Page(
+        "https://wiki.example/Iceland",
+        "Iceland",
+        "<html><p>Iceland is a Nordic island country. Its population is about 380,000.</p></html>",
+    ),
     Page("https://wiki.example/Nuuk", "Nuuk", "<html><p>Nuuk is the capital of Greenland.</p></html>"),
 ]
 
@@ -48,8 +55,12 @@ def test_page_extraction_drops_markup_and_narrows_to_the_query():
     assert "largest island" in full and "var population" not in full and "Login" not in full
     narrow = extract(CorpusFetcher(CORPUS), "https://wiki.example/Greenland", "population 1960", max_chars=80)
     assert narrow == "Historical population estimate for 1960: 56,081 inhabitants."
-    summarized = extract(CorpusFetcher(CORPUS), "https://wiki.example/Greenland", "capital",
-                         summarize=lambda q, text: f"{q}: {text.split()[-1]}")
+    summarized = extract(
+        CorpusFetcher(CORPUS),
+        "https://wiki.example/Greenland",
+        "capital",
+        summarize=lambda q, text: f"{q}: {text.split()[-1]}",
+    )
     assert summarized.startswith("capital: ")
     assert _env().call_tool(0, "extract_page", {"url": "https://nowhere.example"}).startswith("error: LookupError: 404")
     assert _env().call_tool(0, "extract_page", {}) == "error: extract_page needs argument 'url'"
@@ -57,7 +68,7 @@ def test_page_extraction_drops_markup_and_narrows_to_the_query():
 
 def test_code_execution_runs_python_and_bash_in_the_sandbox():
     assert execute("python", "print(round(56081, -3))") == "[exit 0]\n56000"
-    assert execute("bash", "echo $((6 * 7)); pwd") .startswith("[exit 0]\n42\n/tmp/porch_sandbox_")
+    assert execute("bash", "echo $((6 * 7)); pwd").startswith("[exit 0]\n42\n/tmp/porch_sandbox_")
     failed = execute("python", "import sys\nprint('x')\nsys.exit(3)")
     assert failed.startswith("[exit 3]\nx")
     assert "ZeroDivisionError" in execute("python", "1 / 0")
@@ -82,8 +93,16 @@ def test_engine_episode_with_gaia_tools_is_scored_by_gaia_rules():
     def orchestrator(request):
         v = request.state
         if not v.turns:
-            return render_action(Delegate(Harness("Greenland's 1960 population, rounded to thousands", (),
-                                                  ("web_search", "extract_page", "execute_code"), 6)))
+            return render_action(
+                Delegate(
+                    Harness(
+                        "Greenland's 1960 population, rounded to thousands",
+                        (),
+                        ("web_search", "extract_page", "execute_code"),
+                        6,
+                    )
+                )
+            )
         return render_action(Finish(v.turns[-1].feedback.result or ""))
 
     def subagent(request):
@@ -99,7 +118,8 @@ def test_engine_episode_with_gaia_tools_is_scored_by_gaia_rules():
         return render_action(Submit(calls[2].text.split()[-1]))
 
     engine = Engine(_env, ScriptedBackend(orchestrator), ScriptedBackend(subagent), EngineConfig())
-    record = asyncio.run(engine.run(GaiaTask("gaia/greenland", "Greenland's 1960 population to the nearest 1000?",
-                                             "56,000")))
+    record = asyncio.run(
+        engine.run(GaiaTask("gaia/greenland", "Greenland's 1960 population to the nearest 1000?", "56,000"))
+    )
     assert record.outcome.success and record.meta["answer"] == "56000", record.outcome
     assert [s.tool for s in record.decisions[0].segment] == ["web_search", "extract_page", "execute_code", "submit"]

@@ -1,4 +1,5 @@
 """The sandbox confines untrusted code: limits hold, and ordinary programs still run normally."""
+
 from __future__ import annotations
 
 import os
@@ -13,8 +14,12 @@ FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=256)
 def test_runs_code_in_a_fresh_dir_with_an_empty_environment():
     os.environ["PORCH_SANDBOX_SECRET"] = "leak"
     try:
-        result = run_python("import os, sys\nprint(os.getcwd())\nprint(sorted(os.environ))\nprint(sys.stdin.read())",
-                            FAST, stdin="from stdin", files={"data.txt": "x"})
+        result = run_python(
+            "import os, sys\nprint(os.getcwd())\nprint(sorted(os.environ))\nprint(sys.stdin.read())",
+            FAST,
+            stdin="from stdin",
+            files={"data.txt": "x"},
+        )
     finally:
         del os.environ["PORCH_SANDBOX_SECRET"]
     assert result.ok, result.stderr
@@ -45,18 +50,24 @@ def test_sleeping_code_hits_the_wall_clock_limit():
 
 
 def test_memory_hog_fails_fast():
-    result = run_python("x = bytearray(2 * 1024 ** 3)\nprint('allocated')\n", Limits(wall_s=10.0, cpu_s=5, memory_mb=256))
+    result = run_python(
+        "x = bytearray(2 * 1024 ** 3)\nprint('allocated')\n", Limits(wall_s=10.0, cpu_s=5, memory_mb=256)
+    )
     assert not result.ok and not result.timed_out
     assert "allocated" not in result.stdout and "MemoryError" in result.stderr
 
 
 def test_growing_memory_hog_fails():
-    result = run_python("chunks = []\nwhile True:\n    chunks.append(b'x' * 10_000_000)\n", Limits(wall_s=10.0, cpu_s=5, memory_mb=256))
+    result = run_python(
+        "chunks = []\nwhile True:\n    chunks.append(b'x' * 10_000_000)\n", Limits(wall_s=10.0, cpu_s=5, memory_mb=256)
+    )
     assert not result.ok and not result.timed_out and "MemoryError" in result.stderr
 
 
 def test_output_flood_is_capped():
-    result = run_python("while True:\n    print('x' * 1000)\n", Limits(wall_s=5.0, cpu_s=3, memory_mb=256, max_file_mb=1))
+    result = run_python(
+        "while True:\n    print('x' * 1000)\n", Limits(wall_s=5.0, cpu_s=3, memory_mb=256, max_file_mb=1)
+    )
     assert not result.ok and len(result.stdout) <= 1 << 20
 
 
@@ -77,7 +88,9 @@ def test_network_is_unreachable_when_isolated():
     port = server.getsockname()[1]
     try:
         result = run_python(
-            f"import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\nprint('connected')\n", FAST)
+            f"import socket\ns = socket.socket()\ns.settimeout(2)\ns.connect(('127.0.0.1', {port}))\nprint('connected')\n",
+            FAST,
+        )
     finally:
         server.close()
     if result.network_isolated:

@@ -5,6 +5,7 @@ environment hold everywhere; as root the code also runs under a private uid with
 filesystem except its directory, private temp directories and its own /proc and PID namespace. The
 filesystem and /proc cases skip, saying so, where the sandbox reports that isolation did not hold.
 """
+
 from __future__ import annotations
 
 import os
@@ -54,10 +55,12 @@ def test_infinite_loop_is_killed_within_its_limits():
 def test_fork_bomb_is_bounded_and_leaves_no_process_behind():
     marker = f"bomb_{secrets.token_hex(6)}"
     # Children leave the process group (setsid) and sleep, so only the uid or PID-namespace kill gets them.
-    bomb = (f"import os, sys, time\nsys.argv.append({marker!r})\nn = 0\n"
-            "for _ in range(10_000):\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
-            f"            os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}])\n"
-            "        n += 1\n    except OSError:\n        break\nprint(n, flush=True)\ntime.sleep(60)\n")
+    bomb = (
+        f"import os, sys, time\nsys.argv.append({marker!r})\nn = 0\n"
+        "for _ in range(10_000):\n    try:\n        if os.fork() == 0:\n            os.setsid()\n"
+        f"            os.execv(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}])\n"
+        "        n += 1\n    except OSError:\n        break\nprint(n, flush=True)\ntime.sleep(60)\n"
+    )
     result = run_python(bomb, Limits(wall_s=3.0, cpu_s=2, memory_mb=256, max_processes=16))
     assert result.timed_out
     if result.process_limit_enforced:
@@ -81,9 +84,14 @@ def test_writes_outside_its_directory_do_not_land(tmp_path):
     os.chmod(open_dir, 0o777)  # file permissions alone would let any uid write here
     name = f"escape_{secrets.token_hex(6)}"
     targets = [open_dir / name, f"/tmp/{name}", f"/var/tmp/{name}", f"/dev/shm/{name}", os.path.join(os.getcwd(), name)]
-    code = ("import os\nok = []\n" + "".join(
-        f"try:\n    open({str(t)!r}, 'w').write('x')\n    ok.append({str(t)!r})\nexcept OSError:\n    pass\n"
-        for t in targets) + "open('inside.txt', 'w').write('x')\nprint(ok, os.path.exists('inside.txt'))\n")
+    code = (
+        "import os\nok = []\n"
+        + "".join(
+            f"try:\n    open({str(t)!r}, 'w').write('x')\n    ok.append({str(t)!r})\nexcept OSError:\n    pass\n"
+            for t in targets
+        )
+        + "open('inside.txt', 'w').write('x')\nprint(ok, os.path.exists('inside.txt'))\n"
+    )
     result = run_python(code, TIGHT)
     _require_isolation(result)
     assert result.ok and result.stdout.strip().endswith("True"), result
@@ -95,11 +103,13 @@ def test_the_parents_environment_is_out_of_reach():
     key, value = f"PORCH_SECRET_{secrets.token_hex(4).upper()}", secrets.token_hex(16)
     os.environ[key] = value
     try:
-        code = ("import os, sys\nfound = [k for k in os.environ]\n"
-                "for pid in [sys.stdin.read().strip(), str(os.getppid()), *filter(str.isdigit, os.listdir('/proc'))]:\n"
-                "    try:\n"
-                "        found.append(open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace'))\n"
-                "    except OSError:\n        pass\nprint(found)\n")
+        code = (
+            "import os, sys\nfound = [k for k in os.environ]\n"
+            "for pid in [sys.stdin.read().strip(), str(os.getppid()), *filter(str.isdigit, os.listdir('/proc'))]:\n"
+            "    try:\n"
+            "        found.append(open(f'/proc/{pid}/environ', 'rb').read().decode(errors='replace'))\n"
+            "    except OSError:\n        pass\nprint(found)\n"
+        )
         result = run_python(code, TIGHT, stdin=str(os.getpid()))
     finally:
         del os.environ[key]

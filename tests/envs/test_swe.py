@@ -1,4 +1,5 @@
 """SWE-bench: swebench grading on a tiny local repository, the repository tools, and the instance loader."""
+
 from __future__ import annotations
 
 import asyncio
@@ -55,8 +56,16 @@ def upstream(tmp_path) -> tuple[Path, SWEInstance]:
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "add", ".")
     _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "base")
     base = _git(repo, "rev-parse", "HEAD").strip()
-    instance = SWEInstance("tiny__calc-1", "tiny/calc", base, "add() subtracts instead of adding.", GOLD, TEST_PATCH,
-                           ("test_calc.py::test_add",), ("test_calc.py::test_mul",))
+    instance = SWEInstance(
+        "tiny__calc-1",
+        "tiny/calc",
+        base,
+        "add() subtracts instead of adding.",
+        GOLD,
+        TEST_PATCH,
+        ("test_calc.py::test_add",),
+        ("test_calc.py::test_mul",),
+    )
     return repo, instance
 
 
@@ -125,7 +134,9 @@ def test_local_verified_instances_load_with_partial_fields():
 
 def test_instance_errors_name_what_is_missing(tmp_path):
     bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc", "problem_statement": "x"}\n'
-                   '{"instance_id": "a__b-2", "repo": "a/b"}\n')
+    bad.write_text(
+        '{"instance_id": "a__b-1", "repo": "a/b", "base_commit": "abc", "problem_statement": "x"}\n'
+        '{"instance_id": "a__b-2", "repo": "a/b"}\n'
+    )
     with pytest.raises(ValueError, match=r"bad.jsonl:2: .*a__b-2.*base_commit"):
         load_verified(bad)

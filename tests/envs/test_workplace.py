@@ -1,12 +1,23 @@
 """The workplace suite: seeded tasks, apps, notifications and the scorer."""
+
 from __future__ import annotations
 
 import pytest
 
 from porch_jax.envs import Environment
 from porch_jax.envs.workplace import (
-    TOOLS, TaskMixture, WorkplaceEnv, make_probe, make_task, make_tasks, nominal_steps, parse_clause, parse_facts,
-    parse_subgoal, work)
+    TOOLS,
+    TaskMixture,
+    WorkplaceEnv,
+    make_probe,
+    make_task,
+    make_tasks,
+    nominal_steps,
+    parse_clause,
+    parse_facts,
+    parse_subgoal,
+    work,
+)
 from porch_jax.envs.workplace.clauses import Call, Done, step
 from porch_jax.envs.workplace.clauses import ToolObs
 
@@ -112,7 +123,9 @@ def test_probe_lasts_exactly_its_horizon():
 
 def test_facts_and_grammar():
     assert parse_facts(["venue of X: Room 4 at 10:00\ncab booking: R2", "junk"]) == {
-        "venue of X": "Room 4 at 10:00", "cab booking": "R2"}
+        "venue of X": "Room 4 at 10:00",
+        "cab booking": "R2",
+    }
     assert parse_subgoal("cancel cab R2; book cab to Demo day for 3")[0].kind == "cancel"
     assert parse_subgoal("do something nice") is None
     assert parse_clause("book cab to Demo day").args == {"event": "Demo day"}  # mis-scoped: no seats

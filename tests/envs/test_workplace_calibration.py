@@ -1,6 +1,7 @@
 """The suite's calibration: on the same seeded tasks the full protocol beats lifecycle
 re-orchestration and ReAct, and every ablation costs success (the table launch/rollout.py prints,
 in miniature). Plus the interval arithmetic the table uses."""
+
 from __future__ import annotations
 
 import asyncio

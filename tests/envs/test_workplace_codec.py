@@ -1,6 +1,7 @@
 """The compact action-and-state language of the workplace miniature (envs.workplace.codec): stored
 actions round-trip through it, contexts shrink to pointers, and a malformed action is a typed
 invalid action in the engine, never a crash."""
+
 from __future__ import annotations
 
 import asyncio
@@ -14,23 +15,42 @@ from porch_jax.eval.policy import ViewBackend
 from porch_jax.protocol import render_call
 from porch_jax.protocol.parse import extract_call
 
-SUITE = {"mixture": {"templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0}}, "subagent": {},
-         "expert": {"blind_spots": ("handover_2back", "archive", "long_file")}, "max_decisions": 12,
-         "max_evidence_chars": 160}
-TASK = {"role": "user", "content": "Task: 1) find desk number in mail from Deniz Berg 2) find phone of Ravi Lopez "
-                                   "3) text Ravi Lopez the desk number (budget 13 steps, 5 agents)"}
-FEEDBACK = [{"role": "user", "content": "[agent 0 v0 submit 3/4 steps]\nresult: desk number: 6096\nstatus: done"},
-            {"role": "user", "content": "[agent 1 v0 submit 3/4 steps]\nresult: phone of Ravi Lopez: +1-555-0318"}]
+SUITE = {
+    "mixture": {"templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0}},
+    "subagent": {},
+    "expert": {"blind_spots": ("handover_2back", "archive", "long_file")},
+    "max_decisions": 12,
+    "max_evidence_chars": 160,
+}
+TASK = {
+    "role": "user",
+    "content": "Task: 1) find desk number in mail from Deniz Berg 2) find phone of Ravi Lopez "
+    "3) text Ravi Lopez the desk number (budget 13 steps, 5 agents)",
+}
+FEEDBACK = [
+    {"role": "user", "content": "[agent 0 v0 submit 3/4 steps]\nresult: desk number: 6096\nstatus: done"},
+    {"role": "user", "content": "[agent 1 v0 submit 3/4 steps]\nresult: phone of Ravi Lopez: +1-555-0318"},
+]
 
 
 def _delegate(subgoal):
-    return {"role": "assistant", "content": render_call({"name": "delegate", "arguments": {
-        "subgoal": subgoal, "context": [], "tools": [], "budget": 1}})}
+    return {
+        "role": "assistant",
+        "content": render_call(
+            {"name": "delegate", "arguments": {"subgoal": subgoal, "context": [], "tools": [], "budget": 1}}
+        ),
+    }
 
 
 def _context():
-    return [{"role": "system", "content": "rules"}, TASK, _delegate("find desk number in mail from Deniz Berg"),
-            FEEDBACK[0], _delegate("find phone of Ravi Lopez"), FEEDBACK[1]]
+    return [
+        {"role": "system", "content": "rules"},
+        TASK,
+        _delegate("find desk number in mail from Deniz Berg"),
+        FEEDBACK[0],
+        _delegate("find phone of Ravi Lopez"),
+        FEEDBACK[1],
+    ]
 
 
 def _expert_episodes(n=6):
@@ -51,19 +71,30 @@ def test_context_becomes_short_state_with_pointers():
     assert view[2]["content"] == "a0 submit 3/4 r1 todo=c2,c3" and view[4]["content"] == "a1 submit 3/4 r2 todo=c3"
     blocked = "[agent 2 v0 revise 3/5 steps]\nstatus: blocked\nrequest: tools add: archive\nevidence:\n> no 2017 figure"
     assert codec.encode_feedback(blocked, codec.State()) == "a2 revise 3/5 req tools+archive"  # no task: no todo
-    hinted = codec.encode_context(_context() + [{"role": "user", "content": "Hint: add 'desk number: 6096' to context"}])
+    hinted = codec.encode_context(
+        _context() + [{"role": "user", "content": "Hint: add 'desk number: 6096' to context"}]
+    )
     assert hinted[-1]["content"] == "hint ctx+r1"
 
 
 def test_action_decodes_to_full_call_against_context():
     call = codec.decode_call("delegate c3 ctx=r1,r2 tools=messaging budget=5", codec.state_of(_context()))
-    assert call == {"name": "delegate", "arguments": {
-        "subgoal": "text Ravi Lopez the desk number", "context": ["desk number: 6096", "phone of Ravi Lopez: +1-555-0318"],
-        "tools": ["messaging"], "budget": 5}}
+    assert call == {
+        "name": "delegate",
+        "arguments": {
+            "subgoal": "text Ravi Lopez the desk number",
+            "context": ["desk number: 6096", "phone of Ravi Lopez: +1-555-0318"],
+            "tools": ["messaging"],
+            "budget": 5,
+        },
+    }
     assert codec.encode_action(call, _context()) == "delegate c3 ctx=r1,r2 tools=messaging budget=5"
     assert codec.decode_call("finish done", codec.state_of(_context()))["arguments"] == {"answer": "done"}
     assert codec.decode_call("revise a2 ctx=- budget=7", codec.state_of(_context()))["arguments"] == {
-        "agent_id": 2, "context": [], "budget": 7}
+        "agent_id": 2,
+        "context": [],
+        "budget": 7,
+    }
 
 
 def test_expert_actions_round_trip():
@@ -79,13 +110,26 @@ def test_expert_actions_round_trip():
                 if key in d.action["arguments"] and key in back["arguments"]:
                     want, got = d.action["arguments"][key], back["arguments"][key]
                     assert (sorted(want) if isinstance(want, list) else want) == (
-                        sorted(got) if isinstance(got, list) else got), (dsl, d.action)
+                        sorted(got) if isinstance(got, list) else got
+                    ), (dsl, d.action)
             n += 1
     assert n > 10
 
 
-@pytest.mark.parametrize("bad", ["", "delegate c9 budget=3", "delegate c1 budget=x", "revise c1 budget=2",
-                                 "finish r7", "stop", "fly a1", "delegate c1 ctx=r1 ctx=r1", "delegate c1 sub=c2"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "",
+        "delegate c9 budget=3",
+        "delegate c1 budget=x",
+        "revise c1 budget=2",
+        "finish r7",
+        "stop",
+        "fly a1",
+        "delegate c1 ctx=r1 ctx=r1",
+        "delegate c1 sub=c2",
+    ],
+)
 def test_malformed_action_is_an_invalid_action_not_a_crash(bad):
     with pytest.raises(codec.CodecError):
         codec.decode_call(bad, codec.state_of(_context()))

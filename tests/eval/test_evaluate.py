@@ -1,6 +1,7 @@
 """Evaluation reads only the exported folder: a fresh subprocess given the folder's path records the
 same episodes as the in-process evaluation; another folder's weights give other actions; swapping
 weights into a loaded policy equals loading the folder fresh."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,15 @@ from porch_jax.eval.policy import load_policy
 from porch_jax.models.tiny import make_tiny_model
 from porch_jax.train.opod import POLICY_FILE
 
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, initializer_range=0.5)  # large init: random weights that emit varied tokens
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    initializer_range=0.5,
+)  # large init: random weights that emit varied tokens
 
 CONFIG = textwrap.dedent("""
     from ml_collections import ConfigDict
@@ -54,18 +62,37 @@ def test_a_fresh_process_reproduces_the_evaluation_from_the_folder_alone(tmp_pat
     mine = evaluate(policy, tasks, tmp_path / "in_process.jsonl", cfg.suite, cfg.eval, "eval")
     assert len(mine) == 3 and all(r.decisions and r.decisions[0].action_token_ids for r in mine)
 
-    out = subprocess.run([sys.executable, "-m", "porch_jax.eval.evaluate", f"--policy={folder}",
-                          f"--config={tmp_path / 'exp.py'}", f"--out={tmp_path / 'fresh.jsonl'}", "--name=eval"],
-                         env={**os.environ, "PYTHONPATH": os.getcwd()}, capture_output=True, text=True, timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "porch_jax.eval.evaluate",
+            f"--policy={folder}",
+            f"--config={tmp_path / 'exp.py'}",
+            f"--out={tmp_path / 'fresh.jsonl'}",
+            "--name=eval",
+        ],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     from porch_jax.trajectories import TrajectoryStore
+
     fresh = TrajectoryStore(tmp_path / "fresh.jsonl").read()
     assert _actions(fresh) == _actions(mine)
 
     swapped = evaluate(policy.load(other), tasks, tmp_path / "other.jsonl", cfg.suite, cfg.eval, "eval")
     assert _actions(swapped) != _actions(mine)  # the weights come from the folder
-    loaded = evaluate(load_policy(other, max_len=1024, prompt_buckets=(1024,)), tasks, tmp_path / "other2.jsonl",
-                      cfg.suite, cfg.eval, "eval")
+    loaded = evaluate(
+        load_policy(other, max_len=1024, prompt_buckets=(1024,)),
+        tasks,
+        tmp_path / "other2.jsonl",
+        cfg.suite,
+        cfg.eval,
+        "eval",
+    )
     assert _actions(loaded) == _actions(swapped)
 
 

@@ -1,4 +1,5 @@
 """The results table (Wilson intervals, paired differences, tokens) and the plots."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,11 @@ from tests.eval.outcomes import records_with
 
 
 def test_table_intervals_and_paired_differences(tmp_path):
-    records = {"sft": records_with([0] * 70 + [1] * 30), "rwr": records_with([0] * 50 + [1] * 50),
-               "opod": records_with([0] * 20 + [1] * 80)}
+    records = {
+        "sft": records_with([0] * 70 + [1] * 30),
+        "rwr": records_with([0] * 50 + [1] * 50),
+        "opod": records_with([0] * 20 + [1] * 80),
+    }
     rows = report.summaries(records, reference="sft")
     assert [r.system for r in rows] == ["sft", "rwr", "opod"]
     assert rows[2].ci == wilson(80, 100) and rows[0].delta is None
@@ -27,8 +31,10 @@ def test_table_intervals_and_paired_differences(tmp_path):
 
 
 def test_plots_are_written(tmp_path):
-    runs = {"rwr": [{"step": s, "ce": 1.0 / s} for s in range(1, 20)],
-            "opod": [{"step": s, "ce": 1.0 / s, "opd": 0.5 / s} for s in range(1, 20)]}
+    runs = {
+        "rwr": [{"step": s, "ce": 1.0 / s} for s in range(1, 20)],
+        "opod": [{"step": s, "ce": 1.0 / s, "opd": 0.5 / s} for s in range(1, 20)],
+    }
     assert plots.plot_curves(runs, tmp_path / "c.png").stat().st_size > 1000
     rows = report.summaries({"sft": records_with([0, 1, 1]), "opod": records_with([1, 1, 1])}, reference="sft")
     assert plots.plot_success(rows, tmp_path / "s.png").stat().st_size > 1000
@@ -41,9 +47,18 @@ def test_blind_spot_checks_see_the_expert_blind_spots_and_their_absence():
     import asyncio
 
     from porch_jax.eval import suite as suite_lib
-    suite = {"mixture": {"templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0}, "p_change": 0.0,
-                         "p_distract": 0.0}, "subagent": {}, "max_decisions": 20, "max_evidence_chars": 160,
-             "expert": {"p_omit_context": 0.0, "p_omit_tool": 0.0, "p_misscope": 0.0, "p_underbudget": 0.0}}
+
+    suite = {
+        "mixture": {
+            "templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0},
+            "p_change": 0.0,
+            "p_distract": 0.0,
+        },
+        "subagent": {},
+        "max_decisions": 20,
+        "max_evidence_chars": 160,
+        "expert": {"p_omit_context": 0.0, "p_omit_tool": 0.0, "p_misscope": 0.0, "p_underbudget": 0.0},
+    }
     tasks = suite_lib.task_set({"num_tasks": 30, "seed_start": 0}, suite)
 
     def rates(blind_spots):
@@ -51,7 +66,9 @@ def test_blind_spot_checks_see_the_expert_blind_spots_and_their_absence():
 
         async def run():
             return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+
         return report.blind_spot_rates(asyncio.run(run()))
+
     blind, clear = rates(("handover_2back", "archive", "long_file")), rates(())
     assert blind["archive granted"][0] == 0 and clear["archive granted"][0] == clear["archive granted"][1] > 0
     assert blind["known facts handed over"][0] == 0

@@ -1,4 +1,5 @@
 """Seed sets as the reported unit: each set's config, and the aggregation of the sets' results."""
+
 from __future__ import annotations
 
 import json
@@ -44,17 +45,22 @@ def test_a_seed_set_shifts_every_seed_and_keeps_the_compared_tasks():
 def _results(tmp_path, k, sft, rwr, opod):
     records = {"sft": records_with(sft), "rwr": records_with(rwr), "opod": records_with(opod)}
     path = tmp_path / f"r{k}.json"
-    report.write_results(report.summaries(records, reference="sft"),
-                         [report.compare(records, "opod", "rwr"), report.compare(records, "rwr", "sft")], path)
+    report.write_results(
+        report.summaries(records, reference="sft"),
+        [report.compare(records, "opod", "rwr"), report.compare(records, "rwr", "sft")],
+        path,
+    )
     return json.loads(path.read_text())
 
 
 def test_sets_aggregate_to_means_and_t_intervals_over_sets(tmp_path):
     n = 100
     # set 0: RWR loses 10 of SFT's successes and wins 15 others (net +0.05, a wide paired interval)
-    sets = {0: ([1] * 70 + [0] * 30, [0] * 10 + [1] * 75 + [0] * 15, [1] * 95 + [0] * 5),
-            1: ([1] * 76 + [0] * 24, [1] * 93 + [0] * 7, [1] * 94 + [0] * 6),
-            4: ([1] * 71 + [0] * 29, [1] * 90 + [0] * 10, [1] * 93 + [0] * 7)}
+    sets = {
+        0: ([1] * 70 + [0] * 30, [0] * 10 + [1] * 75 + [0] * 15, [1] * 95 + [0] * 5),
+        1: ([1] * 76 + [0] * 24, [1] * 93 + [0] * 7, [1] * 94 + [0] * 6),
+        4: ([1] * 71 + [0] * 29, [1] * 90 + [0] * 10, [1] * 93 + [0] * 7),
+    }
     agg = seed_sets.aggregate({k: _results(tmp_path, k, *v) for k, v in sets.items()})
     assert agg["seed_sets"] == [0, 1, 4]
     opod = next(m for m in agg["methods"] if m["system"] == "opod")
@@ -69,15 +75,17 @@ def test_sets_aggregate_to_means_and_t_intervals_over_sets(tmp_path):
     # set 0's own paired interval (+0.05 on 100 tasks) includes zero; sets 1 and 4 lie above it
     assert rwr_sft["sets_above_zero"] == 2
     table = seed_sets.format_table(agg)
-    assert ("| opod | 0.940 | 0.010 |" in table and f"| rwr - sft | {deltas.mean():+.3f} |" in table
-            and "| 2/3 |" in table)
+    assert (
+        "| opod | 0.940 | 0.010 |" in table and f"| rwr - sft | {deltas.mean():+.3f} |" in table and "| 2/3 |" in table
+    )
     assert plots.plot_seed_sets(agg, tmp_path / "s.png").stat().st_size > 1000
 
 
 def test_intervals_stay_within_the_possible_range(tmp_path):
     # OPOD at 1.0, 1.0, 0.9: the t-interval of the mean runs to 0.967 + 0.143 > 1, and is clipped there
-    sets = {k: ([1] * 6 + [0] * 4, [1] * 8 + [0] * 2, opod) for k, opod in
-            enumerate(([1] * 10, [1] * 10, [1] * 9 + [0]))}
+    sets = {
+        k: ([1] * 6 + [0] * 4, [1] * 8 + [0] * 2, opod) for k, opod in enumerate(([1] * 10, [1] * 10, [1] * 9 + [0]))
+    }
     agg = seed_sets.aggregate({k: _results(tmp_path, k, *v) for k, v in sets.items()})
     opod = next(m for m in agg["methods"] if m["system"] == "opod")
     half = T_975_DF2 * np.std([1, 1, 0.9], ddof=1) / np.sqrt(3)

@@ -1,5 +1,6 @@
 """Baselines through the Backend interface with scripted models: call counts, token cost, voting,
 refinement, and the routers' invalid-action accounting with and without the GraphSpec mask."""
+
 from __future__ import annotations
 
 import asyncio
@@ -90,11 +91,14 @@ def _router_model(choices):
     return model
 
 
-@pytest.mark.parametrize("mode, invalid, path", [
-    ("none", 2, ("MathSolver", "CodeWriting")),  # CodeWriting is outside H but runs: nothing constrains it
-    ("hint", 2, ("MathSolver", "CodeWriting")),
-    ("mask", 2, ("MathSolver",)),  # the hard mask rejects it
-])
+@pytest.mark.parametrize(
+    "mode, invalid, path",
+    [
+        ("none", 2, ("MathSolver", "CodeWriting")),  # CodeWriting is outside H but runs: nothing constrains it
+        ("hint", 2, ("MathSolver", "CodeWriting")),
+        ("mask", 2, ("MathSolver",)),  # the hard mask rejects it
+    ],
+)
 def test_router_counts_invalid_actions(pool_and_spec, mode, invalid, path):
     pool, spec = pool_and_spec
     prompts = []

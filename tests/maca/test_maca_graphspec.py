@@ -1,4 +1,5 @@
 """Eq. 4, 5, 6 and 7 against independent NumPy transcriptions of the paper's formulas."""
+
 from __future__ import annotations
 
 import jax
@@ -43,7 +44,9 @@ def test_relevance_and_gate_match_eq4(standardize, budget):
     z_np = np.where(q_np >= 0.4, q_np, 0.0)
 
     temperature = BudgetTemperature()(budget)
-    q = relevance(jnp.asarray(task, jnp.float32), jnp.asarray(agents, jnp.float32), temperature, standardize=standardize)
+    q = relevance(
+        jnp.asarray(task, jnp.float32), jnp.asarray(agents, jnp.float32), temperature, standardize=standardize
+    )
     np.testing.assert_allclose(temperature, beta, rtol=1e-12)
     np.testing.assert_allclose(q, q_np, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(gate(q, 0.4), z_np, rtol=1e-4, atol=1e-5)
@@ -96,7 +99,9 @@ def test_edge_policy_loss_and_gradient_match_eq5():
     sig = _sigmoid(logits)
     present = (graphs * utility[:, None, None]).mean(0)
     grad_np = (-present * (1 - sig) + lam / n * sig * (1 - sig)) * (1 - np.eye(n))
-    grad = jax.grad(edge_policy_loss)(jnp.asarray(logits), jnp.asarray(graphs), jnp.asarray(utility), sparsity_weight=lam)
+    grad = jax.grad(edge_policy_loss)(
+        jnp.asarray(logits), jnp.asarray(graphs), jnp.asarray(utility), sparsity_weight=lam
+    )
     np.testing.assert_allclose(grad, grad_np, rtol=1e-4, atol=1e-6)
 
 
@@ -125,7 +130,9 @@ def test_edge_mlp_equals_an_mlp_on_the_concatenation():
     mlp = EdgeMLP(d, h, rngs=nnx.Rngs(0))
     rng = np.random.default_rng(5)
     agents, task = rng.normal(size=(n, d)).astype(np.float32), rng.normal(size=d).astype(np.float32)
-    w1 = np.concatenate([np.asarray(mlp.src.kernel[...]), np.asarray(mlp.dst.kernel[...]), np.asarray(mlp.task.kernel[...])])
+    w1 = np.concatenate(
+        [np.asarray(mlp.src.kernel[...]), np.asarray(mlp.dst.kernel[...]), np.asarray(mlp.task.kernel[...])]
+    )
     b1 = np.asarray(mlp.src.bias[...])
 
     def numpy_mlp(x):
@@ -133,7 +140,9 @@ def test_edge_mlp_equals_an_mlp_on_the_concatenation():
         x = np.maximum(x @ np.asarray(mlp.hidden.kernel[...]) + np.asarray(mlp.hidden.bias[...]), 0)
         return (x @ np.asarray(mlp.out.kernel[...]) + np.asarray(mlp.out.bias[...]))[0]
 
-    expected = np.array([[_sigmoid(numpy_mlp(np.concatenate([agents[i], agents[j], task]))) for j in range(n)] for i in range(n)])
+    expected = np.array(
+        [[_sigmoid(numpy_mlp(np.concatenate([agents[i], agents[j], task]))) for j in range(n)] for i in range(n)]
+    )
     np.testing.assert_allclose(edge_probabilities(mlp, agents, task), expected, rtol=1e-4, atol=1e-6)
 
 
@@ -171,8 +180,16 @@ def test_prior_learning_round_credits_the_sampled_or_the_executed_edges(credit):
     policy = EdgePolicy.create(n, sparsity_weight=0.0, learning_rate=0.1)
     buffer = SuccessBuffer()
     allowed = np.ones((1, n), bool)
-    prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, graph: ([0, 1], True, 10), buffer,
-                         samples=8, credit=credit)
+    prior_learning_round(
+        policy,
+        jax.random.key(0),
+        np.ones((1, 3)),
+        allowed,
+        lambda m, graph: ([0, 1], True, 10),
+        buffer,
+        samples=8,
+        credit=credit,
+    )
     moved = policy.probs > 0.5 + 1e-3
     off = ~np.eye(n, dtype=bool)
     if credit == "executed":
@@ -181,8 +198,9 @@ def test_prior_learning_round_credits_the_sampled_or_the_executed_edges(credit):
         assert moved[off].sum() > 1
     assert len(buffer) == 8
     with pytest.raises(ValueError):
-        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, g: ([0], True, 5), buffer,
-                             credit="all")
+        prior_learning_round(
+            policy, jax.random.key(0), np.ones((1, 3)), allowed, lambda m, g: ([0], True, 5), buffer, credit="all"
+        )
 
 
 def test_prior_learning_round_keeps_only_the_cheapest_successes():
@@ -192,8 +210,16 @@ def test_prior_learning_round_keeps_only_the_cheapest_successes():
     for cheapest, expected in ((True, {(1, 2), (2, 0)}), (False, {(0, 1, 2), (1, 2), (2, 0)})):
         outcomes = iter(runs)
         buffer = SuccessBuffer()
-        prior_learning_round(policy, jax.random.key(0), np.ones((1, 3)), np.ones((1, 3), bool),
-                             lambda m, g, outcomes=outcomes: next(outcomes), buffer, samples=4, keep_cheapest=cheapest)
+        prior_learning_round(
+            policy,
+            jax.random.key(0),
+            np.ones((1, 3)),
+            np.ones((1, 3), bool),
+            lambda m, g, outcomes=outcomes: next(outcomes),
+            buffer,
+            samples=4,
+            keep_cheapest=cheapest,
+        )
         assert {path for _, path in buffer._items} == expected
 
 
@@ -204,11 +230,19 @@ def test_gate_sparsity_counts_the_retained_family_agents():
     from porch_jax.maca.orchestrator import OrchestrationTask
     from porch_jax.maca.pools import Agent, AgentPool
 
-    pool = AgentPool(tuple(Agent(name, family, "d", "p") for name, family in
-                           (("M1", "math"), ("M2", "math"), ("C1", "code"), ("A1", "auxiliary"))))
+    pool = AgentPool(
+        tuple(
+            Agent(name, family, "d", "p")
+            for name, family in (("M1", "math"), ("M2", "math"), ("C1", "code"), ("A1", "auxiliary"))
+        )
+    )
     tasks = [OrchestrationTask("m", "x", 100, "math"), OrchestrationTask("c", "y", 100, "code")]
-    q = np.array([[0.9, 0.5, 0.7, 0.2],   # math task: M1, M2 family; C1 off-domain
-                  [0.1, 0.6, 0.3, 0.8]])  # code task: C1 family
+    q = np.array(
+        [
+            [0.9, 0.5, 0.7, 0.2],  # math task: M1, M2 family; C1 off-domain
+            [0.1, 0.6, 0.3, 0.8],
+        ]
+    )  # code task: C1 family
     low, mid, high = gate_sparsity(q, tasks, pool, (0.25, 0.55, 0.95))
     # gamma 0.25: math keeps M1 M2 C1 (precision 2/3, recall 1); code keeps M2 C1 A1 (2/3, recall 1)
     assert low == pytest.approx({"gamma": 0.25, "precision": 2 / 3, "recall": 1.0, "full_recall": 1.0, "retained": 3.0})

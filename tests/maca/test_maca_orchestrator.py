@@ -2,6 +2,7 @@
 constraint (no invalid action, ever), episode ends (STOP, budget, max steps), per-step token accounting
 through the Backend, the real-benchmark path with a scripted backend, the exact best-achievable search
 and the transition analyses."""
+
 from __future__ import annotations
 
 import asyncio
@@ -44,8 +45,13 @@ from porch_jax.maca.orchestrator import (
 from porch_jax.maca.pools import load_pool
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 
-LM_SIZE = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
-           "num_hidden_layers": 1}
+LM_SIZE = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +104,9 @@ def test_lm_scores_are_summed_name_logprobs_normalised_over_the_allowed_set(spoo
         for r, seq in enumerate(seqs):
             ids[r, : len(seq)] = seq
         logp = np.asarray(jax.jit(lambda x: jax.nn.log_softmax(lm(x), axis=-1))(jnp.asarray(ids)))
-        return np.array([sum(logp[r, k - 1, seq[k]] for k in range(len(prompt), len(seq))) for r, seq in enumerate(seqs)])
+        return np.array(
+            [sum(logp[r, k - 1, seq[k]] for k in range(len(prompt), len(seq))) for r, seq in enumerate(seqs)]
+        )
 
     for r, state in enumerate(states):
         raw = np.where(masks[r], summed(state), -np.inf)
@@ -119,12 +127,15 @@ def test_lm_policy_never_takes_an_action_outside_the_mask(spool, tiny):
     spec = _spec(n, chain, itertools.pairwise(chain))
     policy = lm_policy(lm, tokenizer, pool.names, max_task_words=12)
     config = RolloutConfig(max_steps=4, constraint=Constraint(True, 0.1))
-    episodes = asyncio.run(rollout(tasks, policy, synthetic_world(spool), [spec] * len(tasks), config,
-                                   np.random.default_rng(0)))
+    episodes = asyncio.run(
+        rollout(tasks, policy, synthetic_world(spool), [spec] * len(tasks), config, np.random.default_rng(0))
+    )
     steps = [s for e in episodes for s in e.steps]
     assert all(s.mask[s.action] for s in steps)
     for e in episodes:  # H: the first agent among the retained, then only along the chain's edges
-        assert all(a in chain for a in e.path) and all(chain.index(b) == chain.index(a) + 1 for a, b in itertools.pairwise(e.path))
+        assert all(a in chain for a in e.path) and all(
+            chain.index(b) == chain.index(a) + 1 for a, b in itertools.pairwise(e.path)
+        )
 
 
 def test_episode_ends_and_token_accounting(spool):
@@ -133,11 +144,14 @@ def test_episode_ends_and_token_accounting(spool):
     tasks = synthetic_tasks(make_tasks(3, families=["math"], hard_fraction=0.0, seed=2))
     parser, solver, checker = (pool.index(a) for a in ("WordProblemParser", "MathSolver", "StepChecker"))
     n = len(pool)
-    plans = {tasks[0].task_id: [parser, solver, n],  # STOP after two calls
-             tasks[1].task_id: [solver] * 10,  # runs until the budget is spent
-             tasks[2].task_id: [parser, solver, checker, checker, checker]}  # cut at max_steps
-    episodes = asyncio.run(rollout(tasks, Scripted(plans), world, None, RolloutConfig(max_steps=4),
-                                   np.random.default_rng(0)))
+    plans = {
+        tasks[0].task_id: [parser, solver, n],  # STOP after two calls
+        tasks[1].task_id: [solver] * 10,  # runs until the budget is spent
+        tasks[2].task_id: [parser, solver, checker, checker, checker],
+    }  # cut at max_steps
+    episodes = asyncio.run(
+        rollout(tasks, Scripted(plans), world, None, RolloutConfig(max_steps=4), np.random.default_rng(0))
+    )
     stop, budget, capped = episodes
     assert stop.path == (parser, solver) and stop.steps[-1].action == n and stop.steps[-1].tokens == 0
     assert budget.cost >= tasks[1].budget and budget.steps[-2].state.spent < tasks[1].budget
@@ -164,21 +178,33 @@ def test_masks_follow_eq11_and_the_unconstrained_space_is_everything(spool):
     np.testing.assert_array_equal(conditional, masks)
     weak = dataclasses.replace(spec, edge_prior=spec.edge_prior * 0.01)  # every edge below 0.1, same ratios
     assert action_masks(states, [weak] * 3, Constraint(True, 0.1), n)[1].nonzero()[0].tolist() == [n]
-    assert action_masks(states, [weak] * 3, Constraint(True, 0.1, conditional=True), n)[1].nonzero()[0].tolist() == [1, n]
+    assert action_masks(states, [weak] * 3, Constraint(True, 0.1, conditional=True), n)[1].nonzero()[0].tolist() == [
+        1,
+        n,
+    ]
 
 
 def test_benchmark_world_runs_the_pools_prompts_through_the_backend():
     """The real-model path unchanged: agents are chat calls on any Backend (here scripted), the transcript
     is the answer, the benchmark's scorer judges it and usage is the backend's token counts."""
     pool = load_pool(("math", "auxiliary"))
-    task = BenchmarkTask("gsm_hard", "7", "math", "Tom has 3 apples and buys 4 more. How many apples?",
-                         "The answer is 7.", {"target": 7.0})
+    task = BenchmarkTask(
+        "gsm_hard",
+        "7",
+        "math",
+        "Tom has 3 apples and buys 4 more. How many apples?",
+        "The answer is 7.",
+        {"target": 7.0},
+    )
     seen = []
 
     def agent(request):
         seen.append(request)
-        return "The answer is 7." if request.messages[0]["content"] == pool.agents[pool.index("MathSolver")].prompt \
+        return (
+            "The answer is 7."
+            if request.messages[0]["content"] == pool.agents[pool.index("MathSolver")].prompt
             else "Let me restate the problem."
+        )
 
     world = benchmark_world(GSM_HARD, pool, ScriptedBackend(agent))
     tasks = benchmark_tasks([task, task], budget=10_000)
@@ -192,7 +218,9 @@ def test_benchmark_world_runs_the_pools_prompts_through_the_backend():
     words = [sum(len(m["content"].split()) for m in r.messages) for r in seen]
     assert [s.prompt_tokens for s in e.steps[:2]] == words and e.steps[1].completion_tokens == 4
     wrong = {tasks[0].task_id: [parser, len(pool)]}
-    assert not asyncio.run(rollout(tasks[:1], Scripted(wrong), world, None, RolloutConfig(), np.random.default_rng(0)))[0].correct
+    assert not asyncio.run(rollout(tasks[:1], Scripted(wrong), world, None, RolloutConfig(), np.random.default_rng(0)))[
+        0
+    ].correct
 
 
 def test_best_achievable_matches_brute_force(spool):
@@ -218,8 +246,9 @@ def test_oracle_ceilings_match_brute_force(spool):
     spec = _spec(n, family, [(i, j) for i in family for j in family if i != j and (i + j) % 3])  # a sparse H
     acc, tokens = reward_optimal(spool, tasks, 3, token_cost_weight=beta)
     cap, _ = masked_optimum(spool, tasks, {t.task_id: spec for t in tasks}, 3, Constraint(True, 0.1))
-    m_acc, m_tokens = masked_optimum(spool, tasks, {t.task_id: spec for t in tasks}, 3, Constraint(True, 0.1),
-                                     token_cost_weight=beta)
+    m_acc, m_tokens = masked_optimum(
+        spool, tasks, {t.task_id: spec for t in tasks}, 3, Constraint(True, 0.1), token_cost_weight=beta
+    )
     for k, task in enumerate(tasks):
         best, best_h, cap_h = (-np.inf, 0, 0), (-np.inf, 0, 0), 0.0
         for length in (1, 2, 3):
@@ -229,8 +258,9 @@ def test_oracle_ceilings_match_brute_force(spool):
                     continue
                 score = (out.probability - beta * out.cost / 1000, out.probability, out.cost)
                 best = max(best, score, key=lambda x: x[0])
-                allowed = (all(spec.participation[a] > 0 for a in path)
-                           and all(spec.edge_prior[a, b] > 0.1 for a, b in itertools.pairwise(path)))
+                allowed = all(spec.participation[a] > 0 for a in path) and all(
+                    spec.edge_prior[a, b] > 0.1 for a, b in itertools.pairwise(path)
+                )
                 if allowed:
                     best_h = max(best_h, score, key=lambda x: x[0])
                     cap_h = max(cap_h, out.probability)
@@ -258,8 +288,11 @@ def test_committed_optimum_matches_brute_force(spool):
             members = [m for m, t in enumerate(tasks) if t.source.family == family]
             runs = [executed(tasks[m], path) for m in members]
             assert [(acc[m], tokens[m]) for m in members] == [pytest.approx(r) for r in runs]
-            top = max(np.mean([p - weight * c / 1000 for p, c in (executed(tasks[m], seq) for m in members)])
-                      for length in range(1, steps + 1) for seq in itertools.product(range(n), repeat=length))
+            top = max(
+                np.mean([p - weight * c / 1000 for p, c in (executed(tasks[m], seq) for m in members)])
+                for length in range(1, steps + 1)
+                for seq in itertools.product(range(n), repeat=length)
+            )
             assert np.mean(acc[members] - weight * tokens[members] / 1000) == pytest.approx(top)
     assert (acc <= best_achievable(spool, tasks, steps) + 1e-9).all()
 

@@ -1,4 +1,5 @@
 """Eq. 11 (masked policy) and Eq. 12 (reward with the KL to pi_mix) against NumPy transcriptions."""
+
 from __future__ import annotations
 
 import jax
@@ -48,8 +49,9 @@ def test_conditional_structural_mask():
     still allows its relatively plausible successors; the absolute rule forbids them all."""
     _, z, p_prior, prev = _case()
     p_prior[2] = [0.004, 0.5, 0.0, 0.002, 0.001]  # agent 2: tiny edges to the retained agents 0 and 3
-    mask = structural_mask(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), edge_threshold=0.05,
-                           conditional=True)
+    mask = structural_mask(
+        jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), edge_threshold=0.05, conditional=True
+    )
     retained = z > 0
     expected = []
     for i in prev:
@@ -92,7 +94,9 @@ def test_prior_action_distribution():
     _, z, p_prior, prev = _case()
     p_prior[3] *= 0.1  # leaves mass for STOP after agent 3
     mask = _mask_numpy(z, p_prior, prev, 0.05)
-    probs = prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask), stop_floor=0.05)
+    probs = prior_action_probs(
+        jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask), stop_floor=0.05
+    )
     expected = _prior_numpy(z, p_prior, prev, mask, 0.05)
     np.testing.assert_allclose(probs, expected, rtol=1e-5, atol=1e-7)
     assert expected[3, N] > 0.3 and np.isclose(expected[0, N], 0.05)
@@ -109,13 +113,30 @@ def test_prior_opens_by_the_start_row_and_never_revisits():
     start = np.array([0.05, 0.0, 0.9, 0.1, 0.0])
     visited = np.zeros((len(prev), N), bool)
     visited[2, [0, 2]] = True  # a walk 0 -> 2: agent 0 is not proposed again after 2
-    probs = np.asarray(prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask),
-                                          start=jnp.asarray(start), visited=jnp.asarray(visited), stop_floor=0.05))
+    probs = np.asarray(
+        prior_action_probs(
+            jnp.asarray(z),
+            jnp.asarray(p_prior),
+            jnp.asarray(prev),
+            jnp.asarray(mask),
+            start=jnp.asarray(start),
+            visited=jnp.asarray(visited),
+            stop_floor=0.05,
+        )
+    )
     np.testing.assert_allclose(probs, _prior_numpy(z, p_prior, prev, mask, 0.05, start, visited), rtol=1e-5, atol=1e-7)
     assert np.argmax(probs[0]) == 2  # the START row decides the opening (z alone would pick agent 3)
     # a START row with little mass still opens with an agent: STOP before any call keeps only stop_floor
-    tiny = np.asarray(prior_action_probs(jnp.asarray(z), jnp.asarray(p_prior), jnp.asarray(prev), jnp.asarray(mask),
-                                         start=jnp.asarray(start * 1e-3), stop_floor=0.05))
+    tiny = np.asarray(
+        prior_action_probs(
+            jnp.asarray(z),
+            jnp.asarray(p_prior),
+            jnp.asarray(prev),
+            jnp.asarray(mask),
+            start=jnp.asarray(start * 1e-3),
+            stop_floor=0.05,
+        )
+    )
     np.testing.assert_allclose(tiny[0], probs[0], rtol=1e-5)
     assert probs[2, 0] == 0 and probs[2, 2] == 0 and probs[2, 3] > 0
     np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-6)
@@ -131,7 +152,9 @@ def test_kl_to_mix_and_rewards_match_eq12():
     ref /= ref.sum(-1, keepdims=True)
     prior = _prior_numpy(z, p_prior, prev, mask, 0.05)
     mix = 0.5 * (ref + prior)
-    kl_np = np.array([sum(pi[t, a] * np.log(pi[t, a] / mix[t, a]) for a in range(N + 1) if pi[t, a] > 0) for t in range(len(prev))])
+    kl_np = np.array(
+        [sum(pi[t, a] * np.log(pi[t, a] / mix[t, a]) for a in range(N + 1) if pi[t, a] > 0) for t in range(len(prev))]
+    )
 
     log_pi = masked_log_probs(jnp.asarray(policy_logits), jnp.asarray(mask))
     log_mix = mix_log_probs(masked_log_probs(jnp.asarray(ref_logits), jnp.asarray(mask)), jnp.asarray(prior))

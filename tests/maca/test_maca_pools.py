@@ -1,4 +1,5 @@
 """Agent pools: the paper's Table 5 families load, users can extend them, bad files name the problem."""
+
 from __future__ import annotations
 
 import json
@@ -10,7 +11,14 @@ from porch_jax.maca.pools import FAMILIES, load_family, load_pool
 
 TABLE5 = {
     "qa": ["TaskRouter", "AnalyzeAgent", "ChoiceEliminator", "EvidenceChecker", "Skeptic", "QASynthesizer"],
-    "math": ["WordProblemParser", "MathSolver", "ArithmeticChecker", "StepChecker", "AlgebraSimplifier", "GeneralCritic"],
+    "math": [
+        "WordProblemParser",
+        "MathSolver",
+        "ArithmeticChecker",
+        "StepChecker",
+        "AlgebraSimplifier",
+        "GeneralCritic",
+    ],
     "code": ["AlgorithmDesigner", "CodeWriting", "CodeReviewer", "UnitTestWriter", "EdgeCaseHunter", "BugFixer"],
     "auxiliary": ["TaskPlanner", "Summarizer", "BudgetController", "RedTeamCritic"],
 }
@@ -26,8 +34,17 @@ def test_shipped_pools_are_the_papers_table5():
 
 def test_user_pool_files_extend_the_pool(tmp_path):
     extra = tmp_path / "legal.json"
-    extra.write_text(json.dumps({"family": "legal", "description": "Law.", "agents": [
-        {"name": "CaseLawFinder", "description": "Finds precedents.", "prompt": "You are CaseLawFinder."}]}))
+    extra.write_text(
+        json.dumps(
+            {
+                "family": "legal",
+                "description": "Law.",
+                "agents": [
+                    {"name": "CaseLawFinder", "description": "Finds precedents.", "prompt": "You are CaseLawFinder."}
+                ],
+            }
+        )
+    )
     pool = load_pool(["qa"], extra_files=[extra])
     assert pool.names[-1] == "CaseLawFinder" and len(pool) == 7 and pool.agents[-1].family == "legal"
 
@@ -59,4 +76,6 @@ def test_duplicate_agent_names_are_rejected(tmp_path):
 def test_hashing_encoder_is_deterministic_and_normalised():
     enc = HashingEncoder(dim=64)
     a, b = enc.encode(["Solve the math problem", "Solve the math problem"]), enc.encode(["Write Python code"])
-    assert (a[0] == a[1]).all() and abs(float((a[0] ** 2).sum()) - 1) < 1e-6 and a.shape == (2, 64) and b.shape == (1, 64)
+    assert (
+        (a[0] == a[1]).all() and abs(float((a[0] ** 2).sum()) - 1) < 1e-6 and a.shape == (2, 64) and b.shape == (1, 64)
+    )

@@ -1,5 +1,6 @@
 """GraphSpec on the synthetic pool: relevance gating with the real MiniLM encoder keeps each task
 family's agents, and the edge MLP trained on successful trajectories prefers the edges they use."""
+
 from __future__ import annotations
 
 import jax
@@ -108,7 +109,10 @@ def test_edge_mlp_prefers_edges_of_successful_trajectories(spool):
 
     off = ~np.eye(n, dtype=bool)
     held_out = make_tasks(30, seed=99)
-    probs = {t.task_id: edge_probabilities(mlp, agent_embs, e) for t, e in zip(held_out, encoder.encode([t.text for t in held_out]))}
+    probs = {
+        t.task_id: edge_probabilities(mlp, agent_embs, e)
+        for t, e in zip(held_out, encoder.encode([t.text for t in held_out]))
+    }
     p_used = np.mean([probs[t.task_id][used[t.family] & off].mean() for t in held_out])
     p_unused = np.mean([probs[t.task_id][~used[t.family] & off].mean() for t in held_out])
     assert p_used > 1.5 * p_unused, (p_used, p_unused)

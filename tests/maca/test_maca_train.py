@@ -1,6 +1,7 @@
 """MACA training: the GRPO objective against a NumPy transcription, the Eq. 12 returns and Eq. 9 advantages,
 the Table 3 GraphSpec ablations, a training smoke run with an Orbax checkpoint round trip, learning on the
 synthetic pool (head and LM policies, slow) and the real-benchmark launcher path with a scripted backend."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -81,18 +82,36 @@ def test_maca_loss_matches_numpy():
 
     ratio = np.exp(log_pi[np.arange(d), actions] - old)
     surrogate = -np.minimum(ratio * adv, np.clip(ratio, 0.8, 1.2) * adv)
-    kl = np.array([sum(np.exp(log_pi[t, k]) * (log_pi[t, k] - mix[t, k]) for k in range(a) if mask[t, k]) for t in range(d)])
+    kl = np.array(
+        [sum(np.exp(log_pi[t, k]) * (log_pi[t, k] - mix[t, k]) for k in range(a) if mask[t, k]) for t in range(d)]
+    )
     expected = surrogate[valid].mean() + lam * kl[valid].mean()
 
-    loss, metrics = maca_loss(jnp.asarray(log_pi), jnp.asarray(actions), jnp.asarray(old), jnp.asarray(adv),
-                              jnp.asarray(valid), jnp.asarray(mix), clip_eps=0.2, prior_kl_weight=lam)
+    loss, metrics = maca_loss(
+        jnp.asarray(log_pi),
+        jnp.asarray(actions),
+        jnp.asarray(old),
+        jnp.asarray(adv),
+        jnp.asarray(valid),
+        jnp.asarray(mix),
+        clip_eps=0.2,
+        prior_kl_weight=lam,
+    )
     np.testing.assert_allclose(loss, expected, rtol=1e-5)
     np.testing.assert_allclose(metrics["kl_mix"], kl[valid].mean(), rtol=1e-5)
 
     def f(x):
         lp = jax.nn.log_softmax(jnp.where(mask, x, -jnp.inf))
-        return maca_loss(lp, jnp.asarray(actions), jnp.asarray(old), jnp.asarray(adv), jnp.asarray(valid),
-                         jnp.asarray(mix), clip_eps=0.2, prior_kl_weight=lam)[0]
+        return maca_loss(
+            lp,
+            jnp.asarray(actions),
+            jnp.asarray(old),
+            jnp.asarray(adv),
+            jnp.asarray(valid),
+            jnp.asarray(mix),
+            clip_eps=0.2,
+            prior_kl_weight=lam,
+        )[0]
 
     grad = np.asarray(jax.grad(f)(jnp.asarray(logits)))
     assert np.isfinite(grad).all() and np.all(grad[~mask] == 0) and np.all(grad[~valid] == 0)
@@ -109,8 +128,22 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     correct = np.array([1, 0, 1, 1], np.float32)
     prior = np.full((7, a), 1 / a, np.float32)
     for lam in (0.0, 0.7):
-        out = group_targets(uniform, uniform, prior, valid, episode, step, tokens, correct, step_mask, groups=2,
-                            token_cost_weight=0.02, prior_kl_weight=lam, token_unit=1000.0, eps=0.1)
+        out = group_targets(
+            uniform,
+            uniform,
+            prior,
+            valid,
+            episode,
+            step,
+            tokens,
+            correct,
+            step_mask,
+            groups=2,
+            token_cost_weight=0.02,
+            prior_kl_weight=lam,
+            token_unit=1000.0,
+            eps=0.1,
+        )
         returns = correct - 0.02 * tokens.sum(1) / 1000  # pi = pi_ref = pi_prior: KL 0 whatever lambda is
         np.testing.assert_allclose(out["returns"], returns, rtol=1e-5)
         r = returns.reshape(2, 2)
@@ -118,10 +151,26 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
         np.testing.assert_allclose(out["advantages"], adv, rtol=1e-4)
         np.testing.assert_allclose(np.asarray(out["decision_advantages"])[valid], adv[episode[valid]], rtol=1e-4)
     peaked = np.log(np.array([[0.98, 0.01, 0.01]] * 7, np.float32))  # now the rollout policy is far from pi_mix
-    out = group_targets(peaked, uniform, prior, valid, episode, step, tokens, correct, step_mask, groups=2,
-                        token_cost_weight=0.02, prior_kl_weight=0.7, token_unit=1000.0, eps=0.1)
+    out = group_targets(
+        peaked,
+        uniform,
+        prior,
+        valid,
+        episode,
+        step,
+        tokens,
+        correct,
+        step_mask,
+        groups=2,
+        token_cost_weight=0.02,
+        prior_kl_weight=0.7,
+        token_unit=1000.0,
+        eps=0.1,
+    )
     kl = np.sum(0.98 * np.log(0.98 * 3) + 2 * 0.01 * np.log(0.01 * 3))
-    np.testing.assert_allclose(out["returns"], correct - 0.02 * tokens.sum(1) / 1000 - 0.7 * kl * step_mask.sum(1), rtol=1e-4)
+    np.testing.assert_allclose(
+        out["returns"], correct - 0.02 * tokens.sum(1) / 1000 - 0.7 * kl * step_mask.sum(1), rtol=1e-4
+    )
 
 
 def test_sampled_kl_in_the_return_rewards_following_the_prior():
@@ -139,7 +188,9 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     actions = np.array([0, 1])  # episode 0 follows the prior, episode 1 does not
     sampled = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, actions=actions, **kw)
     np.testing.assert_allclose(sampled["kl"], policy[[0, 1], actions] - mix[[0, 1], actions], rtol=1e-5)
-    np.testing.assert_allclose(sampled["returns"], 1 - 0.7 * (policy[[0, 1], actions] - mix[[0, 1], actions]), rtol=1e-5)
+    np.testing.assert_allclose(
+        sampled["returns"], 1 - 0.7 * (policy[[0, 1], actions] - mix[[0, 1], actions]), rtol=1e-5
+    )
     assert sampled["returns"][0] > sampled["returns"][1]
     exact = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, **kw)
     np.testing.assert_allclose(exact["returns"][0], exact["returns"][1])
@@ -188,8 +239,22 @@ def small_study():
     agents = encoder.encode([a.profile for a in spool.pool])
     ctx_train = encoder.encode([context_text(t.prompt, t.budget) for t in train])
     ctx_eval = encoder.encode([context_text(t.prompt, t.budget) for t in evals])
-    cfg = PriorConfig(gamma=0.0, rounds=2, samples=4, walk_steps=5, sparsity=0.05, credit="executed", init_out_degree=1.0,
-                      per_family=True, with_start=True, phi_start=True, keep_cheapest=True, mlp_hidden=32, mlp_steps=60, mlp_learning_rate=1e-2)
+    cfg = PriorConfig(
+        gamma=0.0,
+        rounds=2,
+        samples=4,
+        walk_steps=5,
+        sparsity=0.05,
+        credit="executed",
+        init_out_degree=1.0,
+        per_family=True,
+        with_start=True,
+        phi_start=True,
+        keep_cheapest=True,
+        mlp_hidden=32,
+        mlp_steps=60,
+        mlp_learning_rate=1e-2,
+    )
     q_train = relevance_scores(ctx_train, agents, [t.budget for t in train], BudgetTemperature())
     q_eval = relevance_scores(ctx_eval, agents, [t.budget for t in evals], BudgetTemperature())
     mlp, stats = learn_edge_mlp(world, train, ctx_train, agents, q_train, cfg)
@@ -199,9 +264,19 @@ def small_study():
     grpo = GRPOConfig(iterations=3, tasks_per_iteration=4, rollout=rollout_cfg)
     p_train, p_eval = (edge_probs(mlp, agents, c, with_start=True) for c in (ctx_train, ctx_eval))
     assert p_train.shape[1:] == (len(agents) + 1,) * 2 and not p_train[:, :, -1].any()  # nothing enters START
-    return Study(world, train, evals, q_train, p_train, q_eval, p_eval,
-                 lambda seed: head_policy(embeddings, len(spool.pool), 5, seed=seed),
-                 grpo, 0.0, rollout_cfg)
+    return Study(
+        world,
+        train,
+        evals,
+        q_train,
+        p_train,
+        q_eval,
+        p_eval,
+        lambda seed: head_policy(embeddings, len(spool.pool), 5, seed=seed),
+        grpo,
+        0.0,
+        rollout_cfg,
+    )
 
 
 def test_prior_learning_without_any_success_leaves_p_prior_uninformative():
@@ -214,7 +289,9 @@ def test_prior_learning_without_any_success_leaves_p_prior_uninformative():
     agents = encoder.encode([a.profile for a in spool.pool])
     ctx = encoder.encode([context_text(t.prompt, t.budget) for t in tasks])
     q = relevance_scores(ctx, agents, [t.budget for t in tasks], BudgetTemperature())
-    mlp, stats = learn_edge_mlp(world, tasks, ctx, agents, q, PriorConfig(gamma=0.0, rounds=1, samples=2, with_start=True))
+    mlp, stats = learn_edge_mlp(
+        world, tasks, ctx, agents, q, PriorConfig(gamma=0.0, rounds=1, samples=2, with_start=True)
+    )
     assert mlp is None and stats["buffer"] == 0 and stats["walk_success"] == [0.0] and "fallback" in stats
     p = edge_probs(mlp, agents, ctx, with_start=True)
     n = len(agents)
@@ -229,8 +306,9 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
     policy = study.make_policy(0)
     before = jax.tree.map(np.asarray, policy.params)
     specs, _ = study.specs(VARIANTS["maca"])
-    result = train_grpo(policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo,
-                        checkpoint_dir=tmp_path / "ckpt")
+    result = train_grpo(
+        policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, checkpoint_dir=tmp_path / "ckpt"
+    )
     assert len(result.history) == 3 and all(np.isfinite(list(h.values())).all() for h in result.history)
     assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params)))
     restored = restore_params(tmp_path / "ckpt", study.make_policy(0), make_optimizer(study.grpo))
@@ -305,10 +383,7 @@ def test_committed_structure_order():
     """w/o pi_theta's next agent: START's choice, then the strongest edge above the threshold from the agent
     called last to a retained, not yet called agent, then STOP (action N)."""
     z = np.array([0.9, 0.0, 0.8, 0.7])
-    p = np.array([[0.0, 0.5, 0.3, 0.2],
-                  [0.9, 0.0, 0.9, 0.9],
-                  [0.6, 0.9, 0.0, 0.04],
-                  [0.9, 0.9, 0.9, 0.0]])
+    p = np.array([[0.0, 0.5, 0.3, 0.2], [0.9, 0.0, 0.9, 0.9], [0.6, 0.9, 0.0, 0.04], [0.9, 0.9, 0.9, 0.0]])
     spec = GraphSpec(relevance=z, participation=z, edge_prior=p, start_prior=np.array([0.1, 0.9, 0.3, 0.2]))
     history = []
     while (a := committed_next(spec, history, edge_threshold=0.05)) != 4:
@@ -332,8 +407,15 @@ def _path_probability(spec, path, max_steps, threshold, stop_floor):
         prev = path[t - 1] if t else -1
         visited = np.isin(np.arange(n), path[:t])
         mask = structural_mask(z, p, jnp.asarray(prev), edge_threshold=threshold)
-        probs = prior_action_probs(z, p, jnp.asarray(prev), mask, start=jnp.asarray(spec.start_prior),
-                                   visited=jnp.asarray(visited), stop_floor=stop_floor)
+        probs = prior_action_probs(
+            z,
+            p,
+            jnp.asarray(prev),
+            mask,
+            start=jnp.asarray(spec.start_prior),
+            visited=jnp.asarray(visited),
+            stop_floor=stop_floor,
+        )
         prob *= float(probs[path[t] if t < len(path) else n])
     return prob
 
@@ -368,15 +450,19 @@ def test_most_probable_path_equals_brute_force():
 @pytest.mark.slow
 def test_maca_head_policy_learns_the_pools_structure(small_study):
     """After GRPO in the masked space the greedy policy is far above the untrained one on held-out tasks."""
-    study = dataclasses.replace(small_study, grpo=dataclasses.replace(
-        small_study.grpo, iterations=80, tasks_per_iteration=8, learning_rate=3e-3, epochs=4))
+    study = dataclasses.replace(
+        small_study,
+        grpo=dataclasses.replace(small_study.grpo, iterations=80, tasks_per_iteration=8, learning_rate=3e-3, epochs=4),
+    )
     maca = dataclasses.replace(VARIANTS["maca"], prior_kl_weight=0.05)
     _, eval_specs = study.specs(maca)
     untrained = evaluate("init", study.make_policy(0), study.eval_tasks, study.world, eval_specs, study.eval_rollout)
     trained, history = run_variant(study, maca)
     assert trained.summary["invalid_action_rate"] == 0.0
     assert trained.summary["expected_accuracy"] > untrained.summary["expected_accuracy"] + 0.3, (
-        untrained.summary, trained.summary)
+        untrained.summary,
+        trained.summary,
+    )
     assert np.mean([h["accuracy"] for h in history[-10:]]) > np.mean([h["accuracy"] for h in history[:10]]) + 0.2
 
 
@@ -386,22 +472,35 @@ def test_maca_lm_policy_learns_on_a_reduced_setting(small_study):
     keep = lambda tasks: [i for i, t in enumerate(tasks) if t.family == "math"][:12]
     tr, ev = keep(small_study.train_tasks), keep(small_study.eval_tasks)
     _, tokenizer = tiny_lm(0)
-    size = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 1,
-            "num_hidden_layers": 1}
+    size = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "num_hidden_layers": 1,
+    }
     study = dataclasses.replace(
-        small_study, train_tasks=[small_study.train_tasks[i] for i in tr], eval_tasks=[small_study.eval_tasks[i] for i in ev],
-        q_train=small_study.q_train[tr], p_train=small_study.p_train[tr], q_eval=small_study.q_eval[ev],
+        small_study,
+        train_tasks=[small_study.train_tasks[i] for i in tr],
+        eval_tasks=[small_study.eval_tasks[i] for i in ev],
+        q_train=small_study.q_train[tr],
+        p_train=small_study.p_train[tr],
+        q_eval=small_study.q_eval[ev],
         p_eval=small_study.p_eval[ev],
-        make_policy=lambda seed: lm_policy(tiny_lm(seed, **size)[0], tokenizer, small_study.world.pool.names,
-                                           max_task_words=8),
-        grpo=dataclasses.replace(small_study.grpo, iterations=15, tasks_per_iteration=4, learning_rate=3e-3, epochs=2))
+        make_policy=lambda seed: lm_policy(
+            tiny_lm(seed, **size)[0], tokenizer, small_study.world.pool.names, max_task_words=8
+        ),
+        grpo=dataclasses.replace(small_study.grpo, iterations=15, tasks_per_iteration=4, learning_rate=3e-3, epochs=2),
+    )
     maca = dataclasses.replace(VARIANTS["maca"], prior_kl_weight=0.05)
     _, eval_specs = study.specs(maca)
     untrained = evaluate("init", study.make_policy(0), study.eval_tasks, study.world, eval_specs, study.eval_rollout)
     trained, _ = run_variant(study, maca)
     assert trained.summary["invalid_action_rate"] == 0.0
     assert trained.summary["expected_accuracy"] > max(0.45, untrained.summary["expected_accuracy"] + 0.3), (
-        untrained.summary, trained.summary)
+        untrained.summary,
+        trained.summary,
+    )
 
 
 @pytest.mark.slow
@@ -453,15 +552,31 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     _, specs = setup.study.specs(experiment.variant(cfg, "maca"))
     solver = setup.study.world.pool.index("MathSolver")
     allowed = sum(bool(specs[t.task_id].retained[solver]) for t in setup.study.eval_tasks)
-    assert {k: r["accuracy"] for k, r in base.items()} == pytest.approx({
-        "vanilla": 1.0, "cot": 0.0, "self_consistency": 0.0, "self_refine": 0.0,
-        "router_none": 1.0, "router_hint": 1.0, "router_mask": allowed / 3})
-    assert {k: r["avg_calls"] for k, r in base.items()} == pytest.approx({
-        "vanilla": 1, "cot": 1, "self_consistency": 5, "self_refine": 2,  # solve + a critique finding no issue
-        "router_none": 3, "router_hint": 3,  # route, MathSolver, route (STOP)
-        "router_mask": (3 * allowed + (3 - allowed)) / 3})
+    assert {k: r["accuracy"] for k, r in base.items()} == pytest.approx(
+        {
+            "vanilla": 1.0,
+            "cot": 0.0,
+            "self_consistency": 0.0,
+            "self_refine": 0.0,
+            "router_none": 1.0,
+            "router_hint": 1.0,
+            "router_mask": allowed / 3,
+        }
+    )
+    assert {k: r["avg_calls"] for k, r in base.items()} == pytest.approx(
+        {
+            "vanilla": 1,
+            "cot": 1,
+            "self_consistency": 5,
+            "self_refine": 2,  # solve + a critique finding no issue
+            "router_none": 3,
+            "router_hint": 3,  # route, MathSolver, route (STOP)
+            "router_mask": (3 * allowed + (3 - allowed)) / 3,
+        }
+    )
     assert {m: base[f"router_{m}"]["invalid_action_rate"] for m in ("none", "hint", "mask")} == pytest.approx(
-        {"none": (3 - allowed) / 6, "hint": (3 - allowed) / 6, "mask": 0.0})
+        {"none": (3 - allowed) / 6, "hint": (3 - allowed) / 6, "mask": 0.0}
+    )
     assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the hint is in the router's prompt
     assert "## Baselines" in (tmp_path / "run" / "tables.md").read_text()
     bad = cfg.copy_and_resolve_references()
@@ -491,8 +606,9 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
         pytest.skip(f"{name} data is not available: {e}")
     # what the roles are asked for: code as the whole function in one fenced block (the pool's prompts), so it
     # survives a transcript of several agents; QA as "The answer is X."
-    reference = {t.prompt: f"```python\n{t.data['prompt']}{t.reference}```" if t.family == "code" else t.reference
-                 for t in tasks}
+    reference = {
+        t.prompt: f"```python\n{t.data['prompt']}{t.reference}```" if t.family == "code" else t.reference for t in tasks
+    }
 
     def model(request):
         if request.role == "router":
@@ -509,8 +625,14 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
     (maca,) = results["systems"]
     assert maca["invalid_action_rate"] == 0.0 and 0.0 <= maca["accuracy"] <= 1.0
     assert {r["system"]: r["accuracy"] for r in results["baselines"]} == {
-        "vanilla": 1.0, "cot": 1.0, "self_consistency": 1.0, "self_refine": 1.0,
-        "router_none": 0.0, "router_hint": 0.0, "router_mask": 0.0}
+        "vanilla": 1.0,
+        "cot": 1.0,
+        "self_consistency": 1.0,
+        "self_refine": 1.0,
+        "router_none": 0.0,
+        "router_hint": 0.0,
+        "router_mask": 0.0,
+    }
     with pytest.raises(ValueError, match="unknown benchmark"):
         get_config("gsm8k")
 
@@ -569,9 +691,22 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     # --gate_only: the same figures from the tasks and the encoder alone, before any agent call
     alone = cfg.copy_and_resolve_references()
     alone.run_dir = str(tmp_path / "gate")
-    proc = subprocess.run([sys.executable, "-m", "launch.maca", "--gate_only", "--config=experiments/maca_synthetic.py",
-                           "--config.encoder=hashing", "--config.world.num_eval=12", f"--config.run_dir={alone.run_dir}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "launch.maca",
+            "--gate_only",
+            "--config=experiments/maca_synthetic.py",
+            "--config.encoder=hashing",
+            "--config.world.num_eval=12",
+            f"--config.run_dir={alone.run_dir}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = json.loads((tmp_path / "gate" / "gate_sparsity.json").read_text())
     assert json.dumps(written, sort_keys=True) == json.dumps(sparsity, sort_keys=True)  # NaN-safe equality
@@ -617,15 +752,24 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
         resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1, progress=lines.append, progress_every_s=0.0)
         assert history == plain_history
         assert len(lines) == (2 if attempt == 0 else 0)  # a line per iteration trained (interval 0)
-        assert all(line.startswith(f"maca seed 0: iteration {i}/4 return ") and " it/s, ETA 0:00:" in line
-                   for i, line in zip((3, 4), lines))
+        assert all(
+            line.startswith(f"maca seed 0: iteration {i}/4 return ") and " it/s, ETA 0:00:" in line
+            for i, line in zip((3, 4), lines)
+        )
         for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params)):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert Checkpointer(ckpt).steps() == [3, 4]
     other = dataclasses.replace(study, grpo=dataclasses.replace(study.grpo, iterations=5))
     with pytest.raises(ValueError, match="another run.*iterations"):
-        train_grpo(study.make_policy(0), study.train_tasks, study.world, specs, VARIANTS["maca"], other.grpo,
-                   checkpoint_dir=ckpt)
+        train_grpo(
+            study.make_policy(0),
+            study.train_tasks,
+            study.world,
+            specs,
+            VARIANTS["maca"],
+            other.grpo,
+            checkpoint_dir=ckpt,
+        )
 
 
 def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, monkeypatch):
@@ -693,11 +837,17 @@ def test_lm_policy_trains_on_a_mesh_as_on_one_device(small_study):
 
     keep = [i for i, t in enumerate(small_study.train_tasks) if t.family == "math"][:6]
     _, tokenizer = tiny_lm(0)
-    size = {"hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2, "num_key_value_heads": 2,
-            "num_hidden_layers": 1}
+    size = {
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+    }
     tasks = [small_study.train_tasks[i] for i in keep]
-    grpo = dataclasses.replace(small_study.grpo, iterations=2, tasks_per_iteration=2, group_size=4,
-                               learning_rate=3e-3, epochs=2)
+    grpo = dataclasses.replace(
+        small_study.grpo, iterations=2, tasks_per_iteration=2, group_size=4, learning_rate=3e-3, epochs=2
+    )
     specs, _ = small_study.specs(VARIANTS["maca"])
 
     def train(mesh):

@@ -1,6 +1,7 @@
 """The native CPU kernel of DeltaNet's causal conv + SiLU (porch_jax/kernels) against the XLA form:
 values, the carried state, and gradients w.r.t. input, weight and state, over several token blocks
 of the kernel (128 tokens each), packed segments and two kernel widths."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,8 +10,9 @@ import pytest
 from porch_jax.kernels import causal_conv
 from porch_jax.models import deltanet
 
-pytestmark = pytest.mark.skipif(not causal_conv.available(),
-                                reason="the native kernel needs a C++ compiler (g++); see the warning in the log")
+pytestmark = pytest.mark.skipif(
+    not causal_conv.available(), reason="the native kernel needs a C++ compiler (g++); see the warning in the log"
+)
 
 SHAPES = [(2, 300, 48, 4), (1, 5, 16, 4), (2, 130, 64, 3), (1, 1, 32, 4)]  # (batch, tokens, channels, width)
 
@@ -28,13 +30,20 @@ def test_values_and_gradients_equal_the_xla_form(shape, case):
 
     def run(conv):
         def value(x, weight, state):
-            y, new_state = conv(x, weight, state=None if case == "fresh" else state,
-                                segment_ids=segments if case == "state_packed" else None)
+            y, new_state = conv(
+                x,
+                weight,
+                state=None if case == "fresh" else state,
+                segment_ids=segments if case == "state_packed" else None,
+            )
             return jnp.sum(y * probe) + jnp.sum(new_state * probe_state), (y, new_state)
+
         return jax.jit(jax.grad(value, argnums=(0, 1, 2), has_aux=True))(x, weight, state)
 
-    (grads, (y, new_state)), (want_grads, (want_y, want_state)) = run(causal_conv.causal_conv1d), run(
-        deltanet.xla_causal_conv1d)
+    (grads, (y, new_state)), (want_grads, (want_y, want_state)) = (
+        run(causal_conv.causal_conv1d),
+        run(deltanet.xla_causal_conv1d),
+    )
     np.testing.assert_allclose(y, want_y, atol=2e-6, rtol=0)
     np.testing.assert_array_equal(new_state, want_state)
     for name, got, want in zip(["x", "weight", "state"], grads, want_grads):

@@ -1,4 +1,5 @@
 """Gated DeltaNet core: chunked vs recurrent vs transformers' torch reference, gradients, packing, conv."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -47,7 +48,13 @@ def test_chunked_and_recurrent_match_transformers():
     x = inputs()
     t = {name: torch.tensor(v) for name, v in x.items()}
     want, want_state = hf.torch_chunk_gated_delta_rule(
-        t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=t["state"], output_final_state=True,
+        t["q"],
+        t["k"],
+        t["v"],
+        t["g"],
+        t["beta"],
+        initial_state=t["state"],
+        output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
     for rule in (chunked, recurrent):
@@ -62,13 +69,15 @@ def test_grouped_key_heads_equal_repeated_ones():
     x = inputs(4)
     for rule in (chunked, recurrent):
         grouped = rule(*prepared(x), initial_state=jnp.asarray(x["state"]), segment_ids=jnp.asarray(segment_ids()))
-        repeated = rule(*prepared(x, repeat=True), initial_state=jnp.asarray(x["state"]),
-                        segment_ids=jnp.asarray(segment_ids()))
+        repeated = rule(
+            *prepared(x, repeat=True), initial_state=jnp.asarray(x["state"]), segment_ids=jnp.asarray(segment_ids())
+        )
         for got, want in zip(grouped, repeated):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="multiple of the key heads"):
-        deltanet.chunk_gated_delta_rule(*prepared(x)[:2], jnp.zeros((B, T, 3, DV)), jnp.zeros((B, T, 3)),
-                                        jnp.zeros((B, T, 3)))
+        deltanet.chunk_gated_delta_rule(
+            *prepared(x)[:2], jnp.zeros((B, T, 3, DV)), jnp.zeros((B, T, 3)), jnp.zeros((B, T, 3))
+        )
 
 
 @pytest.mark.parametrize("t, packed, chunk", [(80, False, 64), (150, True, 64), (150, True, 32)])
@@ -84,6 +93,7 @@ def test_chunked_gradients_match_recurrent(t, packed, chunk):
         def f(q, k, v, g, beta, state):
             out, final = rule(q, k, v, g, beta, initial_state=state, segment_ids=segments, **kwargs)
             return jnp.sum(out * weights) + jnp.sum(final**2)
+
         return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
     chunk_grads = loss(deltanet.chunk_gated_delta_rule, chunk_size=chunk)(*args)
@@ -98,19 +108,22 @@ def test_packed_segments_equal_separate_runs():
     q, k, v, g, beta = prepared(x)
     packed = [rule(q, k, v, g, beta, segment_ids=jnp.asarray(segment_ids())) for rule in (chunked, recurrent)]
     # Each segment alone, as a row of its own; zero tokens after it leave its state unchanged.
-    pieces = [(row, start, n) for row, parts in enumerate(SEGMENTS)
-              for start, n in zip(np.cumsum([0] + [n for _, n in parts]), [n for _, n in parts])]
+    pieces = [
+        (row, start, n)
+        for row, parts in enumerate(SEGMENTS)
+        for start, n in zip(np.cumsum([0] + [n for _, n in parts]), [n for _, n in parts])
+    ]
 
     def alone(x):
         out = np.zeros((len(pieces), *x.shape[1:]), np.float32)
         for i, (row, start, n) in enumerate(pieces):
-            out[i, :n] = x[row, start:start + n]
+            out[i, :n] = x[row, start : start + n]
         return jnp.asarray(out)
 
     separate, separate_state = recurrent(*(alone(np.asarray(a)) for a in (q, k, v, g, beta)))
     for i, (row, start, n) in enumerate(pieces):
         for out, _ in packed:
-            np.testing.assert_allclose(out[row, start:start + n], separate[i, :n], atol=2e-5, rtol=0)
+            np.testing.assert_allclose(out[row, start : start + n], separate[i, :n], atol=2e-5, rtol=0)
     for row, last in ((0, 2), (1, 5)):  # a row's final state is that of its last segment alone
         for _, state in packed:
             np.testing.assert_allclose(state[row], separate_state[last], atol=2e-5, rtol=0)
@@ -135,8 +148,9 @@ def test_unit_lower_inverse():
     rng = np.random.RandomState(5)
     lower = jnp.asarray(np.tril(rng.randn(3, 64, 64), -1).astype(np.float32) * 0.2)
     eye = jnp.eye(64, dtype=jnp.float32)
-    np.testing.assert_allclose(deltanet.unit_lower_inverse(lower) @ (eye + lower), np.broadcast_to(eye, (3, 64, 64)),
-                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(
+        deltanet.unit_lower_inverse(lower) @ (eye + lower), np.broadcast_to(eye, (3, 64, 64)), atol=1e-5, rtol=0
+    )
 
 
 def _native_conv(*args, **kwargs):
@@ -147,8 +161,11 @@ def _native_conv(*args, **kwargs):
     return causal_conv.causal_conv1d(*args, **kwargs)
 
 
-@pytest.mark.parametrize("conv, channels", [(deltanet.xla_causal_conv1d, 10), (deltanet.xla_causal_conv1d, 32),
-                                            (_native_conv, 32)], ids=["xla-10", "xla-32", "native-32"])
+@pytest.mark.parametrize(
+    "conv, channels",
+    [(deltanet.xla_causal_conv1d, 10), (deltanet.xla_causal_conv1d, 32), (_native_conv, 32)],
+    ids=["xla-10", "xla-32", "native-32"],
+)
 def test_causal_conv_matches_transformers_and_continues_from_state(conv, channels):
     rng = np.random.RandomState(6)
     x = rng.randn(B, 20, channels).astype(np.float32)

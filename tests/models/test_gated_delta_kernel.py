@@ -1,6 +1,7 @@
 """The native CPU kernel of the gated delta rule (porch_jax/kernels) against the pure-JAX forms:
 values against the recurrent form, gradients against the chunked form's hand-written backward, for
 each of the kernel's code paths (head dims 64 and 128, other multiples of 16, anything else)."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,13 +10,19 @@ import pytest
 from porch_jax.kernels import gated_delta, native
 from porch_jax.models import deltanet
 
-pytestmark = pytest.mark.skipif(not gated_delta.available(),
-                                reason="the native kernel needs a C++ compiler (g++); see the warning in the log")
+pytestmark = pytest.mark.skipif(
+    not gated_delta.available(), reason="the native kernel needs a C++ compiler (g++); see the warning in the log"
+)
 
 # (batch, tokens, key heads, value heads, key dim, value dim): partial last chunk, one token, every
 # template path of the kernel (64, 128, a multiple of 16, an odd size).
-SHAPES = [(2, 150, 2, 4, 64, 64), (1, 1, 1, 1, 64, 64), (1, 70, 1, 2, 128, 128), (2, 65, 2, 2, 32, 48),
-          (1, 90, 1, 3, 16, 24)]
+SHAPES = [
+    (2, 150, 2, 4, 64, 64),
+    (1, 1, 1, 1, 64, 64),
+    (1, 70, 1, 2, 128, 128),
+    (2, 65, 2, 2, 32, 48),
+    (1, 90, 1, 3, 16, 24),
+]
 
 
 def operands(b, t, hk, h, dk, dv, seed=0):
@@ -52,6 +59,7 @@ def test_gradients_equal_the_chunked_form(shape):
         def value(q, k, v, g, beta, state):
             out, final = rule(q, k, v, g, beta, initial_state=state, segment_ids=segments)
             return jnp.sum(out * probe) + jnp.sum(final * probe_final)
+
         return jax.jit(jax.grad(value, argnums=tuple(range(6))))
 
     ours, want = loss(gated_delta.gated_delta_rule)(*args, state), loss(deltanet.chunk_gated_delta_rule)(*args, state)
@@ -139,7 +147,7 @@ def test_under_a_mesh_the_kernels_run_per_batch_shard_without_gathering():
     def loss(q, k, v, g, beta, state, x, weight):
         out, final = deltanet.gated_delta_rule(q, k, v, g, beta, initial_state=state, segment_ids=segments)
         y, _ = deltanet.causal_conv1d(x, weight, segment_ids=segments)
-        return jnp.sum(out ** 2) + jnp.sum(final) + jnp.sum(y ** 2)
+        return jnp.sum(out**2) + jnp.sum(final) + jnp.sum(y**2)
 
     args = (q, k, v, g, beta, state, x, weight)
     want = jax.jit(jax.grad(loss, argnums=tuple(range(8))))(*args)

@@ -1,4 +1,5 @@
 """HF safetensors folders: both directions against transformers, sharded indexes, bad folders."""
+
 import json
 
 import jax
@@ -22,8 +23,17 @@ from porch_jax.models import (
 )
 
 CONFIG = ModelConfig(
-    model_type="qwen3", vocab_size=67, hidden_size=32, intermediate_size=40, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=12, rope_theta=10_000.0, bos_token_id=1, eos_token_id=2,
+    model_type="qwen3",
+    vocab_size=67,
+    hidden_size=32,
+    intermediate_size=40,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=12,
+    rope_theta=10_000.0,
+    bos_token_id=1,
+    eos_token_id=2,
 )
 IDS = np.random.RandomState(0).randint(0, 67, (2, 11))
 _forward = jax.jit(lambda model, ids: model(ids))
@@ -90,16 +100,46 @@ def edit_config(folder, edit):
 @pytest.mark.parametrize(
     "breaks,message",
     [
-        (lambda f: edit_tensors(f, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")), "model.layers.1.mlp.up_proj.weight"),
-        (lambda f: edit_tensors(f, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((12, 32), np.float32)})), "model.layers.0.self_attn.k_proj.weight"),
-        (lambda f: edit_tensors(f, lambda t: t.update({"model.layers.0.self_attn.bogus.weight": np.zeros(3, np.float32)})), "model.layers.0.self_attn.bogus.weight"),
-        (lambda f: edit_tensors(f, lambda t: t.update({"model.layers.5.mlp.up_proj.weight": np.zeros((40, 32), np.float32)})), "model.layers.5.mlp.up_proj.weight"),
+        (
+            lambda f: edit_tensors(f, lambda t: t.pop("model.layers.1.mlp.up_proj.weight")),
+            "model.layers.1.mlp.up_proj.weight",
+        ),
+        (
+            lambda f: edit_tensors(
+                f, lambda t: t.update({"model.layers.0.self_attn.k_proj.weight": np.zeros((12, 32), np.float32)})
+            ),
+            "model.layers.0.self_attn.k_proj.weight",
+        ),
+        (
+            lambda f: edit_tensors(
+                f, lambda t: t.update({"model.layers.0.self_attn.bogus.weight": np.zeros(3, np.float32)})
+            ),
+            "model.layers.0.self_attn.bogus.weight",
+        ),
+        (
+            lambda f: edit_tensors(
+                f, lambda t: t.update({"model.layers.5.mlp.up_proj.weight": np.zeros((40, 32), np.float32)})
+            ),
+            "model.layers.5.mlp.up_proj.weight",
+        ),
         (lambda f: edit_config(f, lambda c: c.update(model_type="llama_next")), "llama_next"),
         (lambda f: edit_config(f, lambda c: c.pop("intermediate_size")), "intermediate_size"),
         (lambda f: edit_config(f, lambda c: c.update(num_key_value_heads=3)), "num_key_value_heads"),
-        (lambda f: edit_config(f, lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0})), "rope_parameters"),
+        (
+            lambda f: edit_config(f, lambda c: c.update(rope_parameters={"rope_type": "yarn", "factor": 4.0})),
+            "rope_parameters",
+        ),
     ],
-    ids=["missing_tensor", "wrong_shape", "unknown_tensor", "extra_layer", "model_type", "missing_field", "bad_heads", "rope_type"],
+    ids=[
+        "missing_tensor",
+        "wrong_shape",
+        "unknown_tensor",
+        "extra_layer",
+        "model_type",
+        "missing_field",
+        "bad_heads",
+        "rope_type",
+    ],
 )
 def test_bad_folder_error_names_the_culprit(folder, breaks, message):
     breaks(folder)

@@ -1,5 +1,6 @@
 """The native-kernel cache's pruning: needs no compiler, so it lives apart from the kernels' tests (which skip
 without one)."""
+
 from __future__ import annotations
 
 from porch_jax.kernels import native
@@ -12,8 +13,10 @@ def test_cache_prune_keeps_what_is_in_use_and_drops_what_is_stale(tmp_path):
     import time
 
     day = 86400
-    files = {name: tmp_path / name for name in ("k-new.so", "k-old.so", "k-recent.so", "other-old.so", "tmpab.so",
-                                                "tmpcd.so")}
+    files = {
+        name: tmp_path / name
+        for name in ("k-new.so", "k-old.so", "k-recent.so", "other-old.so", "tmpab.so", "tmpcd.so")
+    }
     for path in files.values():
         path.write_bytes(b"")
     age = {"k-old.so": 40, "k-recent.so": 5, "other-old.so": 40, "tmpab.so": 2, "tmpcd.so": 0.1}

@@ -4,6 +4,7 @@ XLA:CPU runs bf16 dots only in some layouts and fails on others ("Unsupported el
 DotThunk"), and which layout a dot gets depends on the shapes around it: one attention block or
 several, an even or odd number of tokens. So each model is differentiated at such lengths.
 """
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,16 +15,35 @@ from porch_jax.models import ModelConfig, init_model
 from porch_jax.models.layers import causal_attention
 
 QWEN3 = ModelConfig(
-    model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
 )
-QWEN3_5 = ModelConfig.from_hf({
-    "model_type": "qwen3_5_text", "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-    "layer_types": ["linear_attention", "full_attention"], "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4, "linear_key_head_dim": 8,
-    "linear_value_head_dim": 8, "linear_conv_kernel_dim": 4, "tie_word_embeddings": False,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
-})
+QWEN3_5 = ModelConfig.from_hf(
+    {
+        "model_type": "qwen3_5_text",
+        "vocab_size": 64,
+        "hidden_size": 32,
+        "intermediate_size": 48,
+        "num_hidden_layers": 2,
+        "layer_types": ["linear_attention", "full_attention"],
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "linear_conv_kernel_dim": 4,
+        "tie_word_embeddings": False,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
+    }
+)
 # (batch, length): one attention block and an odd token count; several blocks.
 SHAPES = [(1, 13), (2, 150)]
 
@@ -59,7 +79,9 @@ def test_bf16_attention_gradients_run_and_follow_f32(length):
         loss = lambda *qkv: jnp.sum(causal_attention(*qkv).astype(jnp.float32) * weights)
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*(jnp.asarray(x, dtype) for x in (q * 0.3, k, v)))
 
-    _assert_follows([g.astype(jnp.float32) for g in grads(jnp.float32)], [g.astype(jnp.float32) for g in grads(jnp.bfloat16)])
+    _assert_follows(
+        [g.astype(jnp.float32) for g in grads(jnp.float32)], [g.astype(jnp.float32) for g in grads(jnp.bfloat16)]
+    )
 
 
 @pytest.mark.parametrize("config", [QWEN3, QWEN3_5], ids=["qwen3", "qwen3_5"])
@@ -86,7 +108,9 @@ def test_bf16_sampler_decodes_like_f32(tmp_path, model_type):
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
     out = {}
     for name, dtype in (("f32", jnp.float32), ("bf16", jnp.bfloat16)):
-        sampler = Sampler(from_pretrained(folder, dtype=dtype), tokenizer, max_len=64, prompt_buckets=(32,), batch_buckets=(4,))
+        sampler = Sampler(
+            from_pretrained(folder, dtype=dtype), tokenizer, max_len=64, prompt_buckets=(32,), batch_buckets=(4,)
+        )
         out[name] = [c.token_ids for c in sampler.generate(prompts, params)]
     assert all(len(ids) == 12 for ids in out["bf16"])
     first = [a[0] == b[0] for a, b in zip(out["f32"], out["bf16"])]

@@ -1,4 +1,5 @@
 """Qwen3 numerics against transformers' PyTorch model, padding, packing, KV cache, remat."""
+
 import functools
 
 import jax
@@ -21,7 +22,12 @@ from porch_jax.models.layers import causal_attention, dense, rope_tables
 
 # tied/untied embeddings, 1 and 2 kv heads with different q-head counts, head_dim not a power of 2.
 CONFIGS = {
-    "untied_gqa2_hd24": {"num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 24, "tie_word_embeddings": False},
+    "untied_gqa2_hd24": {
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 24,
+        "tie_word_embeddings": False,
+    },
     "tied_mqa_hd40": {"num_attention_heads": 6, "num_key_value_heads": 1, "head_dim": 40, "tie_word_embeddings": True},
     "tied_gqa2_hd16": {"num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 16, "tie_word_embeddings": True},
 }
@@ -32,8 +38,13 @@ def torch_folder(tmp_path_factory, name: str, **overrides) -> tuple:
     """A random transformers Qwen3 saved to a folder; returns (folder, torch model)."""
     torch.manual_seed(0)
     kwargs = {
-        "vocab_size": VOCAB, "hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 2, "rope_theta": 10_000.0,
-        "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+        "vocab_size": VOCAB,
+        "hidden_size": 48,
+        "intermediate_size": 80,
+        "num_hidden_layers": 2,
+        "rope_theta": 10_000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
     }
     hf = TorchQwen3(Qwen3Config(**(kwargs | overrides))).eval()
     with torch.no_grad():  # non-trivial norm weights, so a mis-mapped norm shows
@@ -86,9 +97,13 @@ def test_gradients_match_transformers(pair):
     expected = {name: p.grad.numpy() for name, p in hf.named_parameters()}
     for path, grad in nnx.to_flat_state(grads):
         name = ".".join(map(str, path))
-        hf_name, rule = next((r.match(name, hf=False), r) for r in MODEL_SPECS["qwen3"].weights if r.match(name, hf=False))
+        hf_name, rule = next(
+            (r.match(name, hf=False), r) for r in MODEL_SPECS["qwen3"].weights if r.match(name, hf=False)
+        )
         want = expected[hf_name]
-        np.testing.assert_allclose(rule.to_hf(np.asarray(grad[...])), want, atol=1e-4 * np.abs(want).max(), err_msg=name)
+        np.testing.assert_allclose(
+            rule.to_hf(np.asarray(grad[...])), want, atol=1e-4 * np.abs(want).max(), err_msg=name
+        )
 
 
 def test_padding_matches_unpadded_rows(pair):
@@ -150,8 +165,14 @@ def test_cached_decode_matches_full_forward_with_left_padding(pair):
 
 
 TINY = ModelConfig(
-    model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
 )
 
 
@@ -235,7 +256,9 @@ def test_dense_gradients_equal_plain_matmul(shape):
 @pytest.mark.parametrize("theta", [10_000.0, 10_000_000.0])
 def test_rope_tables_gathered_per_position_equal_direct(theta):
     """The model's own positions take the gathered tables (rope_tables' num_positions); given positions, the direct."""
-    positions = jnp.asarray([[0, 1, 2, 3, 0, 1, 2, 0], [5, 6, 7, 7, 7, 8, 9, 10]], jnp.int32)  # packing, padding, offset
+    positions = jnp.asarray(
+        [[0, 1, 2, 3, 0, 1, 2, 0], [5, 6, 7, 7, 7, 8, 9, 10]], jnp.int32
+    )  # packing, padding, offset
     gathered = rope_tables(positions, 24, theta, num_positions=11)
     direct = rope_tables(positions, 24, theta)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=0, atol=1e-6), gathered, direct)

@@ -1,4 +1,5 @@
 """Qwen3.5 (hybrid Gated DeltaNet + gated attention) against transformers' PyTorch model."""
+
 from __future__ import annotations
 
 import json
@@ -21,28 +22,56 @@ from porch_jax.models.sampler import Sampler, SamplingParams  # noqa: E402
 from porch_jax.models.tiny import make_tiny_model  # noqa: E402
 
 VOCAB = 97
-BASE = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=80, rms_norm_eps=1e-6, max_position_embeddings=512,
-            initializer_range=0.05)  # above HF's 0.02 so logits are not tiny; 0.1 makes 8 layers chaotic in fp32
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    intermediate_size=80,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=512,
+    initializer_range=0.05,
+)  # above HF's 0.02 so logits are not tiny; 0.1 makes 8 layers chaotic in fp32
 CONFIGS = {
     # Both layer kinds repeat; GQA in both (2 value heads per key head); tied embeddings.
     "8layers_tied": dict(
-        num_hidden_layers=8, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=12,
-        linear_conv_kernel_dim=4, tie_word_embeddings=True,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=8,
+        linear_value_head_dim=12,
+        linear_conv_kernel_dim=4,
+        tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.25},
     ),
     # One kv head, 3 value heads per key head, conv kernel 3, Qwen3.5's theta; untied.
     "4layers_mqa_untied": dict(
-        num_hidden_layers=4, num_attention_heads=6, num_key_value_heads=1, head_dim=24,
-        linear_num_key_heads=1, linear_num_value_heads=3, linear_key_head_dim=16, linear_value_head_dim=8,
-        linear_conv_kernel_dim=3, tie_word_embeddings=False,
+        num_hidden_layers=4,
+        num_attention_heads=6,
+        num_key_value_heads=1,
+        head_dim=24,
+        linear_num_key_heads=1,
+        linear_num_value_heads=3,
+        linear_key_head_dim=16,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=3,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000_000.0, "partial_rotary_factor": 0.25},
     ),
     # Explicit layer_types starting with attention; half-rotary heads; as many key as value heads.
     "custom_layer_types": dict(
-        num_hidden_layers=3, layer_types=["full_attention", "linear_attention", "full_attention"],
-        num_attention_heads=2, num_key_value_heads=2, head_dim=32, linear_num_key_heads=3, linear_num_value_heads=3,
-        linear_key_head_dim=8, linear_value_head_dim=8, linear_conv_kernel_dim=4, tie_word_embeddings=False,
+        num_hidden_layers=3,
+        layer_types=["full_attention", "linear_attention", "full_attention"],
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=32,
+        linear_num_key_heads=3,
+        linear_num_value_heads=3,
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        linear_conv_kernel_dim=4,
+        tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.5},
     ),
 }
@@ -124,10 +153,10 @@ def test_left_padding_matches_unpadded_rows(hybrid):
     ids, mask = np.zeros((2, t), int), np.zeros((2, t), bool)
     rows = [rng.randint(0, VOCAB, n) for n in lengths]
     for i, (row, n) in enumerate(zip(rows, lengths)):
-        ids[i, t - n:], mask[i, t - n:] = row, True
+        ids[i, t - n :], mask[i, t - n :] = row, True
     logits = forward(model, ids, attention_mask=mask)
     for i, (row, n) in enumerate(zip(rows, lengths)):
-        np.testing.assert_allclose(logits[i, t - n:], torch_logits(hf, row[None])[0], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(logits[i, t - n :], torch_logits(hf, row[None])[0], atol=1e-4, rtol=0)
 
 
 def test_packed_segments_match_separate_sequences(hybrid, cpu_kernels):
@@ -140,7 +169,9 @@ def test_packed_segments_match_separate_sequences(hybrid, cpu_kernels):
     logits = forward(model, ids, segment_ids=segments)
     start = 0
     for seq in seqs:
-        np.testing.assert_allclose(logits[0, start:start + len(seq)], torch_logits(hf, seq[None])[0], atol=1e-4, rtol=0)
+        np.testing.assert_allclose(
+            logits[0, start : start + len(seq)], torch_logits(hf, seq[None])[0], atol=1e-4, rtol=0
+        )
         start += len(seq)
 
 
@@ -151,8 +182,8 @@ def test_prefill_then_decode_matches_full_forward(hybrid):
     total = prompt_t + extend + steps
     ids, mask = np.zeros((2, total), int), np.zeros((2, total), bool)
     for i, n in enumerate(prompt_lens):  # left-padded prompts, then shared continuation slots
-        ids[i, prompt_t - n:] = rng.randint(0, VOCAB, n + extend + steps)
-        mask[i, prompt_t - n:] = True
+        ids[i, prompt_t - n :] = rng.randint(0, VOCAB, n + extend + steps)
+        mask[i, prompt_t - n :] = True
     full = forward(model, ids, attention_mask=mask)
 
     step = jax.jit(lambda m, ids, c, i, am: m(ids, attention_mask=am, cache=c, cache_index=i))
@@ -177,7 +208,7 @@ def test_greedy_sampler_matches_transformers_generate(hybrid):
     for prompt, completion in zip(prompts, completions):
         with torch.inference_mode():
             out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
-        assert completion.token_ids == out[0, len(prompt):].tolist()
+        assert completion.token_ids == out[0, len(prompt) :].tolist()
 
 
 def test_gradients_match_transformers(hybrid, cpu_kernels):
@@ -230,9 +261,13 @@ def test_multimodal_folder_loads_text_and_saves_back_in_its_layout(tmp_path):
     save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
     text_config = hf.config.to_dict() | {"mtp_num_hidden_layers": 1}
     multimodal = {
-        "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": text_config,
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text_config,
         "vision_config": {"model_type": "qwen3_5_vision", "depth": 1, "hidden_size": 8, "out_hidden_size": 48},
-        "image_token_id": 90, "video_token_id": 91, "tie_word_embeddings": False,
+        "image_token_id": 90,
+        "video_token_id": 91,
+        "tie_word_embeddings": False,
     }
     (source / "config.json").write_text(json.dumps(multimodal))
 
@@ -273,8 +308,15 @@ def count_9b_text_parameters(c: dict) -> int:
     nk, nv, dk, dv = (c[f"linear_{k}"] for k in ("num_key_heads", "num_value_heads", "key_head_dim", "value_head_dim"))
     attention = h * heads * d * 2 + 2 * h * kv * d + heads * d * h + 2 * d  # q (+gate), k, v, o, q/k norms
     conv_channels = 2 * nk * dk + nv * dv
-    deltanet = (h * conv_channels + h * nv * dv + 2 * h * nv  # in_proj_qkv, z, b, a
-                + conv_channels * c["linear_conv_kernel_dim"] + 2 * nv + dv + nv * dv * h)  # conv, A/dt, norm, out
+    deltanet = (
+        h * conv_channels
+        + h * nv * dv
+        + 2 * h * nv  # in_proj_qkv, z, b, a
+        + conv_channels * c["linear_conv_kernel_dim"]
+        + 2 * nv
+        + dv
+        + nv * dv * h
+    )  # conv, A/dt, norm, out
     per_layer = 3 * h * i + 2 * h  # MLP, two norms
     layers = sum(per_layer + (attention if kind == "full_attention" else deltanet) for kind in c["layer_types"])
     return v * h * (1 if c["tie_word_embeddings"] else 2) + layers + h  # embeddings (+ head), final norm
@@ -290,12 +332,15 @@ def test_9b_preset_parameter_count_without_allocating():
     assert 8.5e9 < count < 9.5e9
 
 
-@pytest.mark.parametrize("change, field", [
-    (dict(layer_types=["linear_attention"] * 3), "layer_types"),
-    (dict(layer_types=["linear_attention"] * 3 + ["sliding_attention"]), "layer_types"),
-    (dict(linear_num_key_heads=3), "linear_num_value_heads"),
-    (dict(attn_output_gate=False), "attn_output_gate"),
-])
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (dict(layer_types=["linear_attention"] * 3), "layer_types"),
+        (dict(layer_types=["linear_attention"] * 3 + ["sliding_attention"]), "layer_types"),
+        (dict(linear_num_key_heads=3), "linear_num_value_heads"),
+        (dict(attn_output_gate=False), "attn_output_gate"),
+    ],
+)
 def test_config_rejects_what_the_model_cannot_run(change, field):
     with pytest.raises(ConfigError, match=field):
         ModelConfig.from_hf(preset("qwen3.5-tiny") | change)

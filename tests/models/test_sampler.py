@@ -1,4 +1,5 @@
 """The KV-cache sampler against transformers' PyTorch generate and our own full forward pass."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -42,13 +43,20 @@ def sampler(model, tokenizer):
 
 @pytest.fixture(scope="module")
 def prompts(tokenizer):
-    texts = ["Find the invoice.", "The morning shift began, as it always did, with a list of tasks.", "Hi",
-             "Which of my contacts live in Porto?", "Delegate the search to a worker with a budget of six steps."]
+    texts = [
+        "Find the invoice.",
+        "The morning shift began, as it always did, with a list of tasks.",
+        "Hi",
+        "Which of my contacts live in Porto?",
+        "Delegate the search to a worker with a budget of six steps.",
+    ]
     return [tokenizer(t)["input_ids"] for t in texts]
 
 
 def test_greedy_matches_transformers_generate(folder, sampler, prompts):
-    torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
+    torch = pytest.importorskip(
+        "torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it"
+    )
     from transformers import AutoModelForCausalLM
 
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
@@ -56,7 +64,7 @@ def test_greedy_matches_transformers_generate(folder, sampler, prompts):
     for prompt, completion in zip(prompts[:3], sampler.generate(prompts[:3], params)):
         with torch.inference_mode():
             out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
-        assert completion.token_ids == out[0, len(prompt):].tolist()
+        assert completion.token_ids == out[0, len(prompt) :].tolist()
         assert completion.finish_reason == "length"
 
 
@@ -68,7 +76,7 @@ def test_logprobs_are_raw_model_logprobs(model, sampler, prompts):
     width = max(map(len, rows))
     full = nnx.jit(lambda m, ids: m(ids))(model, np.array([r + [0] * (width - len(r)) for r in rows], np.int32))
     for prompt, completion, row_logits in zip(prompts, completions, np.asarray(full)):
-        logits = row_logits[len(prompt) - 1:len(prompt) + len(completion.token_ids) - 1]
+        logits = row_logits[len(prompt) - 1 : len(prompt) + len(completion.token_ids) - 1]
         logprobs = np.asarray(jax.nn.log_softmax(logits))
         sampled = np.asarray(completion.token_ids)
         np.testing.assert_allclose(completion.logprobs, logprobs[np.arange(len(sampled)), sampled], atol=1e-4)
@@ -131,8 +139,8 @@ def test_stop_token_ids_end_with_stop(sampler, prompts):
     first = full.token_ids.index(stop)
     (cut,) = sampler.generate(prompts[:1], dataclasses.replace(GREEDY, stop_token_ids=(stop,)))
     assert cut.finish_reason == "stop"
-    assert cut.token_ids == full.token_ids[:first + 1]
-    assert cut.logprobs == pytest.approx(full.logprobs[:first + 1], abs=1e-5)
+    assert cut.token_ids == full.token_ids[: first + 1]
+    assert cut.logprobs == pytest.approx(full.logprobs[: first + 1], abs=1e-5)
 
 
 def test_eos_stops_by_default_unless_ignored(sampler, prompts, monkeypatch):
@@ -146,10 +154,10 @@ def test_eos_stops_by_default_unless_ignored(sampler, prompts, monkeypatch):
 def test_stop_strings_truncate_text_and_tokens(sampler, tokenizer, prompts):
     (full,) = sampler.generate(prompts[:1], GREEDY)
     assert full.text == tokenizer.decode(full.token_ids, skip_special_tokens=True)
-    stop = full.text[len(full.text) // 2:len(full.text) // 2 + 3]
+    stop = full.text[len(full.text) // 2 : len(full.text) // 2 + 3]
     (cut,) = sampler.generate(prompts[:1], dataclasses.replace(GREEDY, stop=(stop, "never appears")))
     assert cut.finish_reason == "stop"
-    assert cut.text == full.text[:full.text.find(stop)]
+    assert cut.text == full.text[: full.text.find(stop)]
     n = len(cut.token_ids)
     assert cut.token_ids == full.token_ids[:n] and len(cut.logprobs) == n
     assert stop in tokenizer.decode(cut.token_ids) and stop not in tokenizer.decode(cut.token_ids[:-1])
@@ -206,5 +214,5 @@ def test_single_token_stop_string_ends_the_row_on_device(sampler, tokenizer, pro
     params = dataclasses.replace(GREEDY, stop=(stop,))
     assert target in sampler._stop_ids(params)
     (cut,) = sampler.generate(prompts[:1], params)
-    assert cut.finish_reason == "stop" and cut.text == full.text[:full.text.find(stop)]
-    assert cut.token_ids == full.token_ids[:len(cut.token_ids)] and cut.token_ids[-1] == target
+    assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
+    assert cut.token_ids == full.token_ids[: len(cut.token_ids)] and cut.token_ids[-1] == target

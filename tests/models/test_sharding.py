@@ -1,4 +1,5 @@
 """The same model on a (2 data, 2 fsdp, 2 tensor) mesh of 8 fake CPU devices and unsharded."""
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,8 +19,15 @@ from porch_jax.models import (
 )
 
 CONFIG = ModelConfig(
-    model_type="qwen3", vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, head_dim=8, tie_word_embeddings=False,
+    model_type="qwen3",
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=48,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    tie_word_embeddings=False,
 )
 
 

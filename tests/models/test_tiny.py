@@ -1,4 +1,5 @@
 """make_tiny_model: an offline Hugging Face folder that transformers (and vLLM) load."""
+
 from __future__ import annotations
 
 import json
@@ -9,21 +10,27 @@ import pytest
 
 from porch_jax.models.tiny import MARKUP_TOKENS, make_tiny_model
 
-TOOLS = [{
-    "type": "function",
-    "function": {
-        "name": "search_emails",
-        "description": "Search the mailbox.",
-        "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
-    },
-}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "search_emails",
+            "description": "Search the mailbox.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}, "required": ["query"]},
+        },
+    }
+]
 CONVERSATION = [
     {"role": "system", "content": "You plan before acting."},
     {"role": "user", "content": "Find the invoice from Northwind."},
-    {"role": "assistant", "content": "Searching.", "tool_calls": [
-        {"type": "function", "function": {"name": "search_emails", "arguments": {"query": "invoice Northwind"}}},
-        {"type": "function", "function": {"name": "search_emails", "arguments": '{"query": "INV-2031"}'}},
-    ]},
+    {
+        "role": "assistant",
+        "content": "Searching.",
+        "tool_calls": [
+            {"type": "function", "function": {"name": "search_emails", "arguments": {"query": "invoice Northwind"}}},
+            {"type": "function", "function": {"name": "search_emails", "arguments": '{"query": "INV-2031"}'}},
+        ],
+    },
     {"role": "tool", "content": '{"count": 1}'},
     {"role": "tool", "content": '{"count": 0}'},
     {"role": "assistant", "content": "Found it."},
@@ -43,7 +50,9 @@ def tokenizer(folder):
 
 
 def test_reloads_in_transformers(folder, tokenizer):
-    torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
+    torch = pytest.importorskip(
+        "torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it"
+    )
     from transformers import AutoModelForCausalLM
 
     config = json.loads((folder / "config.json").read_text())
@@ -66,10 +75,14 @@ def test_chat_template_renders_hermes_tool_calls(tokenizer):
     turn = text.split("<|im_start|>assistant\n")[1].split("<|im_end|>")[0]
     assert turn.startswith("Searching.\n<tool_call>\n")
     calls = [json.loads(c) for c in re.findall(r"<tool_call>\n(.*?)\n</tool_call>", turn, re.DOTALL)]
-    assert calls == [{"name": "search_emails", "arguments": {"query": "invoice Northwind"}},
-                     {"name": "search_emails", "arguments": {"query": "INV-2031"}}]
-    assert ("<|im_start|>user\n<tool_response>\n{\"count\": 1}\n</tool_response>\n"
-            "<tool_response>\n{\"count\": 0}\n</tool_response><|im_end|>\n") in text
+    assert calls == [
+        {"name": "search_emails", "arguments": {"query": "invoice Northwind"}},
+        {"name": "search_emails", "arguments": {"query": "INV-2031"}},
+    ]
+    assert (
+        '<|im_start|>user\n<tool_response>\n{"count": 1}\n</tool_response>\n'
+        '<tool_response>\n{"count": 0}\n</tool_response><|im_end|>\n'
+    ) in text
     assert text.endswith("<|im_start|>assistant\nFound it.<|im_end|>\n<|im_start|>assistant\n")
     plain = tokenizer.apply_chat_template(CONVERSATION[1:2], tokenize=False)
     assert plain == "<|im_start|>user\nFind the invoice from Northwind.<|im_end|>\n"

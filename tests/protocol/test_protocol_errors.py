@@ -1,35 +1,61 @@
 """Typed parse errors, checks, schemas and the compact renderers."""
+
 import json
 
 import pytest
 
 from porch_jax.protocol import (
-    BadArguments, Delegate, FeedbackView, Harness, MalformedJSON, Message, MultipleToolCalls, NoToolCall,
-    Request, RequestTarget, Revise, ReviseRequest, Stop, Submit, ToolNotAllowed, UnknownAction, comm_feedback,
-    harness_update_text, orchestrator_system_prompt, orchestrator_tool_schemas, parse_orchestrator_action,
-    parse_subagent_action, render_action, subagent_messages, subagent_tool_schemas)
+    BadArguments,
+    Delegate,
+    FeedbackView,
+    Harness,
+    MalformedJSON,
+    Message,
+    MultipleToolCalls,
+    NoToolCall,
+    Request,
+    RequestTarget,
+    Revise,
+    ReviseRequest,
+    Stop,
+    Submit,
+    ToolNotAllowed,
+    UnknownAction,
+    comm_feedback,
+    harness_update_text,
+    orchestrator_system_prompt,
+    orchestrator_tool_schemas,
+    parse_orchestrator_action,
+    parse_subagent_action,
+    render_action,
+    subagent_messages,
+    subagent_tool_schemas,
+)
 
 
 def call(name, **arguments):
-    return f'<tool_call>\n{json.dumps({"name": name, "arguments": arguments})}\n</tool_call>'
+    return f"<tool_call>\n{json.dumps({'name': name, 'arguments': arguments})}\n</tool_call>"
 
 
-@pytest.mark.parametrize("text,error", [
-    ("I will finish now.", NoToolCall),
-    ("<think>" + call("finish", answer="x"), NoToolCall),  # an unclosed think block eats the call
-    (call("finish", answer="a") + call("finish", answer="b"), MultipleToolCalls),
-    ("<tool_call>{'name': 'finish'}</tool_call>", MalformedJSON),
-    ('<tool_call>["finish"]</tool_call>', MalformedJSON),
-    ('<tool_call>{"name": "finish", "arguments": {"answer": "x"}, "id": 1}</tool_call>', MalformedJSON),
-    (call("launch"), UnknownAction),
-    (call("finish"), BadArguments),
-    (call("finish", answer=3), BadArguments),
-    (call("finish", answer="x", why="y"), BadArguments),
-    (call("delegate", subgoal="s", context=[], tools=["t"], budget=0), BadArguments),
-    (call("delegate", subgoal="s", context=[], tools=["t"], budget=True), BadArguments),
-    (call("delegate", subgoal="s", context=[1], tools=["t"], budget=3), BadArguments),
-    (call("stop", agent_id=-1), BadArguments),
-])
+@pytest.mark.parametrize(
+    "text,error",
+    [
+        ("I will finish now.", NoToolCall),
+        ("<think>" + call("finish", answer="x"), NoToolCall),  # an unclosed think block eats the call
+        (call("finish", answer="a") + call("finish", answer="b"), MultipleToolCalls),
+        ("<tool_call>{'name': 'finish'}</tool_call>", MalformedJSON),
+        ('<tool_call>["finish"]</tool_call>', MalformedJSON),
+        ('<tool_call>{"name": "finish", "arguments": {"answer": "x"}, "id": 1}</tool_call>', MalformedJSON),
+        (call("launch"), UnknownAction),
+        (call("finish"), BadArguments),
+        (call("finish", answer=3), BadArguments),
+        (call("finish", answer="x", why="y"), BadArguments),
+        (call("delegate", subgoal="s", context=[], tools=["t"], budget=0), BadArguments),
+        (call("delegate", subgoal="s", context=[], tools=["t"], budget=True), BadArguments),
+        (call("delegate", subgoal="s", context=[1], tools=["t"], budget=3), BadArguments),
+        (call("stop", agent_id=-1), BadArguments),
+    ],
+)
 def test_orchestrator_errors(text, error):
     with pytest.raises(error) as info:
         parse_orchestrator_action(text)
@@ -38,8 +64,9 @@ def test_orchestrator_errors(text, error):
 
 def test_orchestrator_checks():
     with pytest.raises(ToolNotAllowed, match="archive"):
-        parse_orchestrator_action(call("delegate", subgoal="s", context=[], tools=["archive"], budget=3),
-                                  available_tools=["search"])
+        parse_orchestrator_action(
+            call("delegate", subgoal="s", context=[], tools=["archive"], budget=3), available_tools=["search"]
+        )
     with pytest.raises(BadArguments, match="no live sub-agent 4"):
         parse_orchestrator_action(call("stop", agent_id=4), agent_ids=[0, 1])
     with pytest.raises(BadArguments, match="budget"):  # budget revisions ablated
@@ -90,8 +117,9 @@ def test_harness_versions():
 def test_feedback_view_ablations():
     m = Message("stuck", Request(RequestTarget.TOOLS, "add", "archive"), ("search: no hits",))
     full = comm_feedback(2, ReviseRequest(m), version=1, steps_used=3, budget=10)
-    assert full == ("[agent 2 v1 revise 3/10 steps]\nstatus: stuck\nrequest: tools add: archive\n"
-                    "evidence:\n> search: no hits")
+    assert full == (
+        "[agent 2 v1 revise 3/10 steps]\nstatus: stuck\nrequest: tools add: archive\nevidence:\n> search: no hits"
+    )
     for drop, gone in (("status", "stuck"), ("request", "archive"), ("evidence", "no hits")):
         shown = comm_feedback(2, ReviseRequest(m), view=FeedbackView(**{drop: False}))
         assert gone not in shown

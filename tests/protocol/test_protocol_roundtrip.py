@@ -1,12 +1,19 @@
 """render -> parse is the identity for every action; arbitrary text raises only ProtocolError."""
+
 import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from porch_jax.protocol import (
-    ProtocolError, ToolCall, extract_call, parse_orchestrator_action, parse_subagent_action, render_action,
-    to_call)
+    ProtocolError,
+    ToolCall,
+    extract_call,
+    parse_orchestrator_action,
+    parse_subagent_action,
+    render_action,
+    to_call,
+)
 from protocol_strategies import orchestrator_actions, subagent_actions, text
 
 _PREFIXES = st.sampled_from(["", "Sure.\n", "<think>\nplan: call it\n</think>\n\n", "ok </think>"])
@@ -36,13 +43,25 @@ def test_rendered_body_is_the_call_json(action):
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(text, st.text(), st.binary().map(lambda b: b.decode("latin-1")),
-                 st.builds(lambda a, b: f"{a}<tool_call>{b}</tool_call>", text, text),
-                 st.builds(lambda a, b: f'<tool_call>{{"name": {json.dumps(a)}, "arguments": {b}}}', text,
-                           st.sampled_from(["{}", "[]", '"x"', "null", '{"agent_id": true}', '{"budget": 1e999}']))))
+@given(
+    st.one_of(
+        text,
+        st.text(),
+        st.binary().map(lambda b: b.decode("latin-1")),
+        st.builds(lambda a, b: f"{a}<tool_call>{b}</tool_call>", text, text),
+        st.builds(
+            lambda a, b: f'<tool_call>{{"name": {json.dumps(a)}, "arguments": {b}}}',
+            text,
+            st.sampled_from(["{}", "[]", '"x"', "null", '{"agent_id": true}', '{"budget": 1e999}']),
+        ),
+    )
+)
 def test_arbitrary_text_raises_only_protocol_errors(s):
-    for parse in (lambda t: parse_orchestrator_action(t, agent_ids=[0], available_tools=["a"]),
-                  lambda t: parse_subagent_action(t, ["a", ""]), extract_call):
+    for parse in (
+        lambda t: parse_orchestrator_action(t, agent_ids=[0], available_tools=["a"]),
+        lambda t: parse_subagent_action(t, ["a", ""]),
+        extract_call,
+    ):
         try:
             parse(s)
         except ProtocolError as e:

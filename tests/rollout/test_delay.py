@@ -1,4 +1,5 @@
 """Intervention delay (appendix proposition): lifecycle ~ H/2, proactive flat in H."""
+
 from __future__ import annotations
 
 import asyncio

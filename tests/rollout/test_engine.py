@@ -1,4 +1,5 @@
 """The interleaved engine: delegation, revision with history, stop, budgets, baselines, ablations, records."""
+
 from __future__ import annotations
 
 import asyncio
@@ -8,8 +9,15 @@ import pytest
 
 from porch_jax.backends import BackendError, ChatRequest, ScriptedBackend
 from porch_jax.envs.workplace import (
-    ExpertConfig, ScriptedExpert, ScriptedSubagent, SubagentConfig, TaskMixture, WorkplaceEnv, make_task,
-    make_tasks)
+    ExpertConfig,
+    ScriptedExpert,
+    ScriptedSubagent,
+    SubagentConfig,
+    TaskMixture,
+    WorkplaceEnv,
+    make_task,
+    make_tasks,
+)
 from porch_jax.protocol import Delegate, Finish, Harness, Revise, ToolCall, render_action
 from porch_jax.rollout import ABLATIONS, Budgets, Engine, EngineConfig, system_config
 from porch_jax.trajectories import encode_record
@@ -34,8 +42,13 @@ def run(engine: Engine, task):
 
 
 def engine(system="proactive", expert=CLEAN_EXPERT, sub=NO_SLIPS, **kw) -> Engine:
-    return Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)), ScriptedBackend(ScriptedSubagent(sub)),
-                  system_config(system, EngineConfig(**kw)), system_name=system)
+    return Engine(
+        WorkplaceEnv,
+        ScriptedBackend(ScriptedExpert(expert)),
+        ScriptedBackend(ScriptedSubagent(sub)),
+        system_config(system, EngineConfig(**kw)),
+        system_name=system,
+    )
 
 
 def quiet(template: str, seed: int = 0):
@@ -60,14 +73,20 @@ def test_clean_expert_solves_and_records_every_decision():
 
 def test_revision_resumes_the_same_worker_with_its_history():
     sub = Spy(ScriptedSubagent(NO_SLIPS))
-    eng = Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(ExpertConfig(0, 0, 0, 0, blind_spots=("archive",)))),
-                 sub, EngineConfig())
+    eng = Engine(
+        WorkplaceEnv,
+        ScriptedBackend(ScriptedExpert(ExpertConfig(0, 0, 0, 0, blind_spots=("archive",)))),
+        sub,
+        EngineConfig(),
+    )
     rec = run(eng, quiet("history"))
     assert rec.outcome.success
     first = rec.decisions[0]
     assert "archive" not in first.action["arguments"]["tools"] and "request: tools add: archive" in first.feedback
-    assert rec.decisions[1].action == {"name": "revise", "arguments": {"agent_id": 0, "tools": [
-        "archive", "extract", "search"], "budget": 6}}
+    assert rec.decisions[1].action == {
+        "name": "revise",
+        "arguments": {"agent_id": 0, "tools": ["archive", "extract", "search"], "budget": 6},
+    }
     resumed = [r for r in sub.requests if r.state.agent_id == 0 and r.state.harness.version == 1][0]
     texts = [m["content"] for m in resumed.messages]
     assert any("no 20" in t and "figure on the current page" in t for t in texts)  # its own earlier outputs
@@ -144,8 +163,9 @@ def test_total_budget_and_agent_cap_are_enforced():
 def test_lifecycle_has_no_mid_run_communication():
     sub = Spy(ScriptedSubagent(NO_SLIPS))
     expert = ExpertConfig(0, 0, 0, 0, blind_spots=("archive",))
-    rec = run(Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)), sub, system_config("lifecycle")),
-              quiet("history"))
+    rec = run(
+        Engine(WorkplaceEnv, ScriptedBackend(ScriptedExpert(expert)), sub, system_config("lifecycle")), quiet("history")
+    )
     assert {r.state.comm for r in sub.requests} == {("submit",)}
     assert all(d.meta["event"] in ("submit", "budget_exhausted", "finish") for d in rec.decisions)
     assert "delegate" in rec.decisions[1].action["name"]  # the blocked worker returned; a new one starts
@@ -182,8 +202,15 @@ def test_revision_ablations_reject_the_disabled_field():
             return render_action(Revise(0, context=("exports of Malta: 1",)))
         return render_action(Finish("x"))
 
-    rec = run(Engine(WorkplaceEnv, ScriptedBackend(reviser), ScriptedBackend(ScriptedSubagent(NO_SLIPS)),
-                     system_config("no_context"), ), quiet("history"))
+    rec = run(
+        Engine(
+            WorkplaceEnv,
+            ScriptedBackend(reviser),
+            ScriptedBackend(ScriptedSubagent(NO_SLIPS)),
+            system_config("no_context"),
+        ),
+        quiet("history"),
+    )
     assert rec.decisions[1].parse_error is not None and "context" in rec.decisions[1].parse_error
     assert "context?" not in rec.decisions[0].context[0]["content"]
 
@@ -198,6 +225,8 @@ def test_ablations_run_and_record(name):
 
 def test_runs_are_deterministic():
     task = make_task(11)
-    a, b = run(engine(expert=ExpertConfig(), sub=SubagentConfig()), task), run(
-        engine(expert=ExpertConfig(), sub=SubagentConfig()), task)
+    a, b = (
+        run(engine(expert=ExpertConfig(), sub=SubagentConfig()), task),
+        run(engine(expert=ExpertConfig(), sub=SubagentConfig()), task),
+    )
     assert dataclasses.asdict(a)["decisions"] == dataclasses.asdict(b)["decisions"]

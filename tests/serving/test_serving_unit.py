@@ -4,6 +4,7 @@ stop ends the whole process group, and weight folders are exported and vetted co
 The "servers" here are test doubles: a fake venv whose bin/python is a shell script that crashes,
 hangs or forks, standing in for vLLM so each failure path runs in milliseconds.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,8 +51,11 @@ def alive(pid: int) -> bool:
 
 
 def test_crash_at_startup_reports_the_cause_from_the_log(tmp_path, model_dir):
-    crash = ('echo "INFO starting"\necho "RuntimeError: Unsupported CPU attention configuration: head_dim=16"\n'
-             + "".join(f'echo "shutdown noise {i}"\n' for i in range(50)) + "exit 3\n")
+    crash = (
+        'echo "INFO starting"\necho "RuntimeError: Unsupported CPU attention configuration: head_dim=16"\n'
+        + "".join(f'echo "shutdown noise {i}"\n' for i in range(50))
+        + "exit 3\n"
+    )
     with pytest.raises(ServerError, match="exited with code 3") as info:
         server(tmp_path, model_dir, crash).start()
     message = str(info.value)

@@ -6,6 +6,7 @@ structured outputs (``choice``) constrain each role's reply to one valid action 
 still samples every token, so the records carry real token ids and logprobs and every turn runs
 the full path: chat template with tools, HTTP, protocol parser, engine, environment, store.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -27,21 +28,33 @@ SUBMIT = render_action(Submit("ok", Message(status="done")))
 
 def test_sixteen_workplace_episodes_on_vllm(vllm_server, tmp_path):
     def backend(choice: str) -> VLLMBackend:
-        return VLLMBackend(vllm_server.base_url, vllm_server.model, api_key=vllm_server.api_key, timeout_s=300.0,
-                           extra_body={"structured_outputs": {"choice": [choice]}})
+        return VLLMBackend(
+            vllm_server.base_url,
+            vllm_server.model,
+            api_key=vllm_server.api_key,
+            timeout_s=300.0,
+            extra_body={"structured_outputs": {"choice": [choice]}},
+        )
+
     orchestrator, subagent = backend(DELEGATE), backend(SUBMIT)
     sampling = Sampling(temperature=1.0, max_tokens=192)
-    config = system_config("proactive", EngineConfig(budgets=Budgets(8, 3, 1), max_decisions=2,
-                                                     orchestrator_sampling=sampling, subagent_sampling=sampling))
+    config = system_config(
+        "proactive",
+        EngineConfig(
+            budgets=Budgets(8, 3, 1), max_decisions=2, orchestrator_sampling=sampling, subagent_sampling=sampling
+        ),
+    )
     engine = Engine(WorkplaceEnv, orchestrator, subagent, config)
     tasks = make_tasks(16)
 
     async def run():
         async with orchestrator, subagent:
             with TrajectoryStore(tmp_path / "episodes.jsonl") as store:
-                summary = await run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store,
-                                             concurrency=16, progress=False)
+                summary = await run_episodes(
+                    tasks, lambda t: engine.run(t, episode_id=t.task_id), store, concurrency=16, progress=False
+                )
         return summary
+
     summary = asyncio.run(run())
     print(f"16 episodes on vLLM in {summary.wall_s:.1f} s")
 

@@ -3,6 +3,7 @@ VLLMBackend, and weight sync checked against our JAX model.
 
 The server is the session fixture of tests/serving/conftest.py.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -36,9 +37,14 @@ def test_chat_returns_sampled_token_ids_and_their_logprobs(vllm_server, tiny_mod
         async with backend:
             greedy = await backend.chat(ChatRequest(MESSAGES, sampling=Sampling(max_tokens=8)))
             again = await backend.chat(ChatRequest(MESSAGES, sampling=Sampling(max_tokens=8)))
-            sampled = await asyncio.gather(*(backend.chat(ChatRequest(
-                MESSAGES, sampling=Sampling(temperature=1.0, max_tokens=8, seed=s))) for s in range(4)))
+            sampled = await asyncio.gather(
+                *(
+                    backend.chat(ChatRequest(MESSAGES, sampling=Sampling(temperature=1.0, max_tokens=8, seed=s)))
+                    for s in range(4)
+                )
+            )
             return greedy, again, sampled
+
     greedy, again, sampled = asyncio.run(run())
 
     assert len(greedy.token_ids) == len(greedy.logprobs) == greedy.completion_tokens == 8
@@ -61,8 +67,12 @@ def test_weight_sync_is_checked_against_the_jax_model(vllm_server, tiny_model_di
         params = nnx.state(model, nnx.Param)
         leaves, treedef = jax.tree.flatten(params)
         keys = jax.random.split(jax.random.key(1), len(leaves))
-        nnx.update(model, jax.tree.unflatten(
-            treedef, [x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]))
+        nnx.update(
+            model,
+            jax.tree.unflatten(
+                treedef, [x + 0.05 * jax.random.normal(k, x.shape, x.dtype) for x, k in zip(leaves, keys, strict=True)]
+            ),
+        )
         new_dir = export_for_serving(model, tmp_path / "step_1")
 
         with pytest.raises(WeightSyncError, match="differ by"):  # not reloaded yet: stale weights
@@ -80,6 +90,8 @@ def test_weight_sync_is_checked_against_the_jax_model(vllm_server, tiny_model_di
 
 def test_tied_folder_without_head_is_refused_before_touching_the_server(vllm_server, tiny_model_dir):
     # tiny_model_dir came from save_pretrained: tied embeddings, no lm_head.weight tensor.
-    with (WeightSync(vllm_server.base_url, api_key=vllm_server.api_key, model=vllm_server.model) as sync,
-          pytest.raises(WeightSyncError, match="export_for_serving")):
+    with (
+        WeightSync(vllm_server.base_url, api_key=vllm_server.api_key, model=vllm_server.model) as sync,
+        pytest.raises(WeightSyncError, match="export_for_serving"),
+    ):
         sync.push(tiny_model_dir)

@@ -1,4 +1,5 @@
 """BUILD must describe the tree: Bazel cannot run here, so this is what keeps its targets honest."""
+
 from __future__ import annotations
 
 import ast
@@ -35,7 +36,9 @@ def _targets() -> list[dict]:
 
 
 def test_build_is_generated_from_tree():
-    result = subprocess.run([sys.executable, "scripts/gen_build.py", "--check"], cwd=ROOT, capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "scripts/gen_build.py", "--check"], cwd=ROOT, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
 
 

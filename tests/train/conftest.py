@@ -1,4 +1,5 @@
 """Fixtures the training tests share: the tiny tokenizer and a dozen synthetic episodes (tiny_data)."""
+
 import pytest
 import tiny_data
 

@@ -1,4 +1,5 @@
 """Checkpoints: restore onto another mesh shape, fall back past a damaged step, never keep a NaN state."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -55,7 +56,11 @@ def test_restore_onto_a_different_mesh_and_continue(run_222, examples, tmp_path)
     assert kernel.sharding.mesh.shape == {"data": 8, "fsdp": 1, "tensor": 1}
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.state), final)
     result = trainer.run()
-    assert len(result.history) == 2 and int(result.state["step"]) == 12 and all(np.isfinite(h["loss"]) for h in result.history)
+    assert (
+        len(result.history) == 2
+        and int(result.state["step"]) == 12
+        and all(np.isfinite(h["loss"]) for h in result.history)
+    )
 
 
 # A restore that fails part-way leaves tensorstore callbacks aimed at orbax's closed event loop;
@@ -71,8 +76,13 @@ def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_22
         f.write_bytes(f.read_bytes()[:7])
 
     config = tiny_data.config(workdir, steps=6)
-    abstract = S.abstract_train_state(tiny_data.model(), optim.make_optimizer(config.train), mesh_lib.make_mesh((1, 1, 1)))
-    with C.Checkpointer(ckpt) as checkpointer, pytest.raises(C.CheckpointError, match=r"step 10 .* truncated or corrupt"):
+    abstract = S.abstract_train_state(
+        tiny_data.model(), optim.make_optimizer(config.train), mesh_lib.make_mesh((1, 1, 1))
+    )
+    with (
+        C.Checkpointer(ckpt) as checkpointer,
+        pytest.raises(C.CheckpointError, match=r"step 10 .* truncated or corrupt"),
+    ):
         checkpointer.restore(10, abstract)
 
     with caplog.at_level(logging.ERROR, logger="porch_jax.train.checkpoint"):

@@ -1,4 +1,5 @@
 """Records -> examples -> bucketed, host-sharded batches; the iterator's resumable state."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -79,8 +80,9 @@ def test_teacher_view_is_context_plus_hint_with_the_same_target(tok, eps):
     ex = next(e for e in exs.values() if "teacher" in e.views)
     b = D.collate([ex], ("student", "teacher"), (), 128, 32, pad_id=0)
     s, t = b["student"], b["teacher"]
-    np.testing.assert_array_equal(s["tokens"][0][s["index"][0] + 1] * s["target_mask"][0],
-                                  t["tokens"][0][t["index"][0] + 1] * t["target_mask"][0])
+    np.testing.assert_array_equal(
+        s["tokens"][0][s["index"][0] + 1] * s["target_mask"][0], t["tokens"][0][t["index"][0] + 1] * t["target_mask"][0]
+    )
 
 
 def test_resampled_opd_target_replaces_both_views(tok, eps):
@@ -100,8 +102,14 @@ def test_too_long_example_names_the_decision(tok, eps):
 def _iterator(exs, state, mesh_shape=(1, 1, 1), micro=8, accum=1):
     mesh = mesh_lib.make_mesh(mesh_shape)
     return D.BatchIterator(
-        exs, buckets=BUCKETS, micro_batch=micro, accum_steps=accum, views=("policy",), pad_id=0,
-        batch_sharding=jax.sharding.NamedSharding(mesh, mesh_lib.batch_spec(mesh=mesh)), state=state,
+        exs,
+        buckets=BUCKETS,
+        micro_batch=micro,
+        accum_steps=accum,
+        views=("policy",),
+        pad_id=0,
+        batch_sharding=jax.sharding.NamedSharding(mesh, mesh_lib.batch_spec(mesh=mesh)),
+        state=state,
     )
 
 
@@ -155,17 +163,26 @@ def test_process_rows_single_process_owns_everything():
 
 
 def test_hint_table_keeps_attributable_hints_only():
-    rows = [{"episode_id": "a", "index": 0, "attributable": True, "hint": "more budget"},
-            {"episode_id": "a", "index": 1, "attributable": False, "hint": "ignored"},
-            {"episode_id": "b", "index": 0, "attributable": True, "hint": ""}]
+    rows = [
+        {"episode_id": "a", "index": 0, "attributable": True, "hint": "more budget"},
+        {"episode_id": "a", "index": 1, "attributable": False, "hint": "ignored"},
+        {"episode_id": "b", "index": 0, "attributable": True, "hint": ""},
+    ]
     assert D.hint_table(rows) == {("a", 0): "more budget"}
 
 
 def test_grpo_examples_carry_group_advantages_and_sampler_logprobs(tok):
     ctx = [{"role": "user", "content": "pick an agent"}]
-    groups = [{"key": "g0", "context": ctx, "samples": [
-        {"token_ids": [5, 6], "logprobs": [-1.0, -2.0], "reward": 1.0},
-        {"token_ids": [7], "logprobs": [-0.5], "reward": 0.0}]}]
+    groups = [
+        {
+            "key": "g0",
+            "context": ctx,
+            "samples": [
+                {"token_ids": [5, 6], "logprobs": [-1.0, -2.0], "reward": 1.0},
+                {"token_ids": [7], "logprobs": [-0.5], "reward": 0.0},
+            ],
+        }
+    ]
     exs = D.grpo_examples(groups, tok)
     adv = [e.scalars["advantage"] for e in exs]
     assert adv[0] > 0 > adv[1] and abs(adv[0] + adv[1]) < 1e-6

@@ -51,9 +51,7 @@ def test_chunked_reverse_kl_equals_unchunked(chunk_size, grad_in_forward):
     sh, sw, th, tw, mask, _ = make()
 
     def chunked(sh, sw, th, tw):
-        return fused_kl.chunked_reverse_kl(
-            sh, sw, th, tw, mask, chunk_size=chunk_size, grad_in_forward=grad_in_forward
-        )
+        return fused_kl.chunked_reverse_kl(sh, sw, th, tw, mask, chunk_size=chunk_size, grad_in_forward=grad_in_forward)
 
     (s, c), g_got = vg(chunked, (0, 1, 2, 3))(sh, sw, th, tw)
     (s_want, c_want), g_want = vg(lambda *a: unchunked_kl(*a, mask))(sh, sw, th, tw)
@@ -74,9 +72,7 @@ def test_chunked_reverse_kl_weights_jit_and_cotangent(grad_in_forward):
 
     @jax.jit
     def loss(sh, sw):
-        s, c = fused_kl.chunked_reverse_kl(
-            sh, sw, th, tw, weights, chunk_size=8, grad_in_forward=grad_in_forward
-        )
+        s, c = fused_kl.chunked_reverse_kl(sh, sw, th, tw, weights, chunk_size=8, grad_in_forward=grad_in_forward)
         return 0.37 * s / c
 
     def ref(sh, sw):
@@ -94,9 +90,9 @@ def test_chunked_reverse_kl_is_zero_for_identical_models_and_empty_mask():
     s, c = fused_kl.chunked_reverse_kl(sh, sw, sh, sw, mask, chunk_size=7)
     assert abs(float(s)) < 1e-5 and float(c) == float(mask.sum())
     zero = jnp.zeros_like(mask)
-    grads = jax.jit(jax.grad(
-        lambda h, w: fused_kl.chunked_reverse_kl(h, w, h + 1.0, w, zero, chunk_size=7)[0], (0, 1)
-    ))(sh, sw)
+    grads = jax.jit(
+        jax.grad(lambda h, w: fused_kl.chunked_reverse_kl(h, w, h + 1.0, w, zero, chunk_size=7)[0], (0, 1))
+    )(sh, sw)
     assert all(not np.any(np.asarray(g)) for g in grads)
     assert float(fused_kl.chunked_reverse_kl(sh, sw, sh + 1.0, sw, zero)[1]) == 0.0
 
@@ -140,9 +136,7 @@ def test_chunked_never_holds_all_logits():
 
     naive = temp_bytes(lambda *a: unchunked_kl(*a)[0])
     for gif in (True, False):
-        chunked = temp_bytes(
-            lambda *a, g=gif: fused_kl.chunked_reverse_kl(*a, chunk_size=64, grad_in_forward=g)[0]
-        )
+        chunked = temp_bytes(lambda *a, g=gif: fused_kl.chunked_reverse_kl(*a, chunk_size=64, grad_in_forward=g)[0])
         assert chunked < one_logits < 2 * one_logits < naive, (chunked, naive)
 
 
@@ -160,11 +154,17 @@ def test_chunked_reverse_kl_sharded_equals_unsharded():
     step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
     want = step(sh, sw, th, tw, mask)
     with jax.set_mesh(mesh):
+
         def put(x, spec):
             return jax.device_put(x, NamedSharding(mesh, spec))
 
-        args = (put(sh, P("data")), put(sw, P(None, "tensor")), put(th, P("data")),
-                put(tw, P(None, "tensor")), put(mask, P("data")))
+        args = (
+            put(sh, P("data")),
+            put(sw, P(None, "tensor")),
+            put(th, P("data")),
+            put(tw, P(None, "tensor")),
+            put(mask, P("data")),
+        )
         got = step(*args)
     close(got[0], want[0])
     for a, b in zip(got[1], want[1]):
@@ -208,6 +208,7 @@ def test_chunked_cross_entropy_flags_out_of_range_scored_target():
 def test_chunked_token_logprobs_equal_unchunked(chunk_size):
     sh, sw, _, _, _, targets = make(8)
     cot = jnp.asarray(np.random.default_rng(8).normal(size=N), jnp.float32)
+
     def chunked(h, w):
         return fused_kl.chunked_token_logprobs(h, w, targets, chunk_size=chunk_size)
 
@@ -245,10 +246,9 @@ def _bt(seed: int = 9, b: int = 3, t: int = 5):
 def test_opd_from_hidden_equals_opd_on_logits(aggregation):
     sh, sw, th, tw, mask, _ = _bt()
     flag = jnp.asarray([1.0, 0.0, 1.0])
+
     def f(h, w):
-        return losses.opd_loss_from_hidden(
-            h, w, th, tw, mask, flag, aggregation=aggregation, chunk_size=4
-        )
+        return losses.opd_loss_from_hidden(h, w, th, tw, mask, flag, aggregation=aggregation, chunk_size=4)
 
     def r(h, w):
         return losses.reverse_kl(h @ w, th @ tw, mask, flag, aggregation=aggregation)
@@ -264,10 +264,9 @@ def test_opd_from_hidden_equals_opd_on_logits(aggregation):
 def test_rwr_ce_and_logprobs_from_hidden_equal_logits_versions():
     sh, sw, _, _, mask, targets = _bt(10)
     rewards = jnp.asarray([1.0, 0.0, 1.0])
+
     def f(h, w):
-        return losses.reward_weighted_regression_from_hidden(
-            h, w, targets, mask, rewards, chunk_size=4
-        )
+        return losses.reward_weighted_regression_from_hidden(h, w, targets, mask, rewards, chunk_size=4)
 
     def r(h, w):
         return losses.reward_weighted_regression(h @ w, targets, mask, rewards)

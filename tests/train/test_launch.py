@@ -1,4 +1,5 @@
 """launch/train.py end to end: config file + overrides, OPOD with on-policy sampling, export."""
+
 from __future__ import annotations
 
 import json
@@ -12,18 +13,27 @@ from porch_jax.trajectories import TrajectoryStore
 
 def test_unknown_method_is_a_usage_error(tmp_path):
     config = tiny_data.write_config(tiny_data.config(tmp_path / "run"), tmp_path / "c.py")
-    out = subprocess.run(tiny_data.launch_command(config, "--config.method=ppo"), cwd=tiny_data.REPO,
-                         env=tiny_data.launch_env(), capture_output=True, text=True, check=False, timeout=120)
+    out = subprocess.run(
+        tiny_data.launch_command(config, "--config.method=ppo"),
+        cwd=tiny_data.REPO,
+        env=tiny_data.launch_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
     assert out.returncode != 0 and "must be one of ('sft', 'rwr', 'opod', 'grpo')" in out.stderr
 
 
 def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     model_dir, store = tiny_data.write_run_inputs(tmp_path / "inputs")
     hints = tmp_path / "hints.jsonl"
-    hints.write_text("".join(
-        json.dumps({"episode_id": e, "index": i, "attributable": True, "hint": h}) + "\n"
-        for (e, i), h in tiny_data.hints(TrajectoryStore(store).read()).items()
-    ))
+    hints.write_text(
+        "".join(
+            json.dumps({"episode_id": e, "index": i, "attributable": True, "hint": h}) + "\n"
+            for (e, i), h in tiny_data.hints(TrajectoryStore(store).read()).items()
+        )
+    )
     c = tiny_data.config(tmp_path / "run", steps=2, method="opod")
     c.model.init_from, c.data.trajectories, c.data.hints = str(model_dir), str(store), str(hints)
     c.data.buckets = (128, 192)  # room for 8 sampled tokens after the longest hinted context
@@ -34,7 +44,12 @@ def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
 
     out = subprocess.run(
         tiny_data.launch_command(config, "--config.train.learning_rate=1e-5", "--config.loss.opd_weight=0.5"),
-        cwd=tiny_data.REPO, env=tiny_data.launch_env(), capture_output=True, text=True, check=False, timeout=400,
+        cwd=tiny_data.REPO,
+        env=tiny_data.launch_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=400,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]

@@ -100,8 +100,11 @@ def test_token_cross_entropy_value_and_grad(aggregation, weight_kind):
 
     def f(logits):
         return losses.token_cross_entropy(
-            logits, jnp.asarray(targets), jnp.asarray(mask),
-            None if weights is None else jnp.asarray(weights), aggregation=aggregation,
+            logits,
+            jnp.asarray(targets),
+            jnp.asarray(mask),
+            None if weights is None else jnp.asarray(weights),
+            aggregation=aggregation,
         )
 
     (got_sum, got_count), grad = vg(f)(z)
@@ -162,9 +165,7 @@ def test_rwr_exp_weights_and_token_aggregation():
     rewards = np.array([0.3, -1.0, 2.0, 0.5], np.float32)
     e = np.exp(rewards.astype(np.float64) / 0.5)
     w = e / e.mean()
-    np.testing.assert_allclose(
-        losses.rwr_weights(rewards, weighting="exp", temperature=0.5), w, **TOL
-    )
+    np.testing.assert_allclose(losses.rwr_weights(rewards, weighting="exp", temperature=0.5), w, **TOL)
     ce, _ = np_ce_and_grad(z, targets)
     want_sum, want_count, _ = np_aggregate(ce, mask, w, "token")
     got_sum, got_count = losses.reward_weighted_regression(
@@ -262,7 +263,8 @@ _advantages = jax.jit(losses.group_advantages)
 @settings(max_examples=30, deadline=None)
 @given(
     r=hnp.arrays(np.float32, (3, 6), elements=st.floats(-5, 5, width=32)),
-    a=st.floats(0.5, 3), c=st.floats(-3, 3),
+    a=st.floats(0.5, 3),
+    c=st.floats(-3, 3),
 )
 def test_group_advantages_are_centred_and_affine_invariant(r, a, c):
     adv = np.asarray(_advantages(r))
@@ -304,6 +306,7 @@ def test_grpo_loss_value_grad_and_metrics(aggregation, eps_hi):
     want_sum, want_count, want_grad, want_clip, want_kl = np_grpo(
         new, old, ref, adv, mask, 0.2, eps_hi or 0.2, 0.05, aggregation
     )
+
     def f(x):
         total, count, metrics = losses.grpo_loss(x, old, ref, adv, mask, **kwargs)
         return total, (count, metrics)
@@ -323,6 +326,7 @@ def test_grpo_on_policy_without_reference_is_the_policy_gradient():
     new = rng.normal(size=(3, 4)).astype(np.float32)
     adv = np.array([1.0, -2.0, 0.5], np.float32)
     mask = np.ones((3, 4), bool)
+
     def f(x):
         total, count, metrics = losses.grpo_loss(x, None, None, adv, mask)
         return total, (count, metrics)

@@ -3,6 +3,7 @@
 The mesh (data 1, fsdp 2, tensor 2) puts fsdp across the two processes, so parameters, optimizer
 state, checkpoints and the export are split between hosts, and each process feeds only its rows.
 """
+
 from __future__ import annotations
 
 import re
@@ -39,8 +40,16 @@ def test_two_processes_match_one(tmp_path):
     inputs = tiny_data.write_run_inputs(tmp_path / "inputs")
     env = tiny_data.launch_env()
     single = subprocess.run(
-        ["timeout", "300", *tiny_data.launch_command(_config(tmp_path, inputs, "single", (1, 1, 1)), "--cpu_devices=1")],
-        cwd=tiny_data.REPO, env=env, capture_output=True, text=True, check=False,
+        [
+            "timeout",
+            "300",
+            *tiny_data.launch_command(_config(tmp_path, inputs, "single", (1, 1, 1)), "--cpu_devices=1"),
+        ],
+        cwd=tiny_data.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
     )
     assert single.returncode == 0, single.stderr[-3000:]
 
@@ -50,12 +59,26 @@ def test_two_processes_match_one(tmp_path):
     procs = []
     for i, (out, err) in enumerate(logs):  # files, not pipes: an unread pipe would stall its process (and the other)
         with open(out, "w") as o, open(err, "w") as e:
-            procs.append(subprocess.Popen(
-                ["timeout", "300", *tiny_data.launch_command(
-                    config, "--cpu_devices=2", f"--coordinator_address={address}", "--num_processes=2",
-                    f"--process_id={i}", "--init_timeout_s=120")],
-                cwd=tiny_data.REPO, env=env, stdout=o, stderr=e,
-            ))
+            procs.append(
+                subprocess.Popen(
+                    [
+                        "timeout",
+                        "300",
+                        *tiny_data.launch_command(
+                            config,
+                            "--cpu_devices=2",
+                            f"--coordinator_address={address}",
+                            "--num_processes=2",
+                            f"--process_id={i}",
+                            "--init_timeout_s=120",
+                        ),
+                    ],
+                    cwd=tiny_data.REPO,
+                    env=env,
+                    stdout=o,
+                    stderr=e,
+                )
+            )
     for p, (_, err) in zip(procs, logs):
         assert p.wait(timeout=330) == 0, err.read_text()[-3000:]
 

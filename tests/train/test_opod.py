@@ -1,6 +1,7 @@
 """OPOD trainer: packing is exact, losses average within then across decisions, λ = 0 reproduces
 RWR, the teacher stays at the initial (SFT) weights while the student learns, a killed run resumes
 to the same weights, and DA-GRPO's reward weights."""
+
 from __future__ import annotations
 
 import asyncio
@@ -25,10 +26,22 @@ from porch_jax.train import opod_data as od
 from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.data import decision_target
 
-SUITE = {"mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change": 0.0, "p_distract": 0.0,
-                     "slack": (1, 3)}, "subagent": {}, "expert": {}, "max_decisions": 20, "max_evidence_chars": 160}
-TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=8, initializer_range=0.05)
+SUITE = {
+    "mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change": 0.0, "p_distract": 0.0, "slack": (1, 3)},
+    "subagent": {},
+    "expert": {},
+    "max_decisions": 20,
+    "max_evidence_chars": 160,
+}
+TINY = dict(
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    initializer_range=0.05,
+)
 BUCKETS = (512,)
 
 
@@ -42,6 +55,7 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tok(model_dir):
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
@@ -53,6 +67,7 @@ def episodes():
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
+
     return [dataclasses.replace(ep, decisions=ep.decisions[:3]) for ep in asyncio.run(run())]
 
 
@@ -73,7 +88,10 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
     for (row, span), d in zip(spans, valid):
         prompt = od.policy_prompt(tok, d.context, "compact")
         target = decision_target(tok, d)
-        assert list(row.tokens[:span.start]) == prompt and list(row.tokens[span.start:span.start + span.length]) == target
+        assert (
+            list(row.tokens[: span.start]) == prompt
+            and list(row.tokens[span.start : span.start + span.length]) == target
+        )
     row = rows[0]
     lp = _logps(model, row.tokens)
     for span, d in zip(row.spans, valid):
@@ -100,9 +118,22 @@ def test_losses_average_within_each_decision_then_across(tok, episodes, model_di
 
 
 def _cfg(steps=3, **kw):
-    return ConfigDict({"steps": steps, "learning_rate": 1e-3, "warmup_steps": 1, "final_lr_ratio": 0.1,
-                       "weight_decay": 0.0, "b1": 0.9, "b2": 0.95, "eps": 1e-8, "max_grad_norm": 1.0,
-                       "checkpoint_every": 2, "log_every": 100, **kw})
+    return ConfigDict(
+        {
+            "steps": steps,
+            "learning_rate": 1e-3,
+            "warmup_steps": 1,
+            "final_lr_ratio": 0.1,
+            "weight_decay": 0.0,
+            "b1": 0.9,
+            "b2": 0.95,
+            "eps": 1e-8,
+            "max_grad_norm": 1.0,
+            "checkpoint_every": 2,
+            "log_every": 100,
+            **kw,
+        }
+    )
 
 
 def _opd_cfg():
@@ -110,8 +141,12 @@ def _opd_cfg():
 
 
 def _hints(episodes):
-    return {(ep.episode_id, d.index): "add archive to tools" for ep in episodes for d in ep.decisions[:2]
-            if d.action is not None}
+    return {
+        (ep.episode_id, d.index): "add archive to tools"
+        for ep in episodes
+        for d in ep.decisions[:2]
+        if d.action is not None
+    }
 
 
 def _params(trainer):
@@ -132,8 +167,9 @@ def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
 
 def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_it(tmp_path, tok, episodes, model_dir):
     initial = jax.tree.map(np.asarray, nnx.state(from_pretrained(model_dir), nnx.Param))
-    trainer = opod.PolicyTrainer(model_dir, tmp_path / "opd", _cfg(steps=4, learning_rate=3e-3, opd_weight=1.0),
-                                 teacher=True)
+    trainer = opod.PolicyTrainer(
+        model_dir, tmp_path / "opd", _cfg(steps=4, learning_rate=3e-3, opd_weight=1.0), teacher=True
+    )
     rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
     history = trainer.run(opod.opod_batches(None, opod.OpdSource(rows, tok, _opd_cfg(), BUCKETS)))
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.teacher), initial)
@@ -152,6 +188,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model
         if step == 3:
             raise KeyboardInterrupt
         return {"ce": source(step)}, {}
+
     with pytest.raises(KeyboardInterrupt):
         opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4)).run(dies_at_3)
     resumed = opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4))
@@ -181,7 +218,8 @@ def test_hint_following_rows_put_the_corrected_action_after_the_hint(tok, episod
     assert rows
     text = tok.decode(list(rows[0].tokens))
     assert "Hint: add archive to tools" in text and '"archive"' in tok.decode(
-        list(rows[0].tokens[rows[0].spans[0].start:]))
+        list(rows[0].tokens[rows[0].spans[0].start :])
+    )
 
 
 def test_dagrpo_reward_weights():
@@ -204,7 +242,7 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
 
     rows = od.packed_rows(episodes, tok, "dsl", 512)
     first = episodes[0].decisions[0]
-    target = tok.decode(list(rows[0].tokens[rows[0].spans[0].start:][:rows[0].spans[0].length - 1]))
+    target = tok.decode(list(rows[0].tokens[rows[0].spans[0].start :][: rows[0].spans[0].length - 1]))
     assert target == codec.encode_action(first.action, first.context) and "<tool_call>" not in target
     for row in rows:
         for s in row.spans:
@@ -212,7 +250,7 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
     hints = _hints(episodes)
     hinted = od.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
     assert hinted and "hint tools+archive" in tok.decode(list(hinted[0].tokens))
-    assert "tools=archive" in tok.decode(list(hinted[0].tokens[hinted[0].spans[0].start:]))
+    assert "tools=archive" in tok.decode(list(hinted[0].tokens[hinted[0].spans[0].start :]))
     ctx = od.expert_contexts(episodes, tok, "dsl")[0]
     dsl = codec.encode_action(ctx.reference, first.context)
     assert decision_reward(ctx.decode(dsl), ctx.reference, TOOLS)["reward"] == pytest.approx(1.0)

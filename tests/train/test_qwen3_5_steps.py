@@ -5,6 +5,7 @@ Qwen3.5 goes through it: SFT lowers the loss on a fixed batch, and an OPOD step 
 reverse KL to a frozen hinted teacher) has finite loss and gradients, trains only the student,
 and equals the RWR step at λ = 0.
 """
+
 from __future__ import annotations
 
 import jax
@@ -92,7 +93,9 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
     before = _params(state)
     state, mr = rwr_step(state, rwr_batch)
     grads_rwr = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
-    assert m0["loss"] == pytest.approx(float(mr["rwr"]), rel=1e-5) and m0["rwr"] == pytest.approx(float(mr["rwr"]), rel=1e-5)
+    assert m0["loss"] == pytest.approx(float(mr["rwr"]), rel=1e-5) and m0["rwr"] == pytest.approx(
+        float(mr["rwr"]), rel=1e-5
+    )
     assert m0["rwr_count"] == float(mr["rwr_count"]) == len(rwr_exs)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads0, grads_rwr)
 
@@ -106,7 +109,9 @@ def test_sharded_sft_step_equals_one_device(tok, eps):
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
     batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
-    (one, g1), (many, g8) = (tiny_data.grads_via_sgd("sft", _model(), batch, S.LossConfig(), mesh_shape=shape)
-                             for shape in ((1, 1, 1), (2, 2, 2)))
+    (one, g1), (many, g8) = (
+        tiny_data.grads_via_sgd("sft", _model(), batch, S.LossConfig(), mesh_shape=shape)
+        for shape in ((1, 1, 1), (2, 2, 2))
+    )
     assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6), g8, g1)

@@ -1,4 +1,5 @@
 """kill -9 during training, rerun the same command: the final parameters equal an uninterrupted run's."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,15 @@ def test_kill_9_and_resume_gives_the_uninterrupted_parameters(tmp_path):
     inputs = tiny_data.write_run_inputs(tmp_path / "inputs")
     env = tiny_data.launch_env()
 
-    ref = subprocess.run(tiny_data.launch_command(_config(tmp_path, inputs, "ref")), cwd=tiny_data.REPO, env=env,
-                         capture_output=True, text=True, check=False, timeout=300)
+    ref = subprocess.run(
+        tiny_data.launch_command(_config(tmp_path, inputs, "ref")),
+        cwd=tiny_data.REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     command = tiny_data.launch_command(_config(tmp_path, inputs, "killed"))
@@ -44,7 +52,9 @@ def test_kill_9_and_resume_gives_the_uninterrupted_parameters(tmp_path):
     assert landed.exists() and proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     assert not (tmp_path / "killed" / "export").exists()
 
-    resumed = subprocess.run(command, cwd=tiny_data.REPO, env=env, capture_output=True, text=True, check=False, timeout=300)
+    resumed = subprocess.run(
+        command, cwd=tiny_data.REPO, env=env, capture_output=True, text=True, check=False, timeout=300
+    )
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     start = int(re.search(r"resumed from step (\d+)", resumed.stdout).group(1))
     assert KILL_AFTER <= start < STEPS, (sorted(os.listdir(landed.parent)), resumed.stderr[-5000:])

@@ -1,4 +1,5 @@
 """SFT on a (data 2, fsdp 2, tensor 2) mesh of 8 fake CPU devices follows the 1-device loss curve."""
+
 from __future__ import annotations
 
 import io

@@ -1,6 +1,7 @@
 """Each method's step against a plain reference: full [B, T, V] logits from the model's own
 __call__, targets located from the examples' prompt/target lengths (not the batch's index
 arrays), losses written out here. Gradients are read back through SGD with learning rate 1."""
+
 from __future__ import annotations
 
 import jax
@@ -16,7 +17,7 @@ from porch_jax.train import step as S
 
 def _batch(exs, views, scalars=(), accum=1, t=128, k=32):
     rows = len(exs) // accum
-    parts = [D.collate(exs[i * rows:(i + 1) * rows], views, scalars, t, k, pad_id=0) for i in range(accum)]
+    parts = [D.collate(exs[i * rows : (i + 1) * rows], views, scalars, t, k, pad_id=0) for i in range(accum)]
     return jax.tree.map(lambda *xs: jnp.asarray(np.stack(xs)), *parts)
 
 
@@ -26,13 +27,13 @@ def _target_logps(model, view_list, t=128):
     mask = np.zeros((len(view_list), t), bool)
     for i, v in enumerate(view_list):
         seq = v.prompt + v.target
-        tokens[i, :len(seq)], mask[i, :len(seq)] = seq, True
+        tokens[i, : len(seq)], mask[i, : len(seq)] = seq, True
     logits = model(jnp.asarray(tokens), attention_mask=jnp.asarray(mask))
     logp = jax.nn.log_softmax(logits, axis=-1)
     out = []
     for i, v in enumerate(view_list):
         p, n = len(v.prompt), len(v.target)
-        out.append((logp[i, p - 1:p - 1 + n], jnp.asarray(v.target)))
+        out.append((logp[i, p - 1 : p - 1 + n], jnp.asarray(v.target)))
     return out
 
 
@@ -64,7 +65,9 @@ def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
             return jnp.sum(jnp.concatenate(ce)) / sum(len(c) for c in ce)
         return jnp.mean(jnp.stack([c.mean() for c in ce]))
 
-    metrics, grads = tiny_data.grads_via_sgd("sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation))
+    metrics, grads = tiny_data.grads_via_sgd(
+        "sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation)
+    )
     want, want_grads = _ref(model, ref)
     assert metrics["ce"] == pytest.approx(float(want), rel=1e-5)
     assert metrics["ce_count"] == (sum(len(v.target) for v in views) if aggregation == "token" else 8)
@@ -89,8 +92,9 @@ def test_step_on_a_sharded_mesh_equals_one_device_and_traces_under_the_mesh(tok,
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
     seen = []
     constrain = qwen3.constrain
-    monkeypatch.setattr(qwen3, "constrain", lambda x, axes: seen.append(jax.sharding.get_abstract_mesh().shape)
-                        or constrain(x, axes))
+    monkeypatch.setattr(
+        qwen3, "constrain", lambda x, axes: seen.append(jax.sharding.get_abstract_mesh().shape) or constrain(x, axes)
+    )
     exs = D.sft_examples(eps, tok)[:8]
     cfg = S.LossConfig(aggregation="decision")
     one, g1 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg)
@@ -121,7 +125,10 @@ def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(to
 
     cfg = S.LossConfig(aggregation="decision", opd_weight=lam)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
-    metrics, grads = tiny_data.grads_via_sgd("opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher)
+    metrics, grads = tiny_data.grads_via_sgd(
+        "opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher
+    )
+
     def ref(m):
         rwr, kl = parts(m)
         return rwr + lam * kl, (rwr, kl)
@@ -138,9 +145,21 @@ def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(to
 def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
     ctx = [{"role": "user", "content": "choose the next agent"}]
     rng = np.random.default_rng(0)
-    groups = [{"key": f"g{g}", "context": ctx + [{"role": "user", "content": f"round {g}"}], "samples": [
-        {"token_ids": rng.integers(10, 500, n).tolist(), "logprobs": (-rng.uniform(3, 9, n)).tolist(), "reward": float(r)}
-        for n, r in zip((5, 9, 3, 7), (1, 0, 0, 1))]} for g in range(2)]
+    groups = [
+        {
+            "key": f"g{g}",
+            "context": ctx + [{"role": "user", "content": f"round {g}"}],
+            "samples": [
+                {
+                    "token_ids": rng.integers(10, 500, n).tolist(),
+                    "logprobs": (-rng.uniform(3, 9, n)).tolist(),
+                    "reward": float(r),
+                }
+                for n, r in zip((5, 9, 3, 7), (1, 0, 0, 1))
+            ],
+        }
+        for g in range(2)
+    ]
     exs = D.grpo_examples(groups, tok)
     model = tiny_data.model()
     cfg = S.LossConfig(grpo_clip_eps=0.2)
@@ -206,15 +225,26 @@ def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kin
     program is compiled here, where its log is read."""
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
+
     def model(seed=0):
         return tiny_data.model(seed=seed) if model_kind == "qwen3" else tiny_data.qwen3_5_model(seed=seed)
 
     opod = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
-    groups = [{"key": "g", "context": [{"role": "user", "content": "choose the next agent"}], "samples": [
-        {"token_ids": [11 + i, 12, 13], "logprobs": [-4.0, -5.0, -6.0], "reward": float(i % 2)} for i in range(8)]}]
-    runs = [("sft", _batch(D.sft_examples(eps, tok)[:8], ("policy",)), S.LossConfig(), None),
-            ("opod", _batch(opod, ("rwr", "student", "teacher")), S.LossConfig(opd_weight=0.5), model(1)),
-            ("grpo", _batch(D.grpo_examples(groups, tok), ("policy",), ("advantage",), t=64, k=16), S.LossConfig(), None)]
+    groups = [
+        {
+            "key": "g",
+            "context": [{"role": "user", "content": "choose the next agent"}],
+            "samples": [
+                {"token_ids": [11 + i, 12, 13], "logprobs": [-4.0, -5.0, -6.0], "reward": float(i % 2)}
+                for i in range(8)
+            ],
+        }
+    ]
+    runs = [
+        ("sft", _batch(D.sft_examples(eps, tok)[:8], ("policy",)), S.LossConfig(), None),
+        ("opod", _batch(opod, ("rwr", "student", "teacher")), S.LossConfig(opd_weight=0.5), model(1)),
+        ("grpo", _batch(D.grpo_examples(groups, tok), ("policy",), ("advantage",), t=64, k=16), S.LossConfig(), None),
+    ]
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
     try:

@@ -71,7 +71,12 @@ def test_chunked_reverse_kl_equals_trl_sum(case, grad_in_forward):
 
     def ours(sh, sw):
         s, _ = fused_kl.chunked_reverse_kl(
-            sh.reshape(-1, H), sw, th, case["tw"], mask, chunk_size=4,
+            sh.reshape(-1, H),
+            sw,
+            th,
+            case["tw"],
+            mask,
+            chunk_size=4,
             grad_in_forward=grad_in_forward,
         )
         return s
@@ -85,7 +90,8 @@ def test_chunked_reverse_kl_equals_trl_sum(case, grad_in_forward):
 def test_trl_batchmean_without_labels_divides_by_batch_size(case):
     want, _, _ = trl_loss(case, "batchmean", with_labels=False)
     s, c = losses.reverse_kl(
-        jnp.asarray(case["sh"] @ case["sw"]), jnp.asarray(case["th"] @ case["tw"]),
+        jnp.asarray(case["sh"] @ case["sw"]),
+        jnp.asarray(case["th"] @ case["tw"]),
         jnp.ones((B, T)),
     )
     assert float(c) == B * T

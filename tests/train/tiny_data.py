@@ -4,6 +4,7 @@ Episodes are synthetic but shaped like the rollout engine's: a system + user con
 feedback turn for later decisions) and a Hermes tool-call action; some decisions carry sampled
 token ids (which the data pipeline must use verbatim), some only text.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -34,9 +35,16 @@ XLA_CACHE = Path(tempfile.mkdtemp(prefix="porch_train_xla_cache_"))
 atexit.register(shutil.rmtree, XLA_CACHE, ignore_errors=True)
 jax.config.update("jax_compilation_cache_dir", str(XLA_CACHE))
 TINY_HF = {  # hidden 32, 2 layers: compiles fast, still every part of Qwen3
-    "model_type": "qwen3", "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-    "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "tie_word_embeddings": True,
-    "max_position_embeddings": 512, "initializer_range": 0.05,
+    "model_type": "qwen3",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.05,
 }
 TOOLS = ("search_email", "read_file", "calendar", "contacts")
 
@@ -68,16 +76,31 @@ def episodes(n: int = 12, seed: int = 0, tok=None) -> list[EpisodeRecord]:
             text = _action(rng)
             sampled = (e + i) % 3 == 0
             ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id] if sampled else []
-            decisions.append(DecisionRecord(
-                index=i, context=[dict(m) for m in context], action_text=text, action_token_ids=ids,
-                action_logprobs=[-0.5] * len(ids), action={"name": "delegate", "arguments": {}},
-                feedback=f"partial {rng.integers(10)}", agent_id=i,
-            ))
+            decisions.append(
+                DecisionRecord(
+                    index=i,
+                    context=[dict(m) for m in context],
+                    action_text=text,
+                    action_token_ids=ids,
+                    action_logprobs=[-0.5] * len(ids),
+                    action={"name": "delegate", "arguments": {}},
+                    feedback=f"partial {rng.integers(10)}",
+                    agent_id=i,
+                )
+            )
             context += [{"role": "assistant", "content": text}, {"role": "user", "content": decisions[-1].feedback}]
-        out.append(EpisodeRecord(
-            episode_id=f"ep{e}", task_id=f"t{e}", env="synthetic", system="proactive", config_hash="x", seed=e,
-            outcome=Outcome(success=e % 2 == 0, score=float(e % 2 == 0), reason=""), decisions=decisions,
-        ))
+        out.append(
+            EpisodeRecord(
+                episode_id=f"ep{e}",
+                task_id=f"t{e}",
+                env="synthetic",
+                system="proactive",
+                config_hash="x",
+                seed=e,
+                outcome=Outcome(success=e % 2 == 0, score=float(e % 2 == 0), reason=""),
+                decisions=decisions,
+            )
+        )
     return out
 
 
@@ -85,7 +108,9 @@ def hints(eps: list[EpisodeRecord]) -> dict[tuple[str, int], str]:
     """A hint for every other decision (FLAG = true), as the attribution step would give."""
     return {
         (ep.episode_id, d.index): f"Use {TOOLS[d.index % 4]}."
-        for ep in eps for d in ep.decisions if (d.index + int(ep.episode_id[2:])) % 2 == 0
+        for ep in eps
+        for d in ep.decisions
+        if (d.index + int(ep.episode_id[2:])) % 2 == 0
     }
 
 
@@ -95,7 +120,9 @@ def write_run_inputs(root: Path, n: int = 12) -> tuple[Path, Path]:
 
     model_dir, store_path = root / "model", root / "trajectories.jsonl"
     tok = tokenizer()
-    save_pretrained(init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tok)}), seed=0), model_dir, tokenizer=tok)
+    save_pretrained(
+        init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tok)}), seed=0), model_dir, tokenizer=tok
+    )
     with TrajectoryStore(store_path) as store:
         store.append_many(episodes(n))
     return model_dir, store_path
@@ -167,7 +194,11 @@ def grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1
     graphdef, state, shardings = S.init_train_state(model, tx, mesh)
     before = jax.tree.map(np.asarray, state["params"])
     step = S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings)
-    frozen = None if frozen_model is None else jax.device_put(nnx.state(frozen_model, nnx.Param), shardings["params"], may_alias=False)
+    frozen = (
+        None
+        if frozen_model is None
+        else jax.device_put(nnx.state(frozen_model, nnx.Param), shardings["params"], may_alias=False)
+    )
     state, metrics = step(state, batch, *(() if frozen is None else (frozen,)))
     grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
     return {k: float(v) for k, v in metrics.items()}, grads
@@ -179,8 +210,16 @@ def qwen3_5_model(seed: int = 0):
     from porch_jax.models.presets import preset
 
     hf = preset(
-        "qwen3.5-tiny", vocab_size=len(tokenizer()), hidden_size=32, intermediate_size=64, head_dim=16,
-        num_hidden_layers=2, layer_types=["linear_attention", "full_attention"],
-        linear_key_head_dim=8, linear_value_head_dim=8, tie_word_embeddings=False, initializer_range=0.05,
+        "qwen3.5-tiny",
+        vocab_size=len(tokenizer()),
+        hidden_size=32,
+        intermediate_size=64,
+        head_dim=16,
+        num_hidden_layers=2,
+        layer_types=["linear_attention", "full_attention"],
+        linear_key_head_dim=8,
+        linear_value_head_dim=8,
+        tie_word_embeddings=False,
+        initializer_range=0.05,
     )
     return init_model(ModelConfig.from_hf(hf), seed=seed)

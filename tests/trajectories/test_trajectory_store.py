@@ -1,4 +1,5 @@
 """Store round trip, schema errors naming file/line/field, torn-line policy, single writer."""
+
 import json
 import math
 
@@ -7,23 +8,52 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from porch_jax.trajectories import (
-    SCHEMA_VERSION, DecisionRecord, EpisodeRecord, Outcome, RecordError, RoleCost, SubStep, TrajectoryStore)
+    SCHEMA_VERSION,
+    DecisionRecord,
+    EpisodeRecord,
+    Outcome,
+    RecordError,
+    RoleCost,
+    SubStep,
+    TrajectoryStore,
+)
 
 
 def make_record(i: int = 0, text: str = "hello") -> EpisodeRecord:
     step = SubStep(agent_id=0, harness_version=1, kind="tool", text=text, tool="search", observation="obs")
     decision = DecisionRecord(
-        index=0, context=[{"role": "system", "content": "s"}, {"role": "user", "content": text}],
+        index=0,
+        context=[{"role": "system", "content": "s"}, {"role": "user", "content": text}],
         action_text='<tool_call>\n{"name": "finish", "arguments": {"answer": "a"}}\n</tool_call>',
-        action_token_ids=[1, 2, 3], action_logprobs=[-0.5, -1.0, -math.inf],
-        action={"name": "finish", "arguments": {"answer": "a"}}, feedback="[agent 0 submit]", agent_id=0,
-        segment=[step])
-    bad = DecisionRecord(index=1, context=[], action_text="junk", action_token_ids=[], action_logprobs=[],
-                         action=None, parse_error="no_tool_call", feedback="Error")
-    return EpisodeRecord(episode_id=f"ep{i}", task_id=f"t{i}", env="workplace", system="porch", config_hash="abc",
-                         seed=i, outcome=Outcome(success=True, score=1.0, reason="answer matched"),
-                         cost={"orchestrator": RoleCost(2, 30, 5), "subagent": RoleCost(4, 80, 20)},
-                         decisions=[decision, bad], meta={"note": text})
+        action_token_ids=[1, 2, 3],
+        action_logprobs=[-0.5, -1.0, -math.inf],
+        action={"name": "finish", "arguments": {"answer": "a"}},
+        feedback="[agent 0 submit]",
+        agent_id=0,
+        segment=[step],
+    )
+    bad = DecisionRecord(
+        index=1,
+        context=[],
+        action_text="junk",
+        action_token_ids=[],
+        action_logprobs=[],
+        action=None,
+        parse_error="no_tool_call",
+        feedback="Error",
+    )
+    return EpisodeRecord(
+        episode_id=f"ep{i}",
+        task_id=f"t{i}",
+        env="workplace",
+        system="porch",
+        config_hash="abc",
+        seed=i,
+        outcome=Outcome(success=True, score=1.0, reason="answer matched"),
+        cost={"orchestrator": RoleCost(2, 30, 5), "subagent": RoleCost(4, 80, 20)},
+        decisions=[decision, bad],
+        meta={"note": text},
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -59,16 +89,19 @@ def _line(**changes):
     return json.dumps(d)
 
 
-@pytest.mark.parametrize("changes,field", [
-    ({"seed": "3"}, "seed"),
-    ({"outcome.success": 1}, "outcome.success"),
-    ({"outcome.reason": KeyError}, "outcome.reason"),
-    ({"decisions.0.action_token_ids": [1, "2"]}, "decisions[0].action_token_ids[1]"),
-    ({"decisions.0.segment.0.kind": "thought"}, "decisions[0].segment[0].kind"),
-    ({"cost.subagent.calls": 1.5}, "cost.subagent.calls"),
-    ({"decisions.1.extra": 1}, "decisions[1].extra"),
-    ({"schema_version": 99}, "schema_version"),
-])
+@pytest.mark.parametrize(
+    "changes,field",
+    [
+        ({"seed": "3"}, "seed"),
+        ({"outcome.success": 1}, "outcome.success"),
+        ({"outcome.reason": KeyError}, "outcome.reason"),
+        ({"decisions.0.action_token_ids": [1, "2"]}, "decisions[0].action_token_ids[1]"),
+        ({"decisions.0.segment.0.kind": "thought"}, "decisions[0].segment[0].kind"),
+        ({"cost.subagent.calls": 1.5}, "cost.subagent.calls"),
+        ({"decisions.1.extra": 1}, "decisions[1].extra"),
+        ({"schema_version": 99}, "schema_version"),
+    ],
+)
 def test_bad_line_names_file_line_field(tmp_path, changes, field):
     path = tmp_path / "ep.jsonl"
     path.write_text(_line() + "\n" + _line(**changes) + "\n")

@@ -7,6 +7,7 @@ one), and repeats for the scenario's ``nb_turns``. Episode records go to the bui
 runner adds the judge's verdict. ``PorchAgentBuilder``/``PorchAgentConfigBuilder`` plug this agent
 into ARE's ``ScenarioRunner`` / ``MultiScenarioRunner`` (the GAIA2 runner) under the name ``porch``.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -46,13 +47,19 @@ def run_key(scenario: Any) -> str:
 
 
 class PorchAREAgent(RunnableARESimulationAgent):
-    def __init__(self, env: Any, policies: PolicyFactory, settings: AgentSettings,
-                 sink: Callable[[str, list[EpisodeRecord]], None]):
+    def __init__(
+        self,
+        env: Any,
+        policies: PolicyFactory,
+        settings: AgentSettings,
+        sink: Callable[[str, list[EpisodeRecord]], None],
+    ):
         self.env, self.policies, self.settings, self.sink = env, policies, settings, sink
         self._stopped = threading.Event()
 
-    def run_scenario(self, scenario: Any, notification_system: Any, initial_agent_logs: Any = None
-                     ) -> AgentExecutionResult:
+    def run_scenario(
+        self, scenario: Any, notification_system: Any, initial_agent_logs: Any = None
+    ) -> AgentExecutionResult:
         for app in scenario.apps or []:
             if isinstance(app, AgentUserInterface):
                 app.wait_for_user_response = False  # user messages come as notifications, never as replies
@@ -68,11 +75,13 @@ class PorchAREAgent(RunnableARESimulationAgent):
                 messages = adapter.wait_for_user(self.settings.max_user_wait_s)
                 if not messages or self._stopped.is_set():
                     break
-                task = Gaia2Task(f"{scenario.scenario_id}/turn{turn}", turn_text(history, messages), turn,
-                                 scenario.seed)
+                task = Gaia2Task(
+                    f"{scenario.scenario_id}/turn{turn}", turn_text(history, messages), turn, scenario.seed
+                )
                 engine = Engine(lambda: adapter, orchestrator, subagent, self.settings.engine)
-                record = asyncio.run(engine.run(
-                    task, episode_id=f"{engine.system_name}/{run_key(scenario)}/turn{turn}"))
+                record = asyncio.run(
+                    engine.run(task, episode_id=f"{engine.system_name}/{run_key(scenario)}/turn{turn}")
+                )
                 records.append(record)
                 answer = record.meta.get("answer") or ""
                 adapter.send_to_user(answer)
@@ -105,8 +114,7 @@ class PorchAgentBuilder(AbstractAgentBuilder):
     def list_agents(self) -> list[str]:
         return [AGENT_NAME]
 
-    def build(self, agent_config: Any, env: Any = None, mock_responses: list[str] | None = None
-              ) -> PorchAREAgent:
+    def build(self, agent_config: Any, env: Any = None, mock_responses: list[str] | None = None) -> PorchAREAgent:
         if env is None:
             raise ValueError("the porch agent drives the scenario's environment: pass env")
         return PorchAREAgent(env, self.policies, self.settings, self._store)

@@ -4,6 +4,7 @@ The venv is ``$PORCH_ARE_VENV`` or ``.venv-are`` in the repository root (``scrip
 The child imports this checkout's ``porch_jax`` (``PYTHONPATH``), so the venv's own editable install
 may point anywhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,19 @@ def are_python() -> Path | None:
     return python if python.exists() else None
 
 
-def run_gaia2(output_dir: str | Path, *, dataset: str | Path | None = None, checks: str | Path | None = None,
-              scenarios: Sequence[str] = (), oracle: bool = False, system: str = "proactive",
-              policy: str = "scripted_oracle", store: str | Path | None = None, timeout_s: float = 1800,
-              extra: Sequence[str] = ()) -> dict[str, Any]:
+def run_gaia2(
+    output_dir: str | Path,
+    *,
+    dataset: str | Path | None = None,
+    checks: str | Path | None = None,
+    scenarios: Sequence[str] = (),
+    oracle: bool = False,
+    system: str = "proactive",
+    policy: str = "scripted_oracle",
+    store: str | Path | None = None,
+    timeout_s: float = 1800,
+    extra: Sequence[str] = (),
+) -> dict[str, Any]:
     """Run scenarios in the ARE venv; returns the runner's summary (``success_rate``, per-scenario verdicts).
 
     Raises ``FileNotFoundError`` when the venv is missing and ``RuntimeError`` (with the child's
@@ -36,8 +46,18 @@ def run_gaia2(output_dir: str | Path, *, dataset: str | Path | None = None, chec
     python = are_python()
     if python is None:
         raise FileNotFoundError(f"no ARE virtual environment; install it with `{INSTALL_HINT}`")
-    cmd = [str(python), "-m", "porch_jax.envs.are.runner", "--output_dir", str(output_dir),
-           "--system", system, "--policy", policy, *extra]
+    cmd = [
+        str(python),
+        "-m",
+        "porch_jax.envs.are.runner",
+        "--output_dir",
+        str(output_dir),
+        "--system",
+        system,
+        "--policy",
+        policy,
+        *extra,
+    ]
     for flag, value in (("--dataset", dataset), ("--checks", checks), ("--store", store)):
         if value is not None:
             cmd += [flag, str(value)]

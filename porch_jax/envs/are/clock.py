@@ -7,6 +7,7 @@ what became due, so a run's timeline depends on its steps, never on wall-clock s
 unpauses time in two places (``SystemApp.wait_for_notification`` and the GAIA2 turn trigger), so
 every operation re-freezes afterwards.
 """
+
 from __future__ import annotations
 
 from datetime import datetime, timezone

@@ -8,6 +8,7 @@ orchestrator with its next feedback, exactly as in the workplace suite. Time: ea
 jumps ahead as in ARE. Scoring is ARE's: ``score`` only says so, and the runner fills the outcome
 from the GAIA2 judge's verdict.
 """
+
 from __future__ import annotations
 
 import re
@@ -130,8 +131,11 @@ class AREEnvironment(Environment):
         after everything in their timeline has happened, and GAIA2 counts environment events too."""
         deadline = self.clock.now() + max_seconds
         while not self.stopped:
-            due = [e.event_time for e in self.clock.env.event_queue.list_view()
-                   if e.event_type in (EventType.ENV, EventType.USER) and e.event_time is not None]
+            due = [
+                e.event_time
+                for e in self.clock.env.event_queue.list_view()
+                if e.event_type in (EventType.ENV, EventType.USER) and e.event_time is not None
+            ]
             if not due or min(due) > deadline:
                 return
             self.clock.advance(max(min(due) - self.clock.now(), 0.0))

@@ -6,6 +6,7 @@ Each agent event of the scenario's DAG (``OracleEvent`` or an ``AGENT``-typed ev
 on, which decide whether a sub-agent's harness covers it. The policies replay these steps through
 the engine; they do not resolve ``{{event_id}}`` placeholders (a call with one fails as a tool error).
 """
+
 from __future__ import annotations
 
 import enum
@@ -96,10 +97,13 @@ def oracle_plan(scenario: Any, env: Any, public_names: dict[str, str]) -> list[P
             continue  # reading the user interface: our agents get user messages as notifications
         ancestors = list(_ancestors(e))
         turn = turn_of.get(e.event_id, 0)
-        requires = tuple(a.action.args["content"] for a in ancestors
-                         if _is_user_message(a) and turn_of.get(a.event_id, 0) == turn)
-        ready = max((times[a.event_id][0] for a in ancestors
-                     if a.event_type in (EventType.ENV, EventType.USER)), default=times[e.event_id][0])
+        requires = tuple(
+            a.action.args["content"] for a in ancestors if _is_user_message(a) and turn_of.get(a.event_id, 0) == turn
+        )
+        ready = max(
+            (times[a.event_id][0] for a in ancestors if a.event_type in (EventType.ENV, EventType.USER)),
+            default=times[e.event_id][0],
+        )
         args = {k: _jsonable(v) for k, v in concrete.action.args.items() if k != "self"}
         steps.append(PlanStep(e.event_id, public_names.get(name, name), args, ready, requires, turn))
     return steps

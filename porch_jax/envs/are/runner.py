@@ -10,6 +10,7 @@ traces under ``output_dir``, and our episode records (outcome = the verdict) in 
 
 Runs in the ARE venv: ``.venv-are/bin/python -m porch_jax.envs.are.runner --help``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,9 +79,18 @@ def load_checks(directory: str | None, scenario_id: str) -> dict[str, list[ToolC
     if path is None or not path.exists():
         return {}
     raw = json.loads(path.read_text())
-    return {event_id: [ToolCheckerParam(arg_name=c["arg_name"], checker_type=CheckerType(c["checker_type"]),
-                                        tool_name=c["tool_name"], checker_args=c.get("checker_args", {}))
-                       for c in checks] for event_id, checks in raw.items()}
+    return {
+        event_id: [
+            ToolCheckerParam(
+                arg_name=c["arg_name"],
+                checker_type=CheckerType(c["checker_type"]),
+                tool_name=c["tool_name"],
+                checker_args=c.get("checker_args", {}),
+            )
+            for c in checks
+        ]
+        for event_id, checks in raw.items()
+    }
 
 
 def judge_config(spec: RunSpec, scenario: Any) -> GraphPerEventJudgeConfig:
@@ -88,16 +98,24 @@ def judge_config(spec: RunSpec, scenario: Any) -> GraphPerEventJudgeConfig:
     builds every tool's LLM-checker prompts up front: ~10 s per scenario here for the full registry)."""
     scenario.initialize()
     apps = {app.name for app in scenario.apps or []}
-    per_tool = ToolArgCheckerTypeRegistry({k: v for k, v in TOOL_ARG_CHECKER_TYPE_REGISTRY.items()
-                                           if k.split("__")[0] in apps})
+    per_tool = ToolArgCheckerTypeRegistry(
+        {k: v for k, v in TOOL_ARG_CHECKER_TYPE_REGISTRY.items() if k.split("__")[0] in apps}
+    )
     if spec.judge == "scripted":
         return ScriptedGraphPerEventJudgeConfig(
-            engine=_offline_engine, per_tool_arg_to_checker_type=per_tool,
-            event_id_to_checker_params=load_checks(spec.checks, scenario.scenario_id))
+            engine=_offline_engine,
+            per_tool_arg_to_checker_type=per_tool,
+            event_id_to_checker_params=load_checks(spec.checks, scenario.scenario_id),
+        )
     if spec.judge == "llm":
-        return GraphPerEventJudgeConfig(per_tool_arg_to_checker_type=per_tool, engine=create_judge_engine(
-            LLMEngineConfig(model_name=spec.judge_model, provider=spec.judge_provider,
-                            endpoint=spec.judge_endpoint or None)))
+        return GraphPerEventJudgeConfig(
+            per_tool_arg_to_checker_type=per_tool,
+            engine=create_judge_engine(
+                LLMEngineConfig(
+                    model_name=spec.judge_model, provider=spec.judge_provider, endpoint=spec.judge_endpoint or None
+                )
+            ),
+        )
     raise ValueError(f"judge must be 'scripted' or 'llm', got {spec.judge!r}")
 
 
@@ -110,9 +128,13 @@ def load_scenarios(spec: RunSpec) -> list[Any]:
                 scenario.initialize()
                 scenario.patch_oracle_user_message_order()
             else:
-                preprocess_scenario(scenario, judge_config=judge_config(spec, scenario),
-                                    max_scenario_duration=get_scenario_duration(
-                                        scenario, MAX_TIME_SCENARIO_DURATION, MAX_SCENARIO_DURATION))
+                preprocess_scenario(
+                    scenario,
+                    judge_config=judge_config(spec, scenario),
+                    max_scenario_duration=get_scenario_duration(
+                        scenario, MAX_TIME_SCENARIO_DURATION, MAX_SCENARIO_DURATION
+                    ),
+                )
             scenarios.append(scenario)
     for scenario_id in spec.scenarios:
         scenario = registry.get_scenario(scenario_id)()
@@ -126,10 +148,12 @@ def load_scenarios(spec: RunSpec) -> list[Any]:
 def make_policies(spec: RunSpec):
     """The policy factory for the agent builder: (scenario, adapter) -> (orchestrator, sub-agent)."""
     if spec.policy == "scripted_oracle":
+
         def scripted(scenario: Any, adapter: AREEnvironment):
             names = {t.name: t._public_name for t in scenario.get_tools()}
             oracle = ScriptedOracle(oracle_plan(scenario, adapter.clock.env, names), adapter.tool_names())
             return ScriptedBackend(oracle.orchestrator), ScriptedBackend(oracle.subagent)
+
         return scripted
     if spec.policy == "vllm":
         backend = VLLMBackend(spec.vllm_url, spec.vllm_model)
@@ -142,32 +166,55 @@ def run(spec: RunSpec) -> dict[str, Any]:
     out = Path(spec.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     scenarios = load_scenarios(spec)
-    builder = PorchAgentBuilder(make_policies(spec), AgentSettings(
-        engine=system_config(spec.system, EngineConfig(budgets=BUDGETS["gaia2"])),
-        seconds_per_step=spec.seconds_per_step))
+    builder = PorchAgentBuilder(
+        make_policies(spec),
+        AgentSettings(
+            engine=system_config(spec.system, EngineConfig(budgets=BUDGETS["gaia2"])),
+            seconds_per_step=spec.seconds_per_step,
+        ),
+    )
     config = MultiScenarioRunnerConfig(
-        agent=None if spec.oracle else AGENT_NAME, oracle=spec.oracle, export=True, output_dir=str(out / "are"),
-        max_concurrent_scenarios=1, timeout_seconds=spec.timeout_s, executor_type="thread",
-        enable_caching=False, log_level="WARNING", model=spec.policy, model_provider="local")
+        agent=None if spec.oracle else AGENT_NAME,
+        oracle=spec.oracle,
+        export=True,
+        output_dir=str(out / "are"),
+        max_concurrent_scenarios=1,
+        timeout_seconds=spec.timeout_s,
+        executor_type="thread",
+        enable_caching=False,
+        log_level="WARNING",
+        model=spec.policy,
+        model_provider="local",
+    )
     runner = MultiScenarioRunner(agent_config_builder=PorchAgentConfigBuilder(), agent_builder=builder)
     pairs = [(s, None) for s in scenarios]
     result = runner.run_with_events(config, CountableIterator(iter(pairs), len(pairs)))
     verdicts = {}
     for (scenario_id, run_number), r in sorted(result.scenario_results.items(), key=lambda kv: kv[0][0]):
         rationale = "" if r.rationale in (None, "None") else r.rationale
-        verdicts[scenario_id] = {"success": bool(r.success), "rationale": rationale,
-                                 "exception": repr(r.exception) if r.exception else "",
-                                 "turns": len(builder.records.get(f"{scenario_id}#{run_number or 1}", []))}
-    summary = {"success_rate": sum(v["success"] for v in verdicts.values()) / len(verdicts),
-               "mode": "oracle" if spec.oracle else f"{spec.policy}/{spec.system}", "scenarios": verdicts}
+        verdicts[scenario_id] = {
+            "success": bool(r.success),
+            "rationale": rationale,
+            "exception": repr(r.exception) if r.exception else "",
+            "turns": len(builder.records.get(f"{scenario_id}#{run_number or 1}", [])),
+        }
+    summary = {
+        "success_rate": sum(v["success"] for v in verdicts.values()) / len(verdicts),
+        "mode": "oracle" if spec.oracle else f"{spec.policy}/{spec.system}",
+        "scenarios": verdicts,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     if spec.store and not spec.oracle:
         _store_records(TrajectoryStore(spec.store), scenarios, builder.records, verdicts)
     return summary
 
 
-def _store_records(store: TrajectoryStore, scenarios: list[Any], records: dict[str, list[EpisodeRecord]],
-                   verdicts: dict[str, dict[str, Any]]) -> None:
+def _store_records(
+    store: TrajectoryStore,
+    scenarios: list[Any],
+    records: dict[str, list[EpisodeRecord]],
+    verdicts: dict[str, dict[str, Any]],
+) -> None:
     """Each turn's episode with the scenario's verdict as its outcome (the judge scores the whole run)."""
     for scenario in scenarios:
         verdict = verdicts.get(scenario.scenario_id, {"success": False, "rationale": "", "exception": "no verdict"})
@@ -175,8 +222,11 @@ def _store_records(store: TrajectoryStore, scenarios: list[Any], records: dict[s
         why = verdict["rationale"] or verdict["exception"] or "no reason given"
         for r in records.get(run_key(scenario), []):
             r.outcome = Outcome(ok, float(ok), "judge: success" if ok else f"judge: failed; {why}"[:2000])
-            r.meta["are"] = {"scenario_id": scenario.scenario_id, "nb_turns": getattr(scenario, "nb_turns", 1) or 1,
-                             "tags": [getattr(t, "value", str(t)) for t in scenario.tags]}
+            r.meta["are"] = {
+                "scenario_id": scenario.scenario_id,
+                "nb_turns": getattr(scenario, "nb_turns", 1) or 1,
+                "tags": [getattr(t, "value", str(t)) for t in scenario.tags],
+            }
             store.append(r)
 
 

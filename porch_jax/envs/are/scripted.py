@@ -11,6 +11,7 @@ the user message(s) the step depends on:
 - solo (ReAct): it owns the task and acts on user notifications itself.
 This module imports no ARE code (the plan is built by ``plan.oracle_plan``).
 """
+
 from __future__ import annotations
 
 import math
@@ -85,14 +86,18 @@ class ScriptedOracle:
         v: OrchestratorView = request.state
         if not v.turns:
             earlier, new = split_turn_text(v.task.text)
-            return render_action(Delegate(Harness(new, (earlier,) if earlier else (), self.tools,
-                                                  v.default_budget)))
+            return render_action(Delegate(Harness(new, (earlier,) if earlier else (), self.tools, v.default_budget)))
         fb = v.turns[-1].feedback
         req = fb.message.request if fb.message is not None else None
         if fb.event == "revise" and req is not None and fb.agent_id in v.live:
             if req.target == RequestTarget.TASK:
-                return render_action(Revise(fb.agent_id, subgoal=f"{_subgoal(v, fb.agent_id)}\n{req.detail}",
-                                            note="The user updated the task."))
+                return render_action(
+                    Revise(
+                        fb.agent_id,
+                        subgoal=f"{_subgoal(v, fb.agent_id)}\n{req.detail}",
+                        note="The user updated the task.",
+                    )
+                )
             if req.target == RequestTarget.BUDGET and v.steps_left > 0:
                 return render_action(Revise(fb.agent_id, budget=fb.budget + min(10, v.steps_left)))
         return render_action(Finish(fb.result or ""))
@@ -101,19 +106,29 @@ class ScriptedOracle:
     def subagent(self, request: ChatRequest) -> str:
         v: SubagentView = request.state
         _, scope = split_turn_text(v.harness.subgoal)
-        heard = [m.text.removeprefix("User: ") for m in v.memory
-                 if m.kind == "notification" and m.text.startswith("User: ")]
+        heard = [
+            m.text.removeprefix("User: ") for m in v.memory if m.kind == "notification" and m.text.startswith("User: ")
+        ]
         if v.solo:
             scope = "\n".join([scope, *heard])
         elif REVISE in v.comm:
-            asked = {m.message.request.detail for m in v.memory
-                     if m.kind == "comm" and m.message is not None and m.message.request is not None}
+            asked = {
+                m.message.request.detail
+                for m in v.memory
+                if m.kind == "comm" and m.message is not None and m.message.request is not None
+            }
             for text in heard:
                 needed = any(text in s.requires for s in self.plan)
                 if needed and text not in scope and text not in asked:
-                    return render_action(ReviseRequest(Message(
-                        "the user changed the task while I was working",
-                        Request(RequestTarget.TASK, "update", text), (f"User: {text}",))))
+                    return render_action(
+                        ReviseRequest(
+                            Message(
+                                "the user changed the task while I was working",
+                                Request(RequestTarget.TASK, "update", text),
+                                (f"User: {text}",),
+                            )
+                        )
+                    )
         known = _times_read(v)
         step = self._next_step(v, scope, heard, known[-1] if known else None)
         if step is None:
@@ -163,5 +178,10 @@ def _subgoal(v: OrchestratorView, agent_id: int) -> str:
 
 def _times_read(v: SubagentView) -> list[float]:
     """The simulated times the sub-agent has read with ``SystemApp__get_current_time``, in order."""
-    return [float(m[1]) for item in v.memory if item.kind == "call" and item.name == NOW_TOOL
-            for m in [_NOW.search(item.text)] if m]
+    return [
+        float(m[1])
+        for item in v.memory
+        if item.kind == "call" and item.name == NOW_TOOL
+        for m in [_NOW.search(item.text)]
+        if m
+    ]

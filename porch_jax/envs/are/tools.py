@@ -5,6 +5,7 @@ Pure functions over the attributes of ARE's ``AppTool`` (``_public_name``, ``_pu
 The AgentUserInterface is not a sub-agent tool: user messages reach agents as notifications and the
 orchestrator's Finish is the message to the user, as in ARE's own default agent.
 """
+
 from __future__ import annotations
 
 import re
@@ -12,8 +13,15 @@ from collections.abc import Iterable
 from typing import Any
 
 USER_APP = "AgentUserInterface"
-_SCALARS = {"str": "string", "int": "integer", "float": "number", "bool": "boolean", "dict": "object",
-            "list": "array", "Any": "string"}
+_SCALARS = {
+    "str": "string",
+    "int": "integer",
+    "float": "number",
+    "bool": "boolean",
+    "dict": "object",
+    "list": "array",
+    "Any": "string",
+}
 
 
 def json_type(arg_type: Any) -> dict[str, Any]:
@@ -34,9 +42,14 @@ def tool_schema(tool: Any) -> dict[str, Any]:
     """One app tool as an OpenAI function-tool schema; arguments with defaults are optional."""
     props = {a.name: {**json_type(a.arg_type), "description": a.description or ""} for a in tool.args}
     required = [a.name for a in tool.args if not a.has_default]
-    return {"type": "function", "function": {
-        "name": tool._public_name, "description": tool._public_description or "",
-        "parameters": {"type": "object", "properties": props, "required": required}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": tool._public_name,
+            "description": tool._public_description or "",
+            "parameters": {"type": "object", "properties": props, "required": required},
+        },
+    }
 
 
 def subagent_tools(tools: Iterable[Any]) -> dict[str, Any]:

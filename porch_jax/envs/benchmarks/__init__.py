@@ -1,8 +1,9 @@
 """MACA's six benchmarks: loaders (local files or the hub), fixed train/test splits, scorers, evaluation.
 
-    tasks = load_tasks("gsm_hard", split="test")             # ../shared/data, Table 4 split
-    report = evaluate(BENCHMARKS["gsm_hard"], tasks, answer_fn)  # accuracy + avg token cost
+tasks = load_tasks("gsm_hard", split="test")             # ../shared/data, Table 4 split
+report = evaluate(BENCHMARKS["gsm_hard"], tasks, answer_fn)  # accuracy + avg token cost
 """
+
 from __future__ import annotations
 
 import pathlib
@@ -23,7 +24,9 @@ from porch_jax.envs.benchmarks.qa_tasks import ARC_CHALLENGE, MMLU_PRO
 BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (HUMANEVAL, MBPP, GSM_HARD, SVAMP, MMLU_PRO, ARC_CHALLENGE)}
 
 
-def load_all_tasks(name: str, *, data_dir: pathlib.Path | str | None = None, source: str = "local") -> list[BenchmarkTask]:
+def load_all_tasks(
+    name: str, *, data_dir: pathlib.Path | str | None = None, source: str = "local"
+) -> list[BenchmarkTask]:
     """Every item of a benchmark, in file order. source="hub" reads the same data with `datasets`."""
     benchmark = _get(name)
     if source == "local":

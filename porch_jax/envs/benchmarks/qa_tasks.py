@@ -1,4 +1,5 @@
 """MMLU-Pro and ARC-Challenge: multiple choice, scored by the extracted option letter."""
+
 from __future__ import annotations
 
 import string
@@ -9,7 +10,9 @@ from porch_jax.envs.benchmarks.base import Benchmark, BenchmarkTask, HubSource, 
 QA_INSTRUCTION = "Choose the correct option. End with 'The answer is <letter>.'"
 
 
-def _qa_task(benchmark: str, task_id: str, question: str, options: list[str], answer: str, extra: dict) -> BenchmarkTask:
+def _qa_task(
+    benchmark: str, task_id: str, question: str, options: list[str], answer: str, extra: dict
+) -> BenchmarkTask:
     letters = string.ascii_uppercase[: len(options)]
     if answer not in letters:
         raise ValueError(f"{benchmark} {task_id}: answer {answer!r} is not one of the {len(options)} options")
@@ -29,8 +32,14 @@ def check_choice(task: BenchmarkTask, completion: str) -> bool:
 
 
 def _mmlu_pro_task(row: dict, index: int) -> BenchmarkTask:
-    return _qa_task("mmlu_pro", str(row["question_id"]), row["question"], list(row["options"]), row["answer"],
-                    {"category": row["category"], "src": row["src"]})
+    return _qa_task(
+        "mmlu_pro",
+        str(row["question_id"]),
+        row["question"],
+        list(row["options"]),
+        row["answer"],
+        {"category": row["category"], "src": row["src"]},
+    )
 
 
 def _arc_task(row: dict, index: int) -> BenchmarkTask:

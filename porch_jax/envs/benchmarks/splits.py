@@ -7,6 +7,7 @@ MBPP, SVAMP, ARC-C) it partitions the whole file; for GSM-Hard (1,000 of 1,319) 
 test ids 11-510. The file records each source file's sha256; `python -m porch_jax.envs.benchmarks.splits
 --check` regenerates the splits from the data and compares.
 """
+
 from __future__ import annotations
 
 import argparse

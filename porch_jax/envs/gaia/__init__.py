@@ -1,11 +1,28 @@
 """GAIA tools: web search (provider interface, offline corpus provider), page extraction, code
 execution on the sandbox, GAIA's answer scorer, and the environment that combines them."""
+
 from porch_jax.envs.gaia.code import CODE_LIMITS, execute
 from porch_jax.envs.gaia.env import GaiaEnvironment, GaiaTask
 from porch_jax.envs.gaia.pages import CorpusFetcher, HTTPFetcher, PageFetcher, extract, html_to_text, passages_for
 from porch_jax.envs.gaia.score import exact_match, score_answer
 from porch_jax.envs.gaia.search import CorpusSearch, Page, SearchHit, SearchProvider, SerperSearch
 
-__all__ = ["CODE_LIMITS", "execute", "GaiaEnvironment", "GaiaTask", "CorpusFetcher", "HTTPFetcher", "PageFetcher",
-           "extract", "html_to_text", "passages_for", "exact_match", "score_answer", "CorpusSearch", "Page",
-           "SearchHit", "SearchProvider", "SerperSearch"]
+__all__ = [
+    "CODE_LIMITS",
+    "execute",
+    "GaiaEnvironment",
+    "GaiaTask",
+    "CorpusFetcher",
+    "HTTPFetcher",
+    "PageFetcher",
+    "extract",
+    "html_to_text",
+    "passages_for",
+    "exact_match",
+    "score_answer",
+    "CorpusSearch",
+    "Page",
+    "SearchHit",
+    "SearchProvider",
+    "SerperSearch",
+]

@@ -4,6 +4,7 @@ Both languages run under ``sandbox.run_python`` (fresh directory, empty environm
 network, private uid and filesystem view as root): bash is started from a two-line Python wrapper so
 it inherits every layer of the same confinement.
 """
+
 from __future__ import annotations
 
 from porch_jax.envs.sandbox import Limits, run_python

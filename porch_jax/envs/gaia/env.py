@@ -4,6 +4,7 @@ The providers are injected, so the same environment runs live (``SerperSearch`` 
 or offline on a corpus (``CorpusSearch`` + ``CorpusFetcher``, as in the tests). Tool failures (a
 404, a provider error) come back as observations; GAIA has no asynchronous events.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,19 +19,35 @@ from porch_jax.envs.gaia.search import SearchProvider
 
 
 def _schema(name: str, description: str, props: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": props, "required": list(required)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": props, "required": list(required)},
+        },
+    }
 
 
 SCHEMAS = {
-    "web_search": _schema("web_search", "Search the web; returns titles, URLs and snippets.",
-                          {"query": {"type": "string"}, "k": {"type": "integer", "minimum": 1, "maximum": 10}},
-                          ("query",)),
-    "extract_page": _schema("extract_page", "Read a web page; with `query`, only the passages about it.",
-                            {"url": {"type": "string"}, "query": {"type": "string"}}, ("url",)),
-    "execute_code": _schema("execute_code", "Run python or bash in a sandbox (10 s, no network).",
-                            {"language": {"type": "string", "enum": list(LANGUAGES)}, "code": {"type": "string"}},
-                            ("language", "code")),
+    "web_search": _schema(
+        "web_search",
+        "Search the web; returns titles, URLs and snippets.",
+        {"query": {"type": "string"}, "k": {"type": "integer", "minimum": 1, "maximum": 10}},
+        ("query",),
+    ),
+    "extract_page": _schema(
+        "extract_page",
+        "Read a web page; with `query`, only the passages about it.",
+        {"url": {"type": "string"}, "query": {"type": "string"}},
+        ("url",),
+    ),
+    "execute_code": _schema(
+        "execute_code",
+        "Run python or bash in a sandbox (10 s, no network).",
+        {"language": {"type": "string", "enum": list(LANGUAGES)}, "code": {"type": "string"}},
+        ("language", "code"),
+    ),
 }
 TOOLS = tuple(SCHEMAS)
 
@@ -46,9 +63,14 @@ class GaiaTask:
 class GaiaEnvironment(Environment):
     name = "gaia"
 
-    def __init__(self, search: SearchProvider, fetcher: PageFetcher, *,
-                 summarize: Callable[[str, str], str] | None = None,
-                 equivalent: Callable[[str, str, str], bool] | None = None):
+    def __init__(
+        self,
+        search: SearchProvider,
+        fetcher: PageFetcher,
+        *,
+        summarize: Callable[[str, str], str] | None = None,
+        equivalent: Callable[[str, str, str], bool] | None = None,
+    ):
         self.search, self.fetcher, self.summarize, self.equivalent = search, fetcher, summarize, equivalent
         self.task: GaiaTask | None = None
 
@@ -65,8 +87,9 @@ class GaiaEnvironment(Environment):
         try:
             if name == "web_search":
                 hits = self.search.search(str(args["query"]), int(args.get("k", 5)))
-                return "\n\n".join(f"[{i}] {h.title}\n{h.url}\n{h.snippet}" for i, h in enumerate(hits, 1)) \
-                    or "no results"
+                return (
+                    "\n\n".join(f"[{i}] {h.title}\n{h.url}\n{h.snippet}" for i, h in enumerate(hits, 1)) or "no results"
+                )
             if name == "extract_page":
                 return extract(self.fetcher, str(args["url"]), str(args.get("query", "")), summarize=self.summarize)
             if name == "execute_code":

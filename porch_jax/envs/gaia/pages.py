@@ -5,6 +5,7 @@ standard library's HTML parser (scripts, styles and navigation dropped, block el
 breaks); the query step ranks paragraphs by term overlap and, when a ``summarize(query, text)``
 callable is given (an LLM call), hands it the best passages.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -83,8 +84,9 @@ def passages_for(text: str, query: str, max_chars: int = 1500) -> str:
     paragraphs = [p for p in text.split("\n") if p.strip()]
     q = set(tokens(query))
     overlap = [len(q & set(tokens(p))) for p in paragraphs]
-    ranked = sorted((i for i in range(len(paragraphs)) if overlap[i]), key=lambda i: (-overlap[i], i)) \
-        or range(len(paragraphs))
+    ranked = sorted((i for i in range(len(paragraphs)) if overlap[i]), key=lambda i: (-overlap[i], i)) or range(
+        len(paragraphs)
+    )
     keep, size = [], 0
     for i in ranked:
         if size + len(paragraphs[i]) > max_chars and keep:
@@ -94,8 +96,13 @@ def passages_for(text: str, query: str, max_chars: int = 1500) -> str:
     return "\n".join(paragraphs[i] for i in sorted(keep))
 
 
-def extract(fetcher: PageFetcher, url: str, query: str = "", max_chars: int = 1500,
-            summarize: Callable[[str, str], str] | None = None) -> str:
+def extract(
+    fetcher: PageFetcher,
+    url: str,
+    query: str = "",
+    max_chars: int = 1500,
+    summarize: Callable[[str, str], str] | None = None,
+) -> str:
     """Readable content of ``url``, narrowed to ``query`` when one is given."""
     text = html_to_text(fetcher.fetch(url))
     if not query:

@@ -5,6 +5,7 @@ separators ignored); a truth with commas or semicolons compares element-wise as 
 else compares as a string with case, spaces and punctuation removed. AOrchestra adds an LLM
 equivalence fallback for answers exact match rejects: pass ``equivalent(question, answer, truth)``.
 """
+
 from __future__ import annotations
 
 import re
@@ -31,12 +32,14 @@ def exact_match(answer: str, truth: str) -> bool:
         gt, pred = re.split(r"[,;]", truth), re.split(r"[,;]", answer)
         return len(gt) == len(pred) and all(
             _number(p) == _number(g) if _number(g) is not None else _normalize(p) == _normalize(g)
-            for p, g in zip(pred, gt))
+            for p, g in zip(pred, gt)
+        )
     return _normalize(answer) == _normalize(truth)
 
 
-def score_answer(answer: str | None, truth: str, question: str = "",
-                 equivalent: Callable[[str, str, str], bool] | None = None) -> tuple[bool, str]:
+def score_answer(
+    answer: str | None, truth: str, question: str = "", equivalent: Callable[[str, str, str], bool] | None = None
+) -> tuple[bool, str]:
     """(correct, how): exact match first, then the LLM equivalence fallback if given."""
     if answer is None:
         return False, "no answer"

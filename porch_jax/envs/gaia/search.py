@@ -4,6 +4,7 @@
 (ranking, snippets, no result) is deterministic offline. ``SerperSearch`` is a live provider
 (google.serper.dev, the API key from ``$SERPER_API_KEY``); any object with ``search`` fits.
 """
+
 from __future__ import annotations
 
 import math
@@ -55,14 +56,23 @@ class CorpusSearch:
 
     def _score(self, doc: Counter, query: list[str]) -> float:
         length = sum(doc.values())
-        return sum(self._idf.get(t, 0.0) * doc[t] * (self.k1 + 1)
-                   / (doc[t] + self.k1 * (1 - self.b + self.b * length / self._avg)) for t in query if t in doc)
+        return sum(
+            self._idf.get(t, 0.0)
+            * doc[t]
+            * (self.k1 + 1)
+            / (doc[t] + self.k1 * (1 - self.b + self.b * length / self._avg))
+            for t in query
+            if t in doc
+        )
 
     def search(self, query: str, k: int = 5) -> list[SearchHit]:
         q = tokens(query)
         ranked = sorted(((self._score(d, q), i) for i, d in enumerate(self._docs)), key=lambda x: (-x[0], x[1]))
-        return [SearchHit(self.pages[i].title, self.pages[i].url, self._snippet(self._texts[i], q))
-                for score, i in ranked[:k] if score > 0]
+        return [
+            SearchHit(self.pages[i].title, self.pages[i].url, self._snippet(self._texts[i], q))
+            for score, i in ranked[:k]
+            if score > 0
+        ]
 
     @staticmethod
     def _snippet(text: str, query: list[str], width: int = 160) -> str:
@@ -72,7 +82,7 @@ class CorpusSearch:
             if at >= 0:
                 break
         start = max(0, at - width // 4) if at >= 0 else 0
-        return text[start:start + width].strip()
+        return text[start : start + width].strip()
 
 
 class SerperSearch:
@@ -84,8 +94,14 @@ class SerperSearch:
     def search(self, query: str, k: int = 5) -> list[SearchHit]:
         import httpx2 as httpx
 
-        r = httpx.post("https://google.serper.dev/search", json={"q": query, "num": k}, timeout=self.timeout_s,
-                       headers={"X-API-KEY": self.api_key})
+        r = httpx.post(
+            "https://google.serper.dev/search",
+            json={"q": query, "num": k},
+            timeout=self.timeout_s,
+            headers={"X-API-KEY": self.api_key},
+        )
         r.raise_for_status()
-        return [SearchHit(o.get("title", ""), o.get("link", ""), o.get("snippet", ""))
-                for o in r.json().get("organic", [])[:k]]
+        return [
+            SearchHit(o.get("title", ""), o.get("link", ""), o.get("snippet", ""))
+            for o in r.json().get("organic", [])[:k]
+        ]

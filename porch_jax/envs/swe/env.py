@@ -5,6 +5,7 @@ confined to the checkout (no ``..`` or symlink escapes), ``bash`` runs in the sa
 is its only writable place), observations are capped. ``score`` extracts the checkout's diff and
 grades it locally with swebench when the instance has tests; SWE-bench has no asynchronous events.
 """
+
 from __future__ import annotations
 
 import os
@@ -26,20 +27,39 @@ BASH_LIMITS = Limits(wall_s=120.0, cpu_s=120, memory_mb=4096, max_processes=64, 
 
 
 def _schema(name: str, description: str, props: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": props, "required": list(required)}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {"type": "object", "properties": props, "required": list(required)},
+        },
+    }
 
 
 _S, _I = {"type": "string"}, {"type": "integer", "minimum": 1}
 SCHEMAS = {
-    "view": _schema("view", "Show a file's numbered lines (a range of at most 200) or a directory listing.",
-                    {"path": _S, "start": _I, "end": _I}, ("path",)),
-    "edit": _schema("edit", "Replace the unique exact text `old` with `new` in a file; empty `old` creates the file.",
-                    {"path": _S, "old": _S, "new": _S}, ("path", "old", "new")),
-    "search": _schema("search", "Regex search in files under `path` (default: the repository): file:line: text.",
-                      {"pattern": _S, "path": _S}, ("pattern",)),
-    "bash": _schema("bash", "Run a bash command in the repository root (sandboxed, no network).",
-                    {"command": _S}, ("command",)),
+    "view": _schema(
+        "view",
+        "Show a file's numbered lines (a range of at most 200) or a directory listing.",
+        {"path": _S, "start": _I, "end": _I},
+        ("path",),
+    ),
+    "edit": _schema(
+        "edit",
+        "Replace the unique exact text `old` with `new` in a file; empty `old` creates the file.",
+        {"path": _S, "old": _S, "new": _S},
+        ("path", "old", "new"),
+    ),
+    "search": _schema(
+        "search",
+        "Regex search in files under `path` (default: the repository): file:line: text.",
+        {"pattern": _S, "path": _S},
+        ("pattern",),
+    ),
+    "bash": _schema(
+        "bash", "Run a bash command in the repository root (sandboxed, no network).", {"command": _S}, ("command",)
+    ),
 }
 TOOLS = tuple(SCHEMAS)
 
@@ -61,8 +81,10 @@ class SWETask:
 
     @property
     def text(self) -> str:
-        return f"Resolve this issue in {self.instance.repo} (checked out in the working directory):\n" \
-               f"{self.instance.problem_statement}"
+        return (
+            f"Resolve this issue in {self.instance.repo} (checked out in the working directory):\n"
+            f"{self.instance.problem_statement}"
+        )
 
 
 class SWEEnvironment(Environment):
@@ -106,8 +128,11 @@ class SWEEnvironment(Environment):
             return Score(False, 0.0, "not graded: the instance has no tests (partial SWE-bench fields)")
         report = grade_local(self.task.instance, self.patch(), self.task.source or self.root, **self.task.grading)
         failed = [t for kind in report.tests_status.values() for t in kind.get("failure", [])]
-        reason = "resolved" if report.resolved else \
-            ("patch did not apply" if not report.patch_applied else f"failing: {', '.join(failed[:5])}")
+        reason = (
+            "resolved"
+            if report.resolved
+            else ("patch did not apply" if not report.patch_applied else f"failing: {', '.join(failed[:5])}")
+        )
         return Score(report.resolved, float(report.resolved), reason)
 
     # ---- tools ---------------------------------------------------------------------------------
@@ -144,8 +169,9 @@ class SWEEnvironment(Environment):
 
     def _search(self, pattern: str, path: str = ".") -> str:
         regex, base, hits = re.compile(pattern), self._path(path), []
-        files = [base] if base.is_file() else \
-            sorted(f for f in base.rglob("*") if f.is_file() and ".git" not in f.parts)
+        files = (
+            [base] if base.is_file() else sorted(f for f in base.rglob("*") if f.is_file() and ".git" not in f.parts)
+        )
         for f in files:
             try:
                 for n, line in enumerate(f.read_text().splitlines(), 1):
@@ -158,8 +184,11 @@ class SWEEnvironment(Environment):
         return "\n".join(hits) or "no matches"
 
     def _bash(self, command: str) -> str:
-        env = dict(self.bash_env) if self.bash_env is not None else \
-            {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), "LANG": "C.UTF-8"}
+        env = (
+            dict(self.bash_env)
+            if self.bash_env is not None
+            else {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(self.root), "LANG": "C.UTF-8"}
+        )
         r = run_command(["bash", "-c", command], str(self.root), self.bash_limits, env=env)
         status = "timed out" if r.timed_out else f"exit {r.returncode}"
         return f"[{status}]\n{r.stdout}{r.stderr}".rstrip()

@@ -7,6 +7,7 @@ parser and ``get_eval_report`` turn its log into the resolved verdict, exactly a
 The checkout's Python must be able to run the tests (``env`` gives its PATH). Docker:
 ``grade_docker`` hands full 5.0.2-format rows to ``swebench.harness.run_evaluation.run_instances``.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,9 @@ from porch_jax.envs.swe.instances import SWEInstance
 from porch_jax.envs.swe.repo import apply_patch, checkout
 
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider {tests}"
-GRADING_LIMITS = Limits(wall_s=1800.0, cpu_s=1800, memory_mb=8192, max_processes=256, max_file_mb=512,
-                        max_open_files=1024)
+GRADING_LIMITS = Limits(
+    wall_s=1800.0, cpu_s=1800, memory_mb=8192, max_processes=256, max_file_mb=512, max_open_files=1024
+)
 
 
 @dataclass(frozen=True)
@@ -49,22 +51,49 @@ def eval_script(instance: SWEInstance, test_cmd: str = DEFAULT_TEST_CMD) -> str:
     """The eval script for one instance; ``{tests}`` in ``test_cmd`` becomes the test files."""
     files = " ".join(shlex.quote(f) for f in patched_files(instance.test_patch))
     reset = f"git checkout {instance.base_commit} -- {files}" if files else ":"
-    return "\n".join([
-        "#!/bin/bash", "set -uxo pipefail", reset,
-        "git apply --verbose - <<'EOF_PORCH_TEST_PATCH'", instance.test_patch.rstrip("\n"), "EOF_PORCH_TEST_PATCH",
-        f"echo '{START_TEST_OUTPUT}'", test_cmd.format(tests=files), f"echo '{END_TEST_OUTPUT}'", reset, ""])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            "set -uxo pipefail",
+            reset,
+            "git apply --verbose - <<'EOF_PORCH_TEST_PATCH'",
+            instance.test_patch.rstrip("\n"),
+            "EOF_PORCH_TEST_PATCH",
+            f"echo '{START_TEST_OUTPUT}'",
+            test_cmd.format(tests=files),
+            f"echo '{END_TEST_OUTPUT}'",
+            reset,
+            "",
+        ]
+    )
 
 
-def grade_local(instance: SWEInstance, model_patch: str, source: str | Path, *,
-                test_cmd: str = DEFAULT_TEST_CMD, log_parser: str = "parse_log_pytest",
-                env: Mapping[str, str] | None = None, limits: Limits = GRADING_LIMITS) -> GradeReport:
+def grade_local(
+    instance: SWEInstance,
+    model_patch: str,
+    source: str | Path,
+    *,
+    test_cmd: str = DEFAULT_TEST_CMD,
+    log_parser: str = "parse_log_pytest",
+    env: Mapping[str, str] | None = None,
+    limits: Limits = GRADING_LIMITS,
+) -> GradeReport:
     """Grade ``model_patch`` for ``instance`` on a fresh checkout of ``source`` (a repository path or URL)."""
     if not instance.gradable:
         raise ValueError(f"{instance.instance_id}: no test_patch/FAIL_TO_PASS to grade with (partial instance)")
-    spec = make_test_spec({"instance_id": instance.instance_id, "image": "", "repo": instance.repo,
-                           "version": instance.version, "FAIL_TO_PASS": list(instance.fail_to_pass),
-                           "PASS_TO_PASS": list(instance.pass_to_pass), "log_parser": log_parser,
-                           "eval_type": "pass_and_fail", "eval_script": eval_script(instance, test_cmd)})
+    spec = make_test_spec(
+        {
+            "instance_id": instance.instance_id,
+            "image": "",
+            "repo": instance.repo,
+            "version": instance.version,
+            "FAIL_TO_PASS": list(instance.fail_to_pass),
+            "PASS_TO_PASS": list(instance.pass_to_pass),
+            "log_parser": log_parser,
+            "eval_type": "pass_and_fail",
+            "eval_script": eval_script(instance, test_cmd),
+        }
+    )
     with tempfile.TemporaryDirectory(prefix="porch_swe_grade_") as tmp:
         repo = checkout(source, instance.base_commit, Path(tmp, "repo"))
         applied, apply_log = apply_patch(repo, model_patch)
@@ -77,12 +106,23 @@ def grade_local(instance: SWEInstance, model_patch: str, source: str | Path, *,
         log_path.write_text(log)
         prediction = {"instance_id": instance.instance_id, "model_name_or_path": "porch", "model_patch": model_patch}
         report = get_eval_report(spec, prediction, str(log_path), include_tests_status=True)[instance.instance_id]
-    return GradeReport(instance.instance_id, bool(report["resolved"]), bool(report["patch_successfully_applied"]),
-                       report.get("tests_status", {}), log)
+    return GradeReport(
+        instance.instance_id,
+        bool(report["resolved"]),
+        bool(report["patch_successfully_applied"]),
+        report.get("tests_status", {}),
+        log,
+    )
 
 
-def grade_docker(instances: Sequence[SWEInstance], patches: Mapping[str, str], run_id: str, *,
-                 max_workers: int = 4, timeout_s: int = 1800) -> dict[str, bool]:
+def grade_docker(
+    instances: Sequence[SWEInstance],
+    patches: Mapping[str, str],
+    run_id: str,
+    *,
+    max_workers: int = 4,
+    timeout_s: int = 1800,
+) -> dict[str, bool]:
     """Official grading on the SWE-bench images (needs a docker engine and full 5.0.2 rows, i.e.
     ``load_hub``); returns {instance_id: resolved} from the reports the harness writes."""
     from swebench.harness.constants import LOG_REPORT, RUN_EVALUATION_LOG_DIR

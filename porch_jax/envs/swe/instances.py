@@ -6,6 +6,7 @@ not to grade (no test_patch or FAIL_TO_PASS/PASS_TO_PASS). The hub dataset has e
 swebench 5.0.2 format a row also carries ``image``, ``eval_script``, ``log_parser`` and ``eval_type``,
 kept in ``extra`` for the docker path.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,19 @@ from typing import Any
 
 DEFAULT_LOCAL = Path(__file__).resolve().parents[4] / "shared/data/swe_bench_verified/swebench_verified.jsonl"
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
-_CORE = ("instance_id", "repo", "base_commit", "problem_statement", "patch", "test_patch", "FAIL_TO_PASS",
-         "PASS_TO_PASS", "version", "environment_setup_commit", "hints_text")
+_CORE = (
+    "instance_id",
+    "repo",
+    "base_commit",
+    "problem_statement",
+    "patch",
+    "test_patch",
+    "FAIL_TO_PASS",
+    "PASS_TO_PASS",
+    "version",
+    "environment_setup_commit",
+    "hints_text",
+)
 
 
 def _tests(value: Any) -> tuple[str, ...]:
@@ -51,19 +63,37 @@ class SWEInstance:
         missing = [k for k in ("instance_id", "repo", "base_commit", "problem_statement") if not d.get(k)]
         if missing:
             raise ValueError(f"SWE-bench instance {d.get('instance_id', '?')!r} lacks {missing}")
-        return cls(d["instance_id"], d["repo"], d["base_commit"], d["problem_statement"], d.get("patch") or "",
-                   d.get("test_patch") or "", _tests(d.get("FAIL_TO_PASS")), _tests(d.get("PASS_TO_PASS")),
-                   str(d.get("version") or ""), d.get("environment_setup_commit") or "", d.get("hints_text") or "",
-                   {k: v for k, v in d.items() if k not in _CORE})
+        return cls(
+            d["instance_id"],
+            d["repo"],
+            d["base_commit"],
+            d["problem_statement"],
+            d.get("patch") or "",
+            d.get("test_patch") or "",
+            _tests(d.get("FAIL_TO_PASS")),
+            _tests(d.get("PASS_TO_PASS")),
+            str(d.get("version") or ""),
+            d.get("environment_setup_commit") or "",
+            d.get("hints_text") or "",
+            {k: v for k, v in d.items() if k not in _CORE},
+        )
 
     def to_swebench(self) -> dict[str, Any]:
         """The row as swebench expects it (test lists as JSON strings)."""
-        return {**self.extra, "instance_id": self.instance_id, "repo": self.repo, "base_commit": self.base_commit,
-                "problem_statement": self.problem_statement, "patch": self.patch, "test_patch": self.test_patch,
-                "FAIL_TO_PASS": json.dumps(list(self.fail_to_pass)),
-                "PASS_TO_PASS": json.dumps(list(self.pass_to_pass)),
-                "version": self.version, "environment_setup_commit": self.environment_setup_commit,
-                "hints_text": self.hints_text}
+        return {
+            **self.extra,
+            "instance_id": self.instance_id,
+            "repo": self.repo,
+            "base_commit": self.base_commit,
+            "problem_statement": self.problem_statement,
+            "patch": self.patch,
+            "test_patch": self.test_patch,
+            "FAIL_TO_PASS": json.dumps(list(self.fail_to_pass)),
+            "PASS_TO_PASS": json.dumps(list(self.pass_to_pass)),
+            "version": self.version,
+            "environment_setup_commit": self.environment_setup_commit,
+            "hints_text": self.hints_text,
+        }
 
 
 def load_verified(path: str | Path | None = None) -> list[SWEInstance]:

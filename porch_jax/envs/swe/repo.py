@@ -3,6 +3,7 @@
 These run git as our own process (trusted, on a checkout we created); only agent- and test-written
 commands go through the sandbox.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -10,8 +11,11 @@ import tempfile
 from pathlib import Path
 
 # The order swebench's harness tries (run_evaluation.GIT_APPLY_CMDS), each on a pristine tree.
-APPLY_CMDS = (["git", "apply", "--verbose"], ["git", "apply", "--verbose", "--3way"],
-              ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "-i"])
+APPLY_CMDS = (
+    ["git", "apply", "--verbose"],
+    ["git", "apply", "--verbose", "--3way"],
+    ["patch", "--batch", "--forward", "--fuzz=5", "-p1", "-i"],
+)
 
 
 def _git(repo: str | Path, *args: str, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -20,8 +24,12 @@ def _git(repo: str | Path, *args: str, check: bool = True, stdin: str | None = N
 
 def checkout(source: str | Path, commit: str, dest: str | Path) -> Path:
     """A fresh clone of ``source`` (a path or URL) at ``commit`` in ``dest``, with no remote to push to."""
-    subprocess.run(["git", "clone", "--quiet", "--no-hardlinks", str(source), str(dest)], check=True,
-                   capture_output=True, text=True)
+    subprocess.run(
+        ["git", "clone", "--quiet", "--no-hardlinks", str(source), str(dest)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     _git(dest, "checkout", "--quiet", "--detach", commit)
     _git(dest, "remote", "remove", "origin", check=False)
     return Path(dest)

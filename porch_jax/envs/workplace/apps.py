@@ -5,6 +5,7 @@ learn to grant). Some state is per agent, as in a real app session: a ride can o
 the agent that quoted it, a message thread and an opened file belong to their opener. So a
 fresh sub-agent that replaces a stopped one must redo that work: re-delegation costs steps.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,24 +17,48 @@ from typing import Any
 
 from porch_jax.envs.workplace.world import CURRENT_YEAR, ENTITIES, Event, World
 
-TOOLS: tuple[str, ...] = ("mail", "calendar", "contacts", "messaging", "cab", "files", "search", "extract", "code",
-                          "archive")
+TOOLS: tuple[str, ...] = (
+    "mail",
+    "calendar",
+    "contacts",
+    "messaging",
+    "cab",
+    "files",
+    "search",
+    "extract",
+    "code",
+    "archive",
+)
 TOOL_DOCS: dict[str, str] = {
-    "mail": "search/read mail", "calendar": "search/read events", "contacts": "search/read people",
-    "messaging": "open/send/check texts", "cab": "quote/book/status/cancel rides", "files": "open/read files",
-    "search": "web search", "extract": "read a web page", "code": "run arithmetic", "archive": "old page revisions",
+    "mail": "search/read mail",
+    "calendar": "search/read events",
+    "contacts": "search/read people",
+    "messaging": "open/send/check texts",
+    "cab": "quote/book/status/cancel rides",
+    "files": "open/read files",
+    "search": "web search",
+    "extract": "read a web page",
+    "code": "run arithmetic",
+    "archive": "old page revisions",
 }
 _OPS: dict[str, tuple[str, ...]] = {
-    "mail": ("search", "read"), "calendar": ("search", "read"), "contacts": ("search", "read"),
-    "messaging": ("open", "send", "check"), "cab": ("quote", "book", "status", "cancel"), "files": ("open", "read"),
+    "mail": ("search", "read"),
+    "calendar": ("search", "read"),
+    "contacts": ("search", "read"),
+    "messaging": ("open", "send", "check"),
+    "cab": ("quote", "book", "status", "cancel"),
+    "files": ("open", "read"),
 }
 _PROPS: dict[str, dict[str, str]] = {
-    "mail": {"q": "string", "id": "string"}, "calendar": {"q": "string", "id": "string"},
+    "mail": {"q": "string", "id": "string"},
+    "calendar": {"q": "string", "id": "string"},
     "contacts": {"q": "string", "id": "string"},
     "messaging": {"to": "string", "thread": "string", "text": "string", "id": "string"},
     "cab": {"to": "string", "at": "string", "seats": "integer", "ref": "string"},
-    "files": {"name": "string", "page": "integer"}, "search": {"q": "string"},
-    "extract": {"url": "string", "q": "string"}, "code": {"expr": "string"},
+    "files": {"name": "string", "page": "integer"},
+    "search": {"q": "string"},
+    "extract": {"url": "string", "q": "string"},
+    "code": {"expr": "string"},
     "archive": {"url": "string", "year": "integer", "q": "string"},
 }
 
@@ -44,8 +69,14 @@ def tool_schema(name: str) -> dict[str, Any]:
     if name in _OPS:
         props = {"op": {"type": "string", "enum": list(_OPS[name])}, **props}
         required = ["op"]
-    return {"type": "function", "function": {"name": name, "description": TOOL_DOCS[name], "parameters": {
-        "type": "object", "properties": props, "required": required, "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": TOOL_DOCS[name],
+            "parameters": {"type": "object", "properties": props, "required": required, "additionalProperties": False},
+        },
+    }
 
 
 class ToolError(Exception):
@@ -61,8 +92,13 @@ class Booking:
     active: bool = True
 
 
-_ARITH = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-          ast.USub: operator.neg}
+_ARITH = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
 
 
 def _arith(node: ast.AST) -> float:
@@ -91,9 +127,17 @@ class Apps:
         self._status_calls: dict[str, int] = {}
         self._next = 0
         self._handlers: dict[str, Callable[[int, dict[str, Any]], str]] = {
-            "mail": self._mail, "calendar": self._calendar, "contacts": self._contacts,
-            "messaging": self._messaging, "cab": self._cab, "files": self._files, "search": self._search,
-            "extract": self._extract, "code": self._code, "archive": self._archive}
+            "mail": self._mail,
+            "calendar": self._calendar,
+            "contacts": self._contacts,
+            "messaging": self._messaging,
+            "cab": self._cab,
+            "files": self._files,
+            "search": self._search,
+            "extract": self._extract,
+            "code": self._code,
+            "archive": self._archive,
+        }
 
     def call(self, agent_id: int, name: str, args: dict[str, Any]) -> str:
         if name not in self._handlers:
@@ -157,8 +201,14 @@ class Apps:
     def _mail(self, agent: int, args: dict[str, Any]) -> str:
         if self._op("mail", args) == "search":
             q = self._arg(args, "q").lower()
-            return self._found([f"{m.mid} from {m.sender}: {m.item}" for m in self.world.mails
-                                if q in m.item or q in m.sender.lower()], q)
+            return self._found(
+                [
+                    f"{m.mid} from {m.sender}: {m.item}"
+                    for m in self.world.mails
+                    if q in m.item or q in m.sender.lower()
+                ],
+                q,
+            )
         m = next((m for m in self.world.mails if m.mid == self._arg(args, "id")), None)
         if m is None:
             raise ToolError("error: no such mail")

@@ -5,6 +5,7 @@ needs ("key: value" lines), the fact it produces and a program: from the agent's
 so far, the next call, done, or blocked. Programs read only text an LLM sub-agent would see
 (subgoal, context, tool outputs), so what the scripted agents do follows from what is rendered.
 """
+
 from __future__ import annotations
 
 import re
@@ -98,8 +99,7 @@ def _lookup(tool: str, entity: str, prefix: str, obs: Sequence[ToolObs], key: st
                 return Call(tool, {"op": "read", "id": hit[1]}, 1)
             if o.args.get("q") == entity:
                 names = ", ".join(re.findall(rf"{prefix}\d+: ([^|]+?)(?= \||$)", o.text))
-                return Blocked("task", f"which {what}: {names}?", f"blocked: '{entity}' is ambiguous",
-                               (o.text,), 1)
+                return Blocked("task", f"which {what}: {names}?", f"blocked: '{entity}' is ambiguous", (o.text,), 1)
     return Call(tool, {"op": "search", "q": entity}, 2)
 
 
@@ -227,27 +227,83 @@ def _none(a: Mapping[str, str]) -> tuple[str, ...]:
 
 
 KINDS: tuple[Kind, ...] = (
-    Kind("venue", re.compile(r"find venue of (?P<event>.+)"), ("calendar",), _none,
-         lambda a: f"venue of {a['event']}", _venue),
-    Kind("phone", re.compile(r"find phone of (?P<person>.+)"), ("contacts",), _none,
-         lambda a: f"phone of {a['person']}", _phone),
-    Kind("mail", re.compile(r"find (?P<item>.+?) in mail(?: from (?P<person>.+))?"), ("mail",), _none,
-         lambda a: a["item"], _mail, ("person",)),
-    Kind("file", re.compile(r"find (?P<item>.+?) in file (?P<file>\S+) \((?P<pages>\d+) pages\)"), ("files",), _none,
-         lambda a: a["item"], _file),
-    Kind("history", re.compile(r"find (?P<qty>\w+) of (?P<entity>\w+) in (?P<year>\d{4})"),
-         ("search", "extract", "archive"), _none, lambda a: f"{a['qty']} of {a['entity']} in {a['year']}", _web),
-    Kind("web", re.compile(r"find (?P<qty>\w+) of (?P<entity>\w+)"), ("search", "extract"), _none,
-         lambda a: f"{a['qty']} of {a['entity']}", _web),
-    Kind("compute", re.compile(r"compute change in (?P<qty>\w+) of (?P<entity>\w+) since (?P<year>\d{4})"),
-         ("code",), lambda a: (f"{a['qty']} of {a['entity']} in {a['year']}", f"{a['qty']} of {a['entity']}"),
-         lambda a: f"change in {a['qty']} of {a['entity']} since {a['year']}", _compute),
-    Kind("cab", re.compile(r"book cab to (?P<event>.+?)(?: for (?P<seats>\d+))?"), ("cab",),
-         lambda a: (f"venue of {a['event']}",), lambda a: "cab booking", _cab, ("seats",)),
-    Kind("cancel", re.compile(r"cancel cab (?P<ref>R\d+)"), ("cab",), _none, lambda a: f"cancelled {a['ref']}",
-         _cancel),
-    Kind("text", re.compile(r"text (?P<person>.+?) the (?P<key>.+)"), ("messaging",),
-         lambda a: (f"phone of {a['person']}", a["key"]), lambda a: f"texted {a['person']}", _text),
+    Kind(
+        "venue",
+        re.compile(r"find venue of (?P<event>.+)"),
+        ("calendar",),
+        _none,
+        lambda a: f"venue of {a['event']}",
+        _venue,
+    ),
+    Kind(
+        "phone",
+        re.compile(r"find phone of (?P<person>.+)"),
+        ("contacts",),
+        _none,
+        lambda a: f"phone of {a['person']}",
+        _phone,
+    ),
+    Kind(
+        "mail",
+        re.compile(r"find (?P<item>.+?) in mail(?: from (?P<person>.+))?"),
+        ("mail",),
+        _none,
+        lambda a: a["item"],
+        _mail,
+        ("person",),
+    ),
+    Kind(
+        "file",
+        re.compile(r"find (?P<item>.+?) in file (?P<file>\S+) \((?P<pages>\d+) pages\)"),
+        ("files",),
+        _none,
+        lambda a: a["item"],
+        _file,
+    ),
+    Kind(
+        "history",
+        re.compile(r"find (?P<qty>\w+) of (?P<entity>\w+) in (?P<year>\d{4})"),
+        ("search", "extract", "archive"),
+        _none,
+        lambda a: f"{a['qty']} of {a['entity']} in {a['year']}",
+        _web,
+    ),
+    Kind(
+        "web",
+        re.compile(r"find (?P<qty>\w+) of (?P<entity>\w+)"),
+        ("search", "extract"),
+        _none,
+        lambda a: f"{a['qty']} of {a['entity']}",
+        _web,
+    ),
+    Kind(
+        "compute",
+        re.compile(r"compute change in (?P<qty>\w+) of (?P<entity>\w+) since (?P<year>\d{4})"),
+        ("code",),
+        lambda a: (f"{a['qty']} of {a['entity']} in {a['year']}", f"{a['qty']} of {a['entity']}"),
+        lambda a: f"change in {a['qty']} of {a['entity']} since {a['year']}",
+        _compute,
+    ),
+    Kind(
+        "cab",
+        re.compile(r"book cab to (?P<event>.+?)(?: for (?P<seats>\d+))?"),
+        ("cab",),
+        lambda a: (f"venue of {a['event']}",),
+        lambda a: "cab booking",
+        _cab,
+        ("seats",),
+    ),
+    Kind(
+        "cancel", re.compile(r"cancel cab (?P<ref>R\d+)"), ("cab",), _none, lambda a: f"cancelled {a['ref']}", _cancel
+    ),
+    Kind(
+        "text",
+        re.compile(r"text (?P<person>.+?) the (?P<key>.+)"),
+        ("messaging",),
+        lambda a: (f"phone of {a['person']}", a["key"]),
+        lambda a: f"texted {a['person']}",
+        _text,
+    ),
 )
 KIND = {k.name: k for k in KINDS}
 

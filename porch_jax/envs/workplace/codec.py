@@ -20,6 +20,7 @@ actions (expert demonstrations, past turns of a context), canonical (sorted tool
 cases, all rare: a subgoal that is no clause's text maps to the first clause of the same kind; a
 context line no result showed is dropped; an answer no result showed becomes ``finish done``.
 """
+
 from __future__ import annotations
 
 import re
@@ -34,8 +35,12 @@ HINT_PREFIX = "Hint:"
 _TASK = re.compile(r"Task: (.*?)(?: \(budget (\d+) steps.*\))?$", re.DOTALL)
 _HEAD = re.compile(r"\[agent (\d+)(?: v\d+)? (\w+)(?: (\d+)/(\d+) steps)?\]")
 _REQUEST = re.compile(r"request: (\w+) (\w+)(?:: (.*))?")
-_HINTS = ((re.compile(r"add (\w+) to tools"), "tools"), (re.compile(r"add '(.+)' to context"), "ctx"),
-          (re.compile(r"set budget to (\d+)"), "budget"), (re.compile(r"set subgoal to '(.+)'"), "sub"))
+_HINTS = (
+    (re.compile(r"add (\w+) to tools"), "tools"),
+    (re.compile(r"add '(.+)' to context"), "ctx"),
+    (re.compile(r"set budget to (\d+)"), "budget"),
+    (re.compile(r"set subgoal to '(.+)'"), "sub"),
+)
 _TARGET = {"tools": "tools", "context": "ctx", "budget": "budget", "subgoal": "sub"}
 
 
@@ -83,12 +88,14 @@ class State:
     def resolve(self, ref: str, prefix: str, table: Sequence[str]) -> str:
         m = re.fullmatch(prefix + r"(\d+)", ref)
         if not m or not 1 <= int(m[1]) <= len(table):
-            raise CodecError(f"{ref!r} names no {'clause' if prefix == 'c' else 'result'} "
-                             f"(have {prefix}1..{prefix}{len(table)})")
+            raise CodecError(
+                f"{ref!r} names no {'clause' if prefix == 'c' else 'result'} (have {prefix}1..{prefix}{len(table)})"
+            )
         return table[int(m[1]) - 1]
 
 
 # ---- state ------------------------------------------------------------------------------------------
+
 
 def _clause_word(text: str) -> str:
     c = parse_clause(text)
@@ -119,7 +126,7 @@ def encode_feedback(content: str, state: State) -> str:
     out = [f"a{agent} {head[2]}" + (f" {head[3]}/{head[4]}" if head[3] else "")]
     for line in lines[1:]:
         if line.startswith("result: "):
-            state.results.append(line[len("result: "):].strip())
+            state.results.append(line[len("result: ") :].strip())
             out.append(f"r{len(state.results)}")
             if agent in state.agents:
                 state.done.add(state.agents[agent])
@@ -141,7 +148,7 @@ def encode_feedback(content: str, state: State) -> str:
 
 
 def encode_hint(content: str, state: State) -> str:
-    text = content[len(HINT_PREFIX):].strip()
+    text = content[len(HINT_PREFIX) :].strip()
     if not text:
         return "hint"
     for pattern, field in _HINTS:
@@ -203,6 +210,7 @@ def state_of(context: Sequence[Mapping[str, Any]]) -> State:
 
 # ---- actions ----------------------------------------------------------------------------------------
 
+
 def _refs(items: Sequence[str], state: State) -> list[str]:
     refs = {state.result_ref(x) for x in items} - {None}
     return sorted(refs, key=lambda r: int(r[1:]))  # type: ignore[arg-type, index]
@@ -218,8 +226,11 @@ def encode_call(call: Mapping[str, Any], state: State) -> str:
         return f"stop a{a.get('agent_id')}"
     if name not in ("delegate", "revise"):
         raise CodecError(f"no compact form for action {name!r}")
-    parts = [f"delegate {state.clause_ref(str(a.get('subgoal', ''))) or 'c?'}" if name == "delegate"
-             else f"revise a{a.get('agent_id')}"]
+    parts = [
+        f"delegate {state.clause_ref(str(a.get('subgoal', ''))) or 'c?'}"
+        if name == "delegate"
+        else f"revise a{a.get('agent_id')}"
+    ]
     if name == "revise" and "subgoal" in a:
         parts.append(f"sub={state.clause_ref(str(a['subgoal'])) or 'c?'}")
     if a.get("context"):
@@ -261,8 +272,10 @@ def decode_call(dsl: str, state: State) -> dict[str, Any]:
     if verb == "finish":
         if len(rest) != 1:
             raise CodecError(f"finish takes one ref or 'done', got {dsl!r}")
-        return {"name": "finish", "arguments": {"answer": "done" if rest[0] == "done"
-                                                else state.resolve(rest[0], "r", state.results)}}
+        return {
+            "name": "finish",
+            "arguments": {"answer": "done" if rest[0] == "done" else state.resolve(rest[0], "r", state.results)},
+        }
     if verb == "stop":
         if len(rest) != 1 or not re.fullmatch(r"a\d+", rest[0]):
             raise CodecError(f"stop takes one agent id aN, got {dsl!r}")
@@ -295,8 +308,12 @@ def decode_call(dsl: str, state: State) -> dict[str, Any]:
         else:
             args["budget"] = int(value)
     if verb == "delegate":
-        args = {"subgoal": args["subgoal"], "context": args.get("context", []), "tools": args.get("tools", []),
-                "budget": args.get("budget", 1)}
+        args = {
+            "subgoal": args["subgoal"],
+            "context": args.get("context", []),
+            "tools": args.get("tools", []),
+            "budget": args.get("budget", 1),
+        }
     order = ("agent_id", "subgoal", "context", "tools", "budget")
     return {"name": verb, "arguments": {k: args[k] for k in order if k in args}}
 
@@ -326,13 +343,35 @@ def corpus() -> str:
 
     tools = ["mail", "calendar", "contacts", "messaging", "cab", "files", "search", "extract", "code", "archive"]
     kinds = [k.name for k in KINDS] + ["other"]
-    lines = ["user", "assistant", "system", "invalid", "hint", "finish done", "finish r3", "stop a1", "episode finished",
-             "delegate c3 ctx=r1,r2 tools=code budget=3", "revise a2 ctx=- tools=- sub=c2 budget=12",
-             "a0 submit 3/5 r1 todo=c2,c3", "a2 revise 1/2 req ctx+r1 todo=c3", "a1 budget_exhausted 4/4 todo=-",
-             "a1 stop 2/5 req task todo=c1,c2,c3", "req budget+2", "hint ctx+r1", "hint budget=7", "hint sub=c2"]
+    lines = [
+        "user",
+        "assistant",
+        "system",
+        "invalid",
+        "hint",
+        "finish done",
+        "finish r3",
+        "stop a1",
+        "episode finished",
+        "delegate c3 ctx=r1,r2 tools=code budget=3",
+        "revise a2 ctx=- tools=- sub=c2 budget=12",
+        "a0 submit 3/5 r1 todo=c2,c3",
+        "a2 revise 1/2 req ctx+r1 todo=c3",
+        "a1 budget_exhausted 4/4 todo=-",
+        "a1 stop 2/5 req task todo=c1,c2,c3",
+        "req budget+2",
+        "hint ctx+r1",
+        "hint budget=7",
+        "hint sub=c2",
+    ]
     for t in tools:
-        lines += [f"delegate c1 tools={t} budget=5", f"revise a0 tools=search,{t} budget=6",
-                  f"a0 revise 3/5 req tools+{t} todo=c1", f"hint tools+{t}", f"tools={t},{t}"]
+        lines += [
+            f"delegate c1 tools={t} budget=5",
+            f"revise a0 tools=search,{t} budget=6",
+            f"a0 revise 3/5 req tools+{t} todo=c1",
+            f"hint tools+{t}",
+            f"tools={t},{t}",
+        ]
     for k in kinds:
         lines += [f"c1 {k} c2 {k} c3 file p4 steps 12", f"{k}"]
     return "\n".join(lines * 20) + "\n"

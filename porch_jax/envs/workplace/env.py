@@ -5,6 +5,7 @@ first call of that tool (by anyone) and arrives ``offset`` steps later; a releva
 world (an event moves) or the user's requirement (seat count) at arrival, and the scorer judges the
 final state against the requirements in force when the episode ended.
 """
+
 from __future__ import annotations
 
 import re
@@ -95,18 +96,25 @@ class WorkplaceEnv(Environment):
         if text is not None:
             phone = self.task.world.contact(text.args["person"]).phone
             value = good_ref if text.args["key"] == "cab booking" else self._item_value(text.args["key"], clauses)
-            ok = bool(self.apps.sent) and value is not None and all(
-                to == phone and re.search(rf"\b{re.escape(value)}\b", body) for to, body in self.apps.sent)
+            ok = (
+                bool(self.apps.sent)
+                and value is not None
+                and all(to == phone and re.search(rf"\b{re.escape(value)}\b", body) for to, body in self.apps.sent)
+            )
             checks.append((f"text {text.args['person']} the {text.args['key']}", ok))
         else:
             checks.append(("no texts", not self.apps.sent))
         if self.task.answer_key is not None:
             want = self._answer()
-            checks.append((f"answer {want}", answer is not None and re.search(rf"(?<![\d.-]){want}(?![\d.])",
-                                                                             answer) is not None))
+            checks.append(
+                (f"answer {want}", answer is not None and re.search(rf"(?<![\d.-]){want}(?![\d.])", answer) is not None)
+            )
         failed = [name for name, ok in checks if not ok]
-        return Score(not failed, (len(checks) - len(failed)) / len(checks),
-                     "ok" if not failed else "failed: " + "; ".join(failed))
+        return Score(
+            not failed,
+            (len(checks) - len(failed)) / len(checks),
+            "ok" if not failed else "failed: " + "; ".join(failed),
+        )
 
     def _requested(self) -> list[str]:
         """The clauses as the user wants them now (a file-item change renames what is texted too)."""
@@ -120,8 +128,7 @@ class WorkplaceEnv(Environment):
     def _item_value(self, item: str, clauses: list[Any]) -> str | None:
         for c in clauses:
             if c.kind == "mail" and c.args["item"] == item:
-                return next(m.value for m in self.task.world.mails
-                            if m.item == item and m.sender == c.args["person"])
+                return next(m.value for m in self.task.world.mails if m.item == item and m.sender == c.args["person"])
             if c.kind == "file" and c.args["item"] == item:
                 for page in self.task.world.files[c.args["file"]]:
                     m = re.search(rf"the {re.escape(item)} is (\w+)", page)

@@ -15,6 +15,7 @@ support; with no request it falls back on its own planner (blind spots included)
 it does not learn what the sub-agent already did (a booking the change made stale). It is
 stateless: each call replays the episode from the view, so runs are deterministic and resumable.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -61,8 +62,9 @@ class ExpertConfig:
         unknown = set(self.blind_spots) - set(BLIND_SPOTS)
         rates = self.blind_rate if isinstance(self.blind_rate, Mapping) else {}
         if unknown or set(rates) - set(BLIND_SPOTS):
-            raise ValueError(f"unknown blind spots {sorted(unknown | (set(rates) - set(BLIND_SPOTS)))}; "
-                             f"known: {BLIND_SPOTS}")
+            raise ValueError(
+                f"unknown blind spots {sorted(unknown | (set(rates) - set(BLIND_SPOTS)))}; known: {BLIND_SPOTS}"
+            )
         if not all(0.0 <= float(r) <= 1.0 for r in (rates.values() if rates else [self.blind_rate])):
             raise ValueError(f"blind rates must be in [0, 1], got {self.blind_rate}")
 
@@ -145,8 +147,12 @@ class ScriptedExpert:
         if fix.reject:
             return Revise(aid, note=fix.note)
         c, h = st.clauses[st.agent_clause[aid]], st.harness[aid]
-        want = {"subgoal": fix.subgoal or "subgoal" in c.stale, "context": fix.context or "context" in c.stale,
-                "tools": fix.tools, "budget": fix.budget}
+        want = {
+            "subgoal": fix.subgoal or "subgoal" in c.stale,
+            "context": fix.context or "context" in c.stale,
+            "tools": fix.tools,
+            "budget": fix.budget,
+        }
         if any(on and f not in view.revisable for f, on in want.items()):
             return Stop(aid, "re-delegating with a corrected harness")
         changes: dict[str, Any] = {}
@@ -159,8 +165,13 @@ class ScriptedExpert:
         # Pay for the communication step, and for the whole new subgoal when it changed.
         need = c.budget if fix.budget else h.budget + 1
         if want["subgoal"]:
-            need = max(need, st.used[aid] + sum(work(parse_clause(p)) for p in changes["subgoal"].split("; "))
-                       + 1 + self.cfg.budget_margin)
+            need = max(
+                need,
+                st.used[aid]
+                + sum(work(parse_clause(p)) for p in changes["subgoal"].split("; "))
+                + 1
+                + self.cfg.budget_margin,
+            )
         if fix.budget or "budget" in view.revisable:
             changes["budget"] = max(h.budget, need)
         return Revise(aid, note=fix.note, **changes)
@@ -308,14 +319,18 @@ class ScriptedExpert:
             st.facts.update(parse_facts([req.detail]))
         c.cancel += re.findall(r"booked (R\d+)", status)  # only the status says what was already done
         c.context |= {k for k in st.facts if st.facts.get(k) != before[1].get(k)}
-        return _Fix(subgoal=c.text != before[0] or bool(c.cancel), context=st.facts != before[1],
-                    note="user change applied")
+        return _Fix(
+            subgoal=c.text != before[0] or bool(c.cancel), context=st.facts != before[1], note="user change applied"
+        )
 
     @staticmethod
     def _target(status: str) -> RequestTarget | None:
-        for words, target in ((("missing context", "cannot read"), RequestTarget.CONTEXT),
-                              (("no tool",), RequestTarget.TOOLS), (("budget",), RequestTarget.BUDGET),
-                              (("ambiguous", "seat count", "several", "outside"), RequestTarget.TASK)):
+        for words, target in (
+            (("missing context", "cannot read"), RequestTarget.CONTEXT),
+            (("no tool",), RequestTarget.TOOLS),
+            (("budget",), RequestTarget.BUDGET),
+            (("ambiguous", "seat count", "several", "outside"), RequestTarget.TASK),
+        ):
             if any(w in status for w in words):
                 return target
         return None
@@ -349,8 +364,9 @@ class ScriptedExpert:
         if "long_file" in blind and clause.kind == "file":
             budget = min(budget, cfg.file_budget)
         if c.attempts == 0:
-            omit_ctx, omit_tool, misscope, under = (rng.random() < p for p in (
-                cfg.p_omit_context, cfg.p_omit_tool, cfg.p_misscope, cfg.p_underbudget))
+            omit_ctx, omit_tool, misscope, under = (
+                rng.random() < p for p in (cfg.p_omit_context, cfg.p_omit_tool, cfg.p_misscope, cfg.p_underbudget)
+            )
             if omit_ctx and needs:
                 needs.remove(rng.choice(needs))
             if omit_tool and len(tools) > 0:

@@ -12,6 +12,7 @@ acts on notifications itself). Its mistakes are the ones the protocol's signals 
   number of tools it holds and the length of its history, the usual degradation of long-context
   single agents that makes delegation worth its overhead.
 """
+
 from __future__ import annotations
 
 import random
@@ -21,9 +22,27 @@ from typing import Any
 
 from porch_jax.envs.base import MemoryItem, SubagentView
 from porch_jax.envs.workplace.clauses import (
-    Blocked, Call, Clause, Done, ToolObs, parse_clause, parse_facts, parse_subgoal, step)
+    Blocked,
+    Call,
+    Clause,
+    Done,
+    ToolObs,
+    parse_clause,
+    parse_facts,
+    parse_subgoal,
+    step,
+)
 from porch_jax.protocol import (
-    REVISE, Message, Request, RequestTarget, ReviseRequest, StopRequest, Submit, ToolCall, render_action)
+    REVISE,
+    Message,
+    Request,
+    RequestTarget,
+    ReviseRequest,
+    StopRequest,
+    Submit,
+    ToolCall,
+    render_action,
+)
 
 
 @dataclass(frozen=True)
@@ -89,8 +108,10 @@ def apply_change(texts: list[str], index: int, clause: str) -> list[str]:
     out = list(texts)
     out[index] = clause
     if old is not None and new is not None and old.kind == new.kind == "file":
-        out = [t.replace(f" the {old.args['item']}", f" the {new.args['item']}") if i != index else t
-               for i, t in enumerate(out)]
+        out = [
+            t.replace(f" the {old.args['item']}", f" the {new.args['item']}") if i != index else t
+            for i, t in enumerate(out)
+        ]
     return out
 
 
@@ -98,7 +119,7 @@ def _lookup_clause(key: str, tools: set[str]) -> Clause | None:
     """The clause that finds fact ``key`` with a tool the agent holds, if there is one."""
     for prefix, (verb, tool) in _LOOKUP.items():
         if key.startswith(prefix) and tool in tools:
-            return parse_clause(verb + key[len(prefix):])
+            return parse_clause(verb + key[len(prefix) :])
     return None
 
 
@@ -110,8 +131,11 @@ def _active_bookings(obs: list[ToolObs]) -> list[str]:
 
 def _booking_note(obs: list[ToolObs]) -> str:
     refs = _active_bookings(obs)
-    details = [o.text.split("booked ", 1)[1] for o in obs if o.text.startswith("booked ") and
-               o.text.split()[1].rstrip(":") in refs]
+    details = [
+        o.text.split("booked ", 1)[1]
+        for o in obs
+        if o.text.startswith("booked ") and o.text.split()[1].rstrip(":") in refs
+    ]
     return f"; done: booked {'; '.join(details)}" if details else ""
 
 
@@ -132,14 +156,17 @@ class ScriptedSubagent:
         clauses = parse_subgoal(h.subgoal)
         obs = [ToolObs(m.name, m.args, m.text) for m in view.memory if m.kind == "call"]
         if clauses is None:
-            msg = Message("blocked: subgoal outside what I can do", Request(RequestTarget.TASK, "clarify",
-                          "restate it as one task clause"), (f"subgoal: {h.subgoal}",))
+            msg = Message(
+                "blocked: subgoal outside what I can do",
+                Request(RequestTarget.TASK, "clarify", "restate it as one task clause"),
+                (f"subgoal: {h.subgoal}",),
+            )
             return render_action(ReviseRequest(msg) if proactive else Submit("(none)", msg))
         facts = parse_facts(h.context)
         changes = self._changes(view, clauses)
         if proactive:
             for idx, ch in changes:
-                if not any(m.kind == "comm" for m in view.memory[idx + 1:]):
+                if not any(m.kind == "comm" for m in view.memory[idx + 1 :]):
                     return render_action(ReviseRequest(self._change_message(ch, clauses, obs)))
         if view.solo:
             clauses, facts = self._apply(changes, clauses, facts, view.memory)
@@ -199,8 +226,9 @@ class ScriptedSubagent:
         return Message(status, Request(RequestTarget.CONTEXT, "update", f"{key}: {value}"), (ch.notice,))
 
     @staticmethod
-    def _apply(changes: list[tuple[int, Change]], clauses: list[Clause], facts: dict[str, str],
-               memory: tuple[MemoryItem, ...]) -> tuple[list[Clause], dict[str, str]]:
+    def _apply(
+        changes: list[tuple[int, Change]], clauses: list[Clause], facts: dict[str, str], memory: tuple[MemoryItem, ...]
+    ) -> tuple[list[Clause], dict[str, str]]:
         """ReAct acts on notifications itself, cancelling bookings made before a change to the ride."""
         texts, facts = [c.text for c in clauses], dict(facts)
         for at, ch in changes:
@@ -208,16 +236,21 @@ class ScriptedSubagent:
                 texts = apply_change(texts, ch.index, ch.clause)
             if ch.fact is not None:
                 facts[ch.fact[0]] = ch.fact[1]
-            rides = [i for i, t in enumerate(texts) if t.startswith("book cab to ") and
-                     (i == ch.index or (ch.fact and ch.fact[0] == f"venue of {t[12:].split(' for ')[0]}"))]
+            rides = [
+                i
+                for i, t in enumerate(texts)
+                if t.startswith("book cab to ")
+                and (i == ch.index or (ch.fact and ch.fact[0] == f"venue of {t[12:].split(' for ')[0]}"))
+            ]
             before = [ToolObs(m.name, m.args, m.text) for m in memory[:at] if m.kind == "call"]
             for i in rides[:1]:
                 texts[i:i] = [f"cancel cab {r}" for r in _active_bookings(before) if f"cancel cab {r}" not in texts]
         return [parse_clause(t) for t in texts], facts  # type: ignore[misc]
 
     @staticmethod
-    def _plan(clauses: list[Clause], facts: dict[str, str], obs: list[ToolObs], tools: set[str]
-              ) -> tuple[str, Call | Blocked | None, int, list[tuple[str, str, str]]]:
+    def _plan(
+        clauses: list[Clause], facts: dict[str, str], obs: list[ToolObs], tools: set[str]
+    ) -> tuple[str, Call | Blocked | None, int, list[tuple[str, str, str]]]:
         """(kind, step, tool calls left in total, products so far) for the first unfinished clause."""
         facts, products, first, left = dict(facts), [], None, 0
         for clause in clauses:
@@ -238,8 +271,7 @@ class ScriptedSubagent:
                 continue
             if isinstance(s, Call) and s.name not in tools:
                 evidence = (obs[-1].text,) if obs else (f"my tools: {', '.join(sorted(tools)) or 'none'}",)
-                s = Blocked("tools", s.name, f"blocked: no tool for the next step of '{clause.text}'", evidence,
-                            s.left)
+                s = Blocked("tools", s.name, f"blocked: no tool for the next step of '{clause.text}'", evidence, s.left)
             first = first or s
             left += s.left
         if first is None:
@@ -265,8 +297,14 @@ class ScriptedSubagent:
     def _result(products: list[tuple[str, str, str]]) -> str:
         return "\n".join(f"{k}: {v}" for k, v, _ in products) or "(nothing)"
 
-    def _partial(self, why: str, products: list[tuple[str, str, str]], request: Request,
-                 evidence: tuple[str, ...], notes: list[str]) -> Submit:
+    def _partial(
+        self,
+        why: str,
+        products: list[tuple[str, str, str]],
+        request: Request,
+        evidence: tuple[str, ...],
+        notes: list[str],
+    ) -> Submit:
         status = f"partial: {why}" + "".join(f"; note: {n}" for n in notes)
         return Submit(self._result(products), Message(status, request, evidence + tuple(notes)))
 

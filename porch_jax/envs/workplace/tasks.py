@@ -6,6 +6,7 @@ notifications (each arriving ``offset`` steps after the first call of its anchor
 uniform over the horizon of the work it interrupts), and tight budgets: total steps = the nominal
 steps of the right delegations + a small slack, and a few spare sub-agents.
 """
+
 from __future__ import annotations
 
 import random
@@ -32,8 +33,11 @@ class Notice:
 class TaskMixture:
     """The suite's knobs: template weights, notification rates and budget tightness."""
 
-    templates: Mapping[str, float] = field(default_factory=lambda: MappingProxyType(
-        {"cab": 1.0, "cab_text": 1.0, "mail_text": 1.0, "history": 1.0, "file_text": 1.0}))
+    templates: Mapping[str, float] = field(
+        default_factory=lambda: MappingProxyType(
+            {"cab": 1.0, "cab_text": 1.0, "mail_text": 1.0, "history": 1.0, "file_text": 1.0}
+        )
+    )
     p_change: float = 0.5  # a goal-changing notification (during the cab booking or the file search)
     p_distract: float = 0.5  # an unrelated notification that looks relevant
     slack: tuple[int, int] = (2, 8)  # total budget = nominal + U{lo..hi}
@@ -87,24 +91,38 @@ def _horizon(clause: str) -> int:
     return work(parse_clause(clause)) + 1
 
 
-def _cab_notices(rng: random.Random, world: W.World, event: W.Event, seats: int, clause: str,
-                 mix: TaskMixture) -> list[Notice]:
+def _cab_notices(
+    rng: random.Random, world: W.World, event: W.Event, seats: int, clause: str, mix: TaskMixture
+) -> list[Notice]:
     out, h = [], _horizon(clause)
     if rng.random() < mix.p_change:
         if rng.random() < 0.5:
             new = rng.choice([n for n in range(1, 7) if n != seats])
-            out.append(Notice(f"User: we are {new} for {event.title} now", "cab", rng.uniform(0, h), True,
-                              (("seats", str(new)),)))
+            out.append(
+                Notice(
+                    f"User: we are {new} for {event.title} now", "cab", rng.uniform(0, h), True, (("seats", str(new)),)
+                )
+            )
         else:
             place = rng.choice([p for p in W.PLACES if p != event.place])
             time = W.random_time(rng)
-            out.append(Notice(f"User: {event.title} moved to {place} at {time}", "cab", rng.uniform(0, h), True,
-                              (("venue", f"{place} at {time}"),)))
+            out.append(
+                Notice(
+                    f"User: {event.title} moved to {place} at {time}",
+                    "cab",
+                    rng.uniform(0, h),
+                    True,
+                    (("venue", f"{place} at {time}"),),
+                )
+            )
     if rng.random() < mix.p_distract:
         other = rng.choice([e for e in world.events if e.title != event.title])
         who = rng.choice(world.contacts).name
-        text = (f"{who}: {other.title} moved to {rng.choice(W.PLACES)} at {W.random_time(rng)}" if rng.random() < 0.5
-                else f"{who}: we are {rng.randint(2, 6)} for {other.title} now")
+        text = (
+            f"{who}: {other.title} moved to {rng.choice(W.PLACES)} at {W.random_time(rng)}"
+            if rng.random() < 0.5
+            else f"{who}: we are {rng.randint(2, 6)} for {other.title} now"
+        )
         out.append(Notice(text, "cab", rng.uniform(0, h), False))
     return out
 
@@ -132,15 +150,21 @@ def _cab(rng: random.Random, world: W.World, mix: TaskMixture, with_text: bool) 
 def _mail_text(rng: random.Random, world: W.World, mix: TaskMixture) -> Built:
     mail = rng.choice(world.mails)
     person = rng.choice([c for c in world.contacts if c.name != mail.sender])
-    clauses = (f"find {mail.item} in mail from {mail.sender}", f"find phone of {person.name}",
-               f"text {person.name} the {mail.item}")
+    clauses = (
+        f"find {mail.item} in mail from {mail.sender}",
+        f"find phone of {person.name}",
+        f"text {person.name} the {mail.item}",
+    )
     return clauses, tuple(_text_distractor(rng, world, person, mix)), world, None
 
 
 def _history(rng: random.Random, world: W.World, mix: TaskMixture) -> Built:
     qty, ent, year = rng.choice(W.QTYS), rng.choice(W.ENTITIES), rng.choice(W.YEARS)
-    clauses = (f"find {qty} of {ent} in {year}", f"find {qty} of {ent}",
-               f"compute change in {qty} of {ent} since {year}")
+    clauses = (
+        f"find {qty} of {ent} in {year}",
+        f"find {qty} of {ent}",
+        f"compute change in {qty} of {ent} since {year}",
+    )
     return clauses, (), world, f"change in {qty} of {ent} since {year}"
 
 
@@ -151,12 +175,22 @@ def _file_text(rng: random.Random, world: W.World, mix: TaskMixture) -> Built:
     for it in (item, other):
         world = W.with_file_item(world, name, it, W.random_code(rng), rng.randint(1, pages))
     person = rng.choice(world.contacts)
-    clauses = (f"find {item} in file {name} ({pages} pages)", f"find phone of {person.name}",
-               f"text {person.name} the {item}")
+    clauses = (
+        f"find {item} in file {name} ({pages} pages)",
+        f"find phone of {person.name}",
+        f"text {person.name} the {item}",
+    )
     notices = _text_distractor(rng, world, person, mix)
     if rng.random() < mix.p_change:  # the user wants the other item: pages already read stay useful
-        notices.append(Notice(f"User: in {name} find the {other} instead", "files", rng.uniform(0, pages + 2), True,
-                              (("item", other),)))
+        notices.append(
+            Notice(
+                f"User: in {name} find the {other} instead",
+                "files",
+                rng.uniform(0, pages + 2),
+                True,
+                (("item", other),),
+            )
+        )
     return clauses, tuple(notices), world, None
 
 
@@ -176,8 +210,9 @@ def make_task(seed: int, mix: TaskMixture = TaskMixture(), *, prefix: str = "wp"
     template = rng.choices(names, weights=[mix.templates[n] for n in names])[0]
     clauses, notices, world, answer = TEMPLATES[template](rng, W.make_world(rng), mix)
     budget = nominal_steps(clauses) + rng.randint(*mix.slack)
-    return WorkplaceTask(f"{prefix}-{seed}", seed, template, clauses, world, notices, budget,
-                         len(clauses) + mix.spare_agents, answer)
+    return WorkplaceTask(
+        f"{prefix}-{seed}", seed, template, clauses, world, notices, budget, len(clauses) + mix.spare_agents, answer
+    )
 
 
 def make_tasks(n: int, mix: TaskMixture = TaskMixture(), *, start: int = 0, prefix: str = "wp") -> list[WorkplaceTask]:
@@ -194,9 +229,18 @@ def make_probe(seed: int, horizon: int, *, arrival: float | None = None, prefix:
     name, pages = rng.choice(W.FILES), horizon - 2
     first, second = rng.sample(W.ITEMS, 2)
     world = W.with_pages(W.make_world(rng, n_pages=pages), name, pages)
-    world = W.with_file_item(W.with_file_item(world, name, first, W.random_code(rng), pages), name, second,
-                             W.random_code(rng), 1)
+    world = W.with_file_item(
+        W.with_file_item(world, name, first, W.random_code(rng), pages), name, second, W.random_code(rng), 1
+    )
     when = rng.uniform(0, horizon) if arrival is None else arrival
     notice = Notice(f"User: in {name} find the {second} instead", None, when, True, (("item", second),))
-    return WorkplaceTask(f"{prefix}-{horizon}-{seed}", seed, "probe", (f"find {first} in file {name} ({pages} pages)",),
-                         world, (notice,), 4 * horizon, 3)
+    return WorkplaceTask(
+        f"{prefix}-{horizon}-{seed}",
+        seed,
+        "probe",
+        (f"find {first} in file {name} ({pages} pages)",),
+        world,
+        (notice,),
+        4 * horizon,
+        3,
+    )

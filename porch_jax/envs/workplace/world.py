@@ -4,6 +4,7 @@ Names are drawn so that ambiguity exists on purpose: every first name belongs to
 every mail item appears in two senders' mails, so a subgoal that drops the surname or the sender is
 mis-scoped in a way the tools expose (two matches), not silently wrong.
 """
+
 from __future__ import annotations
 
 import random
@@ -12,8 +13,7 @@ from dataclasses import dataclass
 
 FIRST = ("Ana", "Ben", "Deniz", "Ali", "Mia", "Omar", "Lena", "Ravi", "Sara", "Tom")
 LAST = ("Kaya", "Aydin", "Lopez", "Chen", "Novak", "Silva", "Ito", "Berg")
-EVENTS = ("Budget review", "Team lunch", "Design sync", "Board call", "Demo day", "Offsite", "Hiring panel",
-          "Retro")
+EVENTS = ("Budget review", "Team lunch", "Design sync", "Board call", "Demo day", "Offsite", "Hiring panel", "Retro")
 PLACES = ("Room 4", "Pier 3", "Cafe Lumen", "Hall B", "Studio 9", "Dock 7", "Atrium", "Lab 2")
 ITEMS = ("door code", "gate number", "wifi code", "order id", "desk number", "locker code")
 ENTITIES = ("Greenland", "Iceland", "Malta", "Fiji", "Tonga", "Samoa", "Aruba", "Palau")
@@ -71,8 +71,10 @@ def make_world(rng: random.Random, *, n_pages: int = 6) -> World:
     names = [f"{f} {s}" for f in firsts for s in rng.sample(LAST, 2)]
     phones = rng.sample(range(100, 1000), len(names))
     contacts = tuple(Contact(f"c{i + 1}", n, f"+1-555-0{p}") for i, (n, p) in enumerate(zip(names, phones)))
-    events = tuple(Event(f"ev{i + 1}", t, p, random_time(rng))
-                   for i, (t, p) in enumerate(zip(rng.sample(EVENTS, 6), rng.sample(PLACES, 6))))
+    events = tuple(
+        Event(f"ev{i + 1}", t, p, random_time(rng))
+        for i, (t, p) in enumerate(zip(rng.sample(EVENTS, 6), rng.sample(PLACES, 6)))
+    )
     mails = []
     for item in ITEMS:
         for sender in rng.sample(names, 2):
@@ -81,8 +83,10 @@ def make_world(rng: random.Random, *, n_pages: int = 6) -> World:
     for qty in QTYS:
         for ent in ENTITIES:
             now = rng.randint(2000, 90000)
-            figures[(qty, ent)] = {**{y: now - rng.randint(50, 1500) * (CURRENT_YEAR - y) // 5 for y in YEARS},
-                                   CURRENT_YEAR: now}
+            figures[(qty, ent)] = {
+                **{y: now - rng.randint(50, 1500) * (CURRENT_YEAR - y) // 5 for y in YEARS},
+                CURRENT_YEAR: now,
+            }
     files = {}
     for name in FILES:
         pages = [f"{name} p{k + 1}: minutes of week {rng.randint(1, 52)}" for k in range(n_pages)]
