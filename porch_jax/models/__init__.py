@@ -1,7 +1,7 @@
 """Flax NNX decoders with Hugging Face safetensors import/export and logical-axis sharding."""
 
 from porch_jax.models.cache import KVCache
-from porch_jax.models.config import ConfigError, ModelConfig
+from porch_jax.models.config import ConfigError, ModelConfig, RopeScaling
 from porch_jax.models.io import (
     MODEL_SPECS,
     CheckpointError,
@@ -11,6 +11,7 @@ from porch_jax.models.io import (
     init_model,
     save_pretrained,
 )
+from porch_jax.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from porch_jax.models.qwen3 import REMAT_POLICIES, Qwen3ForCausalLM
 from porch_jax.models.qwen3_5 import HybridCache, Qwen3_5ForCausalLM
 from porch_jax.models.sharding import (
@@ -26,12 +27,15 @@ __all__ = [
     "MODEL_SPECS",
     "REMAT_POLICIES",
     "RULES",
+    "RopeScaling",
     "CheckpointError",
     "ConfigError",
     "HybridCache",
     "KVCache",
+    "LlamaForCausalLM",
     "ModelConfig",
     "ModelSpec",
+    "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen3_5ForCausalLM",
     "WeightRule",

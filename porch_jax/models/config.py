@@ -1,8 +1,8 @@
 """Model configuration, read from and written to a Hugging Face `config.json`.
 
 Only what the JAX decoder needs is kept; features we do not implement (sliding windows, biased
-attention, scaled RoPE, other activations) are rejected at load time, naming the field, rather
-than silently producing a different model.
+output or MLP projections, RoPE scalings other than Llama 3's, other activations) are rejected at
+load time, naming the field, rather than silently producing a different model.
 """
 
 from __future__ import annotations
@@ -12,9 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5")
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5", "llama", "qwen2")
 ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
     "qwen3_5": "Qwen3_5ForConditionalGeneration",
 }
@@ -33,6 +35,30 @@ _LINEAR_FIELDS = (
 
 class ConfigError(ValueError):
     """A config.json that we cannot turn into a model; the message names the field."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's RoPE frequency scaling (`rope_type` "llama3"): long wavelengths are divided by
+    `factor`, short ones kept, the band between interpolated (transformers' _compute_llama3_parameters)."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+    rope_type: str = "llama3"
+
+    def __post_init__(self) -> None:
+        if self.rope_type != "llama3":
+            raise ConfigError(f"rope_type {self.rope_type!r} is not supported (known: 'default', 'llama3')")
+        if not self.high_freq_factor > self.low_freq_factor > 0 or self.factor <= 0:
+            raise ConfigError(
+                "rope scaling needs factor > 0 and high_freq_factor > low_freq_factor > 0, got "
+                f"factor={self.factor}, low_freq_factor={self.low_freq_factor}, high_freq_factor={self.high_freq_factor}"
+            )
+
+    def to_hf(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,6 +91,8 @@ class ModelConfig:
     partial_rotary_factor: float = 1.0
     # A multimodal checkpoint's whole config.json (JSON text), so saving writes that layout back.
     multimodal_config: str | None = None
+    # Llama 3.x long-context RoPE (None: plain RoPE at rope_theta).
+    rope_scaling: RopeScaling | None = None
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -94,6 +122,18 @@ class ModelConfig:
             self._check_hybrid()
         elif self.partial_rotary_factor != 1.0:
             raise ConfigError(f"config field 'partial_rotary_factor' must be 1 for {self.model_type!r}")
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", _rope_scaling(self.rope_scaling, "rope_scaling"))
+
+    @property
+    def qk_norm(self) -> bool:
+        """Per-head RMSNorm on queries and keys before RoPE (Qwen3, Qwen3.5; not Llama or Qwen2)."""
+        return self.model_type not in ("llama", "qwen2")
+
+    @property
+    def qkv_bias(self) -> bool:
+        """Biases on the q, k and v projections (Qwen2)."""
+        return self.model_type == "qwen2"
 
     def _check_hybrid(self) -> None:
         object.__setattr__(self, "layer_types", tuple(self.layer_types))  # a list when read from JSON
@@ -151,6 +191,7 @@ class ModelConfig:
             eos_token_id=tuple(eos) if isinstance(eos, list) else eos,
             pad_token_id=hf.get("pad_token_id"),
             initializer_range=float(hf.get("initializer_range", 0.02)),
+            rope_scaling=_hf_rope_scaling(hf),
             **_hybrid_fields(hf),
         )
 
@@ -178,11 +219,14 @@ class ModelConfig:
     def to_hf(self) -> dict[str, Any]:
         """A config.json dict that transformers (and vLLM) read as the same model."""
         out = dataclasses.asdict(self)
+        scaling = out.pop("rope_scaling")
         if isinstance(self.eos_token_id, tuple):
             out["eos_token_id"] = list(self.eos_token_id)
         hybrid = {name: out.pop(name) for name in (*_LINEAR_FIELDS, "layer_types", "attn_output_gate")}
         multimodal = out.pop("multimodal_config")
         rope = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if scaling is not None:
+            rope |= scaling
         if out.pop("partial_rotary_factor") != 1.0:
             rope["partial_rotary_factor"] = self.partial_rotary_factor
         if self.model_type in HYBRID_MODEL_TYPES:
@@ -191,6 +235,7 @@ class ModelConfig:
             architectures=[ARCHITECTURES[self.model_type]],
             hidden_act="silu",
             attention_bias=False,
+            mlp_bias=False,
             attention_dropout=0.0,
             use_sliding_window=False,
             sliding_window=None,
@@ -228,6 +273,33 @@ def _rope_theta(hf: dict[str, Any]) -> float:
     return hf.get("rope_theta", 1_000_000.0)
 
 
+def _rope_kind(rope: dict[str, Any]) -> str:
+    return rope.get("rope_type", rope.get("type", "default"))
+
+
+def _rope_scaling(rope: dict[str, Any], field: str) -> RopeScaling:
+    names = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    missing = [name for name in names if name not in rope]
+    if missing:
+        raise ConfigError(f"config field {field!r} (rope_type 'llama3') is missing {', '.join(map(repr, missing))}")
+    return RopeScaling(
+        factor=float(rope["factor"]),
+        low_freq_factor=float(rope["low_freq_factor"]),
+        high_freq_factor=float(rope["high_freq_factor"]),
+        original_max_position_embeddings=int(rope["original_max_position_embeddings"]),
+        rope_type=_rope_kind(rope),
+    )
+
+
+def _hf_rope_scaling(hf: dict[str, Any]) -> RopeScaling | None:
+    """Llama 3 scaling from `rope_parameters` (transformers 5) or the legacy `rope_scaling`."""
+    for field in ("rope_parameters", "rope_scaling"):
+        rope = hf.get(field) or {}
+        if _rope_kind(rope) == "llama3":
+            return _rope_scaling(rope, field)
+    return None
+
+
 def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
     """The hybrid-model fields of a text config.json, with transformers' defaults."""
     rope = hf.get("rope_parameters") or {}
@@ -255,12 +327,21 @@ def _hybrid_fields(hf: dict[str, Any]) -> dict[str, Any]:
 def _reject_unsupported(hf: dict[str, Any]) -> None:
     if hf.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"config field 'hidden_act' must be 'silu', got {hf['hidden_act']!r}")
+    # Qwen2's q/k/v biases are part of its architecture (no config field); an `attention_bias`
+    # flag (Llama, Qwen3) also biases the output projection, which we do not implement.
     if hf.get("attention_bias", False):
         raise ConfigError("config field 'attention_bias' = true is not supported")
+    if hf.get("mlp_bias", False):
+        raise ConfigError("config field 'mlp_bias' = true is not supported")
     if hf.get("use_sliding_window", False):
         raise ConfigError("config field 'use_sliding_window' = true is not supported")
+    if (hf.get("pretraining_tp") or 1) != 1:
+        raise ConfigError(f"config field 'pretraining_tp' must be 1, got {hf['pretraining_tp']!r}")
+    scalable = hf["model_type"] == "llama"
     for field in ("rope_parameters", "rope_scaling"):
-        rope = hf.get(field) or {}
-        kind = rope.get("rope_type", rope.get("type", "default"))
-        if kind != "default":
-            raise ConfigError(f"config field {field!r} has rope_type {kind!r}; only 'default' is supported")
+        kind = _rope_kind(hf.get(field) or {})
+        if kind != "default" and not (scalable and kind == "llama3"):
+            allowed = "'default' or 'llama3'" if scalable else "'default'"
+            raise ConfigError(
+                f"config field {field!r} has rope_type {kind!r}; {allowed} is supported for {hf['model_type']!r}"
+            )

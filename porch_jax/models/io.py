@@ -4,6 +4,10 @@ Each model type has a `ModelSpec`: its class and a table of `WeightRule`s from H
 to our module paths. The table is used both ways (import and export), every tensor is checked
 against the shape the config implies, and nothing is silently dropped or left uninitialised.
 A new architecture registers another spec in `MODEL_SPECS`.
+
+With a mesh, every process reads only the parts of each tensor that its own devices hold
+(safetensors slices into `jax.make_array_from_callback`), so a model larger than one host's
+memory loads across hosts.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from porch_jax.models.config import ModelConfig
+from porch_jax.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from porch_jax.models.qwen3 import Qwen3ForCausalLM
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from porch_jax.models.sharding import RULES, Rules, shard_model, variable_sharding
@@ -39,13 +44,15 @@ class CheckpointError(ValueError):
 class WeightRule:
     """One HF tensor name <-> one parameter path; `{i}` stands for a layer index.
 
-    in_dims = 0: stored as is. in_dims = n > 0: an HF Linear weight [out, in] whose kernel here is
+    in_dims = 0: stored as is (flat: HF stores it flattened, e.g. a bias [heads * head_dim] that is
+    [heads, head_dim] here). in_dims = n > 0: an HF Linear weight [out, in] whose kernel here is
     [*in, *out] with n leading input dims (e.g. o_proj [heads, head_dim, hidden] has in_dims 2).
     """
 
     hf: str
     ours: str
     in_dims: int = 0
+    flat: bool = False
 
     def match(self, name: str, *, hf: bool) -> str | None:
         """The name on the other side when `name` matches this rule, else None."""
@@ -54,17 +61,48 @@ class WeightRule:
         return None if m is None else dst.format(**m.groupdict())
 
     def hf_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        if self.flat:
+            return (math.prod(shape),)
         if not self.in_dims:
             return tuple(shape)
         return math.prod(shape[self.in_dims :]), math.prod(shape[: self.in_dims])
 
-    def to_ours(self, array: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        return array.T.reshape(shape) if self.in_dims else array
+    def read_block(self, hf_tensor, shape: tuple[int, ...], index: tuple[slice, ...]) -> np.ndarray:
+        """The block `index` of our [shape] array, read from `hf_tensor` (anything sliceable in HF layout:
+        a numpy array or a safetensors slice) without reading more of it than the block's rows need.
+
+        Each group of our dims that is one HF dim (a Linear's input dims, its output dims, a flat
+        tensor's dims) reads the range its first dim's slice covers in full and cuts its inner dims
+        from that; they are whole in every layout the sharding rules give (head_dim is never split).
+        """
+        index = tuple(index) + (slice(None),) * (len(shape) - len(index))
+        if self.in_dims:
+            n = self.in_dims
+            cols, in_shape, in_cut = _covering_range(shape[:n], index[:n])
+            rows, out_shape, out_cut = _covering_range(shape[n:], index[n:])
+            block = np.asarray(hf_tensor[rows, cols]).T.reshape(*in_shape, *out_shape)
+            return block[(*in_cut, *out_cut)]
+        if self.flat:
+            flat, block_shape, cut = _covering_range(shape, index)
+            return np.asarray(hf_tensor[flat]).reshape(block_shape)[cut]
+        return np.asarray(hf_tensor[index])
 
     def to_hf(self, array: np.ndarray) -> np.ndarray:
+        if self.flat:
+            return array.reshape(-1)
         if not self.in_dims:
             return array
         return array.reshape(math.prod(array.shape[: self.in_dims]), -1).T
+
+
+def _covering_range(dims: tuple[int, ...], index: tuple[slice, ...]) -> tuple[slice, tuple[int, ...], tuple]:
+    """For dims stored flattened into one: the flat range that covers `index`, the shape of that
+    range unflattened, and the cut that takes `index` out of it."""
+    start, stop, step = index[0].indices(dims[0])
+    if step != 1:
+        raise ValueError(f"a strided slice {index[0]} cannot be read as a block")
+    inner = math.prod(dims[1:])
+    return slice(start * inner, stop * inner), (stop - start, *dims[1:]), (slice(None), *index[1:])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,26 +117,45 @@ def _layer_rule(hf: str, ours: str, in_dims: int = 0) -> WeightRule:
     return WeightRule(f"model.layers.{{i}}.{hf}", f"layers.{{i}}.{ours}", in_dims)
 
 
-QWEN3 = ModelSpec(
-    model_cls=Qwen3ForCausalLM,
-    weights=(
-        WeightRule("model.embed_tokens.weight", "embed_tokens"),
-        WeightRule("model.norm.weight", "norm.weight"),
-        WeightRule("lm_head.weight", "lm_head", 1),
-        _layer_rule("input_layernorm.weight", "input_layernorm.weight"),
-        _layer_rule("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
-        _layer_rule("self_attn.q_proj.weight", "self_attn.q_proj", 1),
-        _layer_rule("self_attn.k_proj.weight", "self_attn.k_proj", 1),
-        _layer_rule("self_attn.v_proj.weight", "self_attn.v_proj", 1),
-        _layer_rule("self_attn.o_proj.weight", "self_attn.o_proj", 2),
-        _layer_rule("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
-        _layer_rule("self_attn.k_norm.weight", "self_attn.k_norm.weight"),
-        _layer_rule("mlp.gate_proj.weight", "mlp.gate_proj", 1),
-        _layer_rule("mlp.up_proj.weight", "mlp.up_proj", 1),
-        _layer_rule("mlp.down_proj.weight", "mlp.down_proj", 1),
+# Llama's weights; Qwen3 adds q/k norms, Qwen2 q/k/v biases.
+_LLAMA_WEIGHTS = (
+    WeightRule("model.embed_tokens.weight", "embed_tokens"),
+    WeightRule("model.norm.weight", "norm.weight"),
+    WeightRule("lm_head.weight", "lm_head", 1),
+    _layer_rule("input_layernorm.weight", "input_layernorm.weight"),
+    _layer_rule("post_attention_layernorm.weight", "post_attention_layernorm.weight"),
+    _layer_rule("self_attn.q_proj.weight", "self_attn.q_proj", 1),
+    _layer_rule("self_attn.k_proj.weight", "self_attn.k_proj", 1),
+    _layer_rule("self_attn.v_proj.weight", "self_attn.v_proj", 1),
+    _layer_rule("self_attn.o_proj.weight", "self_attn.o_proj", 2),
+    _layer_rule("mlp.gate_proj.weight", "mlp.gate_proj", 1),
+    _layer_rule("mlp.up_proj.weight", "mlp.up_proj", 1),
+    _layer_rule("mlp.down_proj.weight", "mlp.down_proj", 1),
+)
+_ROTARY_BUFFERS = (r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",)
+
+
+def _llama_family(model_cls: type[nnx.Module], *extra: WeightRule) -> ModelSpec:
+    return ModelSpec(
+        model_cls=model_cls,
+        weights=_LLAMA_WEIGHTS + extra,
+        ignored=_ROTARY_BUFFERS,
+        ignored_when_tied=(r"lm_head\.weight",),
+    )
+
+
+QWEN3 = _llama_family(
+    Qwen3ForCausalLM,
+    _layer_rule("self_attn.q_norm.weight", "self_attn.q_norm.weight"),
+    _layer_rule("self_attn.k_norm.weight", "self_attn.k_norm.weight"),
+)
+LLAMA = _llama_family(LlamaForCausalLM)
+QWEN2 = _llama_family(
+    Qwen2ForCausalLM,
+    *(
+        WeightRule(f"model.layers.{{i}}.self_attn.{p}_proj.bias", f"layers.{{i}}.self_attn.{p}_bias", flat=True)
+        for p in "qkv"
     ),
-    ignored=(r"model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq",),
-    ignored_when_tied=(r"lm_head\.weight",),
 )
 
 
@@ -139,6 +196,8 @@ def _qwen3_5(prefix: str, ignored: tuple[str, ...] = ()) -> ModelSpec:
 
 MODEL_SPECS: dict[str, ModelSpec] = {
     "qwen3": QWEN3,
+    "llama": LLAMA,
+    "qwen2": QWEN2,
     "qwen3_5_text": _qwen3_5("model."),
     "qwen3_5": _qwen3_5("model.language_model.", ignored=(r"model\.visual\..*",)),
 }
@@ -186,7 +245,8 @@ def _tensor_files(path: Path) -> list[Path]:
     return files
 
 
-def _read_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
+def _tensor_slices(path: Path) -> Iterator[tuple[str, Any]]:
+    """(name, safetensors slice) of every tensor; a slice reads only the part it is indexed with."""
     seen: set[str] = set()
     for file in _tensor_files(path):
         with safe_open(file, framework="numpy") as f:
@@ -194,7 +254,28 @@ def _read_tensors(path: Path) -> Iterator[tuple[str, np.ndarray]]:
                 if name in seen:
                     raise CheckpointError(f"tensor {name!r} appears in more than one file ({file.name})")
                 seen.add(name)
-                yield name, f.get_tensor(name)
+                yield name, f.get_slice(name)
+
+
+def _load_array(hf_tensor, rule: WeightRule, var: nnx.Variable, sharding) -> jax.Array:
+    """One parameter: whole onto the default device, or with a sharding each addressable device's block
+    read on its own (devices holding the same block share one read)."""
+    shape = tuple(var.shape)
+
+    def block(index: tuple[slice, ...]) -> np.ndarray:
+        return np.ascontiguousarray(rule.read_block(hf_tensor, shape, index).astype(var.dtype))
+
+    if sharding is None:
+        return jax.device_put(block(tuple(slice(None) for _ in shape)))
+    blocks: dict[tuple, np.ndarray] = {}
+
+    def cached(index: tuple[slice, ...]) -> np.ndarray:
+        key = tuple(s.indices(n) for s, n in zip(index, shape, strict=True))
+        if key not in blocks:
+            blocks[key] = block(index)
+        return blocks[key]
+
+    return jax.make_array_from_callback(shape, sharding, cached)
 
 
 def from_pretrained(
@@ -207,8 +288,9 @@ def from_pretrained(
 ) -> nnx.Module:
     """Loads an HF safetensors folder (single file or sharded with an index).
 
-    param_dtype defaults to dtype. With a mesh, each tensor goes straight onto its sharding.
-    Raises ConfigError / CheckpointError naming the field or tensor at fault.
+    param_dtype defaults to dtype. With a mesh, each tensor goes straight onto its sharding, and each
+    process reads only the blocks its own devices hold. Raises ConfigError / CheckpointError naming
+    the field or tensor at fault.
     """
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
@@ -221,19 +303,18 @@ def from_pretrained(
     targets = {_dotted(p): v for p, v in nnx.to_flat_state(state)}
     ignored = spec.ignored + (spec.ignored_when_tied if config.tie_word_embeddings else ())
     values: dict[str, jax.Array] = {}
-    for name, array in _read_tensors(path):
+    for name, hf_tensor in _tensor_slices(path):
         if any(re.fullmatch(pattern, name) for pattern in ignored):
             continue
         ours, rule = _match(spec, name, hf=True)
         if ours not in targets:
             raise CheckpointError(f"unexpected tensor {name!r} in {path} (no parameter {ours!r} in this config)")
         var = targets[ours]
-        expected = rule.hf_shape(var.shape)
-        if tuple(array.shape) != expected:
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(array.shape)}, but the config implies {expected}")
-        array = rule.to_ours(array, var.shape).astype(var.dtype)
+        expected, shape = rule.hf_shape(var.shape), tuple(hf_tensor.get_shape())
+        if shape != expected:
+            raise CheckpointError(f"tensor {name!r} has shape {shape}, but the config implies {expected}")
         sharding = variable_sharding(var, mesh, rules or RULES) if mesh is not None else None
-        values[ours] = jax.device_put(array, sharding)
+        values[ours] = _load_array(hf_tensor, rule, var, sharding)
     missing = [ours for ours in targets if ours not in values]
     if missing:
         names = [_match(spec, ours, hf=False)[0] for ours in missing]

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from porch_jax.models.config import ModelConfig
+from porch_jax.models.config import ModelConfig, RopeScaling
 
 # Scores of masked keys. Finite, so a query with no visible key (a left pad) stays NaN-free.
 _MASKED = -1e30
@@ -47,8 +47,25 @@ class RMSNorm(nnx.Module):
         return rms_norm(x, self.weight[...], self.eps)
 
 
+def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> np.ndarray:
+    """RoPE's inverse frequencies [head_dim // 2] (float32), with Llama 3's scaling when given."""
+    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    if scaling is None:
+        return inv_freq
+    old_len, factor = scaling.original_max_position_embeddings, scaling.factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = np.where(wavelen > old_len / scaling.low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    medium = (wavelen >= old_len / scaling.high_freq_factor) & (wavelen <= old_len / scaling.low_freq_factor)
+    return np.where(medium, (1 - smooth) * scaled / factor + smooth * scaled, scaled).astype(np.float32)
+
+
 def rope_tables(
-    positions: jax.Array, head_dim: int, theta: float, num_positions: int | None = None
+    positions: jax.Array,
+    head_dim: int,
+    theta: float,
+    num_positions: int | None = None,
+    scaling: RopeScaling | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """cos and sin [B, T, head_dim] (float32) for HF's rotate_half convention.
 
@@ -57,7 +74,7 @@ def rope_tables(
     fuses cos and sin into every q and k rotation of every layer, forward and backward, and evaluates
     them once per head (measured: 3-4% of a bf16 train step, benchmarks/bench_train_step.py).
     """
-    inv_freq = 1.0 / (theta ** (np.arange(0, head_dim, 2, dtype=np.float32) / np.float32(head_dim)))
+    inv_freq = rope_inv_freq(head_dim, theta, scaling)
 
     def cos_sin(at: jax.Array) -> tuple[jax.Array, jax.Array]:
         angles = at.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
@@ -285,7 +302,8 @@ def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Arr
 
 
 class Attention(nnx.Module):
-    """GQA attention with per-head q/k RMSNorm before RoPE (Qwen3)."""
+    """GQA attention; per-head q/k RMSNorm before RoPE when `config.qk_norm` (Qwen3), q/k/v biases
+    when `config.qkv_bias` (Qwen2), neither for Llama."""
 
     def __init__(self, config: ModelConfig, *, rngs: nnx.Rngs, dtype, param_dtype):
         h, n, kv, d = config.hidden_size, config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -294,8 +312,14 @@ class Attention(nnx.Module):
         self.k_proj = param(rngs, (h, kv, d), ("embed", "kv_heads", "head_dim"), param_dtype, std)
         self.v_proj = param(rngs, (h, kv, d), ("embed", "kv_heads", "head_dim"), param_dtype, std)
         self.o_proj = param(rngs, (n, d, h), ("heads", "head_dim", "embed"), param_dtype, std)
-        self.q_norm = RMSNorm(d, config.rms_norm_eps, param_dtype=param_dtype)
-        self.k_norm = RMSNorm(d, config.rms_norm_eps, param_dtype=param_dtype)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps, param_dtype=param_dtype)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps, param_dtype=param_dtype)
+        if config.qkv_bias:  # HF initialises biases at zero; std gives a random model non-trivial ones
+            self.q_bias = param(rngs, (n, d), ("heads", "head_dim"), param_dtype, std)
+            self.k_bias = param(rngs, (kv, d), ("kv_heads", "head_dim"), param_dtype, std)
+            self.v_bias = param(rngs, (kv, d), ("kv_heads", "head_dim"), param_dtype, std)
+        self.qk_norm, self.qkv_bias = config.qk_norm, config.qkv_bias
         self.num_kv_heads, self.num_groups, self.head_dim = kv, config.num_groups, d
         self.dtype = dtype
 
@@ -320,8 +344,15 @@ class Attention(nnx.Module):
             dense(x, w[...].astype(self.dtype).reshape(h, -1)).reshape(b, t, -1, self.head_dim)
             for w in (self.q_proj, self.k_proj, self.v_proj)
         )
-        q = apply_rope(self.q_norm(q), cos, sin) * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
-        k = apply_rope(self.k_norm(k), cos, sin)
+        if self.qkv_bias:
+            q, k, v = (
+                y + bias[...].astype(self.dtype)
+                for y, bias in zip((q, k, v), (self.q_bias, self.k_bias, self.v_bias), strict=True)
+            )
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, cos, sin) * jnp.asarray(1.0 / math.sqrt(self.head_dim), self.dtype)
+        k = apply_rope(k, cos, sin)
         q = q.reshape(b, t, self.num_kv_heads, self.num_groups, self.head_dim)
         if kv_cache is None:
             out = causal_attention(q, k, v, attention_mask=attention_mask, segment_ids=segment_ids)

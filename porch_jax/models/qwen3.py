@@ -9,7 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from porch_jax.models.cache import KVCache
-from porch_jax.models.config import ModelConfig
+from porch_jax.models.config import ModelConfig, RopeScaling
 from porch_jax.models.layers import MLP, Attention, RMSNorm, dense, param, rope_tables
 from porch_jax.models.sharding import constrain
 
@@ -83,6 +83,7 @@ def forward_rope(
     segment_ids: jax.Array | None,
     cache,
     cache_index,
+    scaling: RopeScaling | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """RoPE tables of a forward pass: at the given positions, else at default_positions.
 
@@ -90,11 +91,11 @@ def forward_rope(
     rope_tables gathers. With a cache, tables over every slot would cost a decode step more than they save.
     """
     if positions is not None:
-        return rope_tables(positions, rotary_dim, theta)
+        return rope_tables(positions, rotary_dim, theta, scaling=scaling)
     positions = default_positions(
         batch, length, attention_mask=attention_mask, segment_ids=segment_ids, cache=cache, cache_index=cache_index
     )
-    return rope_tables(positions, rotary_dim, theta, length if cache is None else None)
+    return rope_tables(positions, rotary_dim, theta, length if cache is None else None, scaling)
 
 
 class CausalLM(nnx.Module):
@@ -174,7 +175,8 @@ class CausalLM(nnx.Module):
 
 
 class Qwen3ForCausalLM(CausalLM):
-    """Decoder-only Qwen3. See docs/CONTRACTS.md for the call signature."""
+    """Decoder-only Qwen3, and through the config's `qk_norm` / `qkv_bias` / `rope_scaling` also Llama
+    (Llama 3.x scaled RoPE included) and Qwen2. See docs/CONTRACTS.md for the call signature."""
 
     norm_class = RMSNorm
 
@@ -212,6 +214,7 @@ class Qwen3ForCausalLM(CausalLM):
             segment_ids=segment_ids,
             cache=cache,
             cache_index=cache_index,
+            scaling=self.config.rope_scaling,
         )
         x = self.embed(input_ids)
 
