@@ -8,9 +8,9 @@ import pytest
 from flax import nnx
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
-import transformers
+import transformers  # noqa: E402
 
-from porch_jax.models import (
+from porch_jax.models import (  # noqa: E402
     MODEL_SPECS,
     ConfigError,
     KVCache,
@@ -22,7 +22,7 @@ from porch_jax.models import (
     make_mesh,
     save_pretrained,
 )
-from porch_jax.models.layers import rope_inv_freq
+from porch_jax.models.layers import rope_inv_freq  # noqa: E402
 
 VOCAB = 89
 BASE = {

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from porch_jax.models import LlamaForCausalLM, from_pretrained
-from porch_jax.models.sampler import Sampler, SamplingParams
+from porch_jax.models import LlamaForCausalLM, from_pretrained  # noqa: E402
+from porch_jax.models.sampler import Sampler, SamplingParams  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
