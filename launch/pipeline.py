@@ -52,11 +52,6 @@ class Run:
         return not done
 
 
-def trainer_cfg(cfg: ConfigDict, section: str) -> ConfigDict:
-    """The shared optimizer settings overlaid with one method's section."""
-    return ConfigDict({**cfg.optimizer.to_dict(), **cfg[section].to_dict()})
-
-
 def rollouts(
     run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str, temperature: float
 ) -> list[Any]:
@@ -112,8 +107,8 @@ def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], st
 
 
 def init_model(run: Run) -> Path:
+    from porch_jax.envs.views import POLICY_FILE
     from porch_jax.models.tiny import make_tiny_model
-    from porch_jax.train.opod import POLICY_FILE
 
     folder = run / "init"
     if not (folder / POLICY_FILE).is_file():
@@ -128,33 +123,68 @@ def init_model(run: Run) -> Path:
     return folder
 
 
-def train(
-    run: Run, name: str, init: Path, batch_fn_of: Any, *, teacher: bool = False, learning_rate: float | None = None
-) -> Path:
-    """A PolicyTrainer run of config section `name` in RUN/<run_name(name, learning_rate)> unless its export
-    exists; returns the export folder."""
-    from porch_jax.train.opod import POLICY_FILE, PolicyTrainer
+def train(run: Run, name: str, init: Path, source_of: Any, *, learning_rate: float | None = None) -> Path:
+    """A Trainer run of config section `name` in RUN/<run_name(name, learning_rate)> from the policy in `init`,
+    unless its export exists; `source_of(tokenizer, mesh)` builds its batch source. Returns the export folder."""
+    from transformers import AutoTokenizer
 
-    cfg = trainer_cfg(run.cfg, name)
+    from porch_jax.envs.views import POLICY_FILE, folder_view
+    from porch_jax.models import from_pretrained
+    from porch_jax.train import mesh as mesh_lib
+    from porch_jax.train.methods import make_method
+    from porch_jax.train.trainer import Trainer
+
     folder = run_name(run.cfg, name, learning_rate)
-    if learning_rate is not None:
-        cfg.learning_rate = learning_rate
     export = run / folder / "export"
     if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
-        trainer = PolicyTrainer(init, run / folder, cfg, teacher=teacher)
-        trainer.run(batch_fn_of(trainer), name=folder)
+        cfg = train_config(run.cfg, name, learning_rate)
+        tok = AutoTokenizer.from_pretrained(str(init))
+        source = source_of(tok, mesh_lib.make_mesh(cfg.mesh))
+        model = from_pretrained(init)
+        trainer = Trainer(
+            cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=folder_view(init)
+        )
+        trainer.run()
     return export
 
 
-def configured_rate(cfg: ConfigDict, name: str) -> float:
-    """A method's learning rate as configured (its section over the shared optimizer settings)."""
-    return float(trainer_cfg(cfg, name).learning_rate)
+METHOD_OF = {"sft": "sft", "rwr": "rwr", "opod": "opod", "opd_empty": "opod", "dagrpo": "dagrpo"}
+
+
+def train_config(cfg: ConfigDict, name: str, learning_rate: float | None = None) -> Any:
+    """The typed TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
+    from porch_jax.train.config import CheckpointConfig, LogConfig, MethodConfig, OptimizerConfig, TrainConfig
+
+    opt, sec = cfg.optimizer, cfg[name]
+    lr = float(sec.learning_rate if learning_rate is None else learning_rate)
+    return TrainConfig(
+        steps=int(sec.steps),
+        optimizer=OptimizerConfig(
+            learning_rate=lr,
+            warmup_steps=int(sec.warmup_steps),
+            final_lr_ratio=float(opt.final_lr_ratio),
+            weight_decay=float(opt.weight_decay),
+            b1=float(opt.b1),
+            b2=float(opt.b2),
+            eps=float(opt.eps),
+            max_grad_norm=float(opt.max_grad_norm),
+        ),
+        method=MethodConfig(
+            name=METHOD_OF[name],
+            layout="packed",
+            opd_weight=float(sec.opd_weight) if "opd_weight" in sec else 1.0,
+            clip_eps=float(sec.clip_eps) if "clip_eps" in sec else 0.2,
+        ),
+        checkpoint=CheckpointConfig(every=int(opt.checkpoint_every), keep=1, async_save=False),
+        log=LogConfig(every=int(opt.log_every)),
+        export_every=int(sec.export_every) if "export_every" in sec else 0,
+    )
 
 
 def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
     """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
     picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
-    configured = configured_rate(cfg, name)
+    configured = float(cfg[name].learning_rate)
     grid = tuple(float(lr) for lr in cfg[name].get("lr_grid", None) or (configured,))
     if configured not in grid:
         raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
@@ -168,7 +198,7 @@ def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
 
 def run_name(cfg: ConfigDict, name: str, learning_rate: float | None) -> str:
     """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
-    if learning_rate is None or learning_rate == configured_rate(cfg, name):
+    if learning_rate is None or learning_rate == float(cfg[name].learning_rate):
         return name
     return f"{name}_lr{learning_rate:g}"
 
@@ -226,8 +256,9 @@ def run_pipeline(cfg: ConfigDict) -> None:
     from porch_jax.attribution.judge import follow_hint
     from porch_jax.envs.workplace import TOOLS
     from porch_jax.eval.policy import load_policy
-    from porch_jax.train import opod
-    from porch_jax.train import opod_data as od
+    from porch_jax.opod import rows as od
+    from porch_jax.train import sources
+    from porch_jax.train.config import SamplingConfig
 
     view, buckets, max_len = cfg.policy.view, tuple(cfg.policy.buckets), max(cfg.policy.buckets)
     sampler_len = int(cfg.policy.max_len)
@@ -249,8 +280,8 @@ def run_pipeline(cfg: ConfigDict) -> None:
         run,
         "sft",
         init,
-        lambda t: opod.opod_batches(
-            opod.PackedSource(sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed)), None
+        lambda tok, mesh: sources.PackedSource(
+            sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed), mesh
         ),
     )
 
@@ -283,48 +314,49 @@ def run_pipeline(cfg: ConfigDict) -> None:
         flush=True,
     )
 
-    def rwr_source(section: str) -> Any:
-        return (
-            opod.PackedSource(rwr_rows, int(cfg[section].batch), buckets, int(cfg[section].seed)) if rwr_rows else None
+    def packed(section: str, view: str, mesh: Any) -> list[Any]:
+        sec = cfg[section]
+        return [sources.PackedSource(rwr_rows, int(sec.batch), buckets, int(sec.seed), mesh, view)] if rwr_rows else []
+
+    def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
+        o = cfg[section].opd
+        sampling = SamplingConfig(int(o.max_new_tokens), float(o.temperature), float(o.top_p), int(o.seed))
+        return [sources.OpdSource(rows, tok, sampling, int(o.batch), buckets, mesh)] if rows else []
+
+    def group(tok: Any, mesh: Any) -> Any:
+        g = cfg.dagrpo.group
+        sampling = SamplingConfig(int(g.max_new_tokens), float(g.temperature), float(g.top_p), int(g.seed))
+        contexts = od.expert_contexts(expert, tok, view)
+        return sources.GroupSource(
+            contexts, tok, sampling, int(g.contexts_per_step), int(g.group_size), buckets, TOOLS, mesh
         )
 
-    def opd_source(section: str, rows: list[Any]) -> Any:
-        return opod.OpdSource(rows, tok, cfg[section].opd, buckets) if rows else None
-
-    exports = {"sft": {configured_rate(cfg, "sft"): sft}}
-    plans = {
-        "rwr": (lambda: opod.opod_batches(rwr_source("rwr"), None), bool(rwr_rows), False),
+    empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
+    exports = {"sft": {float(cfg.sft.learning_rate): sft}}
+    plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
+        "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], bool(rwr_rows)),
         "opod": (
-            lambda: opod.opod_batches(rwr_source("opod"), opd_source("opod", opd_rows)),
+            lambda tok, mesh: sources.Joined(*packed("opod", "rwr", mesh), *opd("opod", opd_rows, tok, mesh)),
             bool(rwr_rows or opd_rows),
-            True,
         ),
         "opd_empty": (
-            lambda: opod.opod_batches(
-                rwr_source("opd_empty"), opd_source("opd_empty", od.opd_rows(data, dict.fromkeys(hints, ""), tok, view))
+            lambda tok, mesh: sources.Joined(
+                *packed("opd_empty", "rwr", mesh), *opd("opd_empty", empty_rows, tok, mesh)
             ),
             bool(rwr_rows or opd_rows),
-            True,
         ),
-        "dagrpo": (
-            lambda: opod.GroupSource(od.expert_contexts(expert, tok, view), tok, cfg.dagrpo.group, buckets, TOOLS),
-            True,
-            False,
-        ),
+        "dagrpo": (group, True),
     }
     for name in cfg.methods:
         if name == "sft":
             continue
-        batches, has_data, teacher = plans[name]
+        source_of, has_data = plans[name]
         if not has_data:
             print(
                 f"{name}: no training data (no successful rollouts and no attributable decisions); skipped", flush=True
             )
             continue
-        exports[name] = {
-            lr: train(run, name, sft, lambda t, b=batches: b(), teacher=teacher, learning_rate=lr)
-            for lr in learning_rates(cfg, name)
-        }
+        exports[name] = {lr: train(run, name, sft, source_of, learning_rate=lr) for lr in learning_rates(cfg, name)}
     evaluate_and_report(run, policy, exports)
 
 
@@ -340,7 +372,7 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
     """
     from porch_jax.eval import suite as suite_lib
     from porch_jax.eval.evaluate import evaluate
-    from porch_jax.train.opod import selection_candidates
+    from porch_jax.train.trainer import selection_candidates
 
     cfg = run.cfg
     tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
@@ -355,7 +387,7 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
                 run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
                 recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
-        configured = configured_rate(cfg, name)
+        configured = float(cfg[name].learning_rate)
         lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
         out[name] = {
             "learning_rate": lr,
