@@ -119,18 +119,7 @@ class RecordSource:
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         host = self.batches.next_host_batch()
         if self.sampler is not None:
-            slots = [
-                (i, j)
-                for i, micro in enumerate(host.rows)
-                for j, ex in enumerate(micro)
-                if ex is not None and "student" in ex.views
-            ]
-            if slots:
-                prompts = [host.rows[i][j].views["student"].prompt for i, j in slots]
-                rows = [list(micro) for micro in host.rows]
-                for (i, j), c in zip(slots, self.sampler(student, prompts, step)):
-                    rows[i][j] = data_lib.with_opd_target(rows[i][j], c.token_ids, c.logprobs)
-                host = dataclasses.replace(host, rows=rows)
+            host = on_policy_targets(host, self.sampler, student, step)
         return self.batches.to_global(host), {}
 
     def state(self) -> dict[str, Any]:
@@ -138,6 +127,25 @@ class RecordSource:
 
     def restore(self, state: dict[str, Any]) -> None:
         self.batches.state = data_lib.IteratorState.from_json(state)
+
+
+def on_policy_targets(
+    host: data_lib.HostBatch, sampler: ActionSampler, student: nnx.Module, step: int
+) -> data_lib.HostBatch:
+    """The host batch with each OPD row's target replaced by the student's sample under the student view."""
+    slots = [
+        (i, j)
+        for i, micro in enumerate(host.rows)
+        for j, ex in enumerate(micro)
+        if ex is not None and "student" in ex.views
+    ]
+    if not slots:
+        return host
+    prompts = [host.rows[i][j].views["student"].prompt for i, j in slots]
+    rows = [list(micro) for micro in host.rows]
+    for (i, j), c in zip(slots, sampler(student, prompts, step), strict=True):
+        rows[i][j] = data_lib.with_opd_target(rows[i][j], c.token_ids, c.logprobs)
+    return dataclasses.replace(host, rows=rows)
 
 
 class _Stateless:

@@ -86,11 +86,13 @@ class Trainer:
         ck = config.checkpoint
         self.checkpointer = ckpt_lib.Checkpointer(self.workdir / "checkpoints", keep=ck.keep, async_save=ck.async_save)
         self.start_step = 0
-        restored = self.checkpointer.restore_latest(step_lib.abstract_train_state(model, tx, self.mesh))
+        self.abstract_state = step_lib.abstract_train_state(model, tx, self.mesh)
+        restored = self.checkpointer.restore_latest(self.abstract_state)
         if restored is not None:
             self.start_step, self.state, data_state = restored
             source.restore(data_state)
         self.student = nnx.merge(self.graphdef, self.state["params"])
+        self._model_hf = model.config.to_hf()
 
     @property
     def export_dir(self) -> Path:
@@ -114,7 +116,8 @@ class Trainer:
             logger.text(f"[{self.workdir.name}] resumed from step {self.start_step} ({self.checkpointer.directory})")
         saved = self.checkpointer.steps()
         history, last_good = [], saved[-1] if saved else None
-        config_json = {"train": to_dict(cfg), "view": self.view}
+        # What launch/export.py needs to rebuild the state from a checkpoint alone.
+        config_json = {"train": to_dict(cfg), "view": self.view, "model": self._model_hf}
         try:
             for step in range(self.start_step + 1, total + 1):
                 if self.source.on_policy:

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import io
-
 import jax
 import numpy as np
 import pytest
 import tiny_data
 
 from porch_jax.train import data as D
-from porch_jax.train.trainer import Trainer
 
 STEPS = 20
 
@@ -18,7 +15,7 @@ STEPS = 20
 def _run(tmp_path, mesh):
     examples = D.sft_examples(tiny_data.episodes(12), tiny_data.tokenizer())
     config = tiny_data.config(tmp_path / f"run{'x'.join(map(str, mesh))}", steps=STEPS, mesh=mesh)
-    trainer = Trainer(config, tiny_data.model(), examples, stream=io.StringIO())
+    trainer = tiny_data.trainer(config, tiny_data.model(), examples)
     buckets = {D.Buckets(tuple(config.data.buckets), tuple(config.data.target_buckets)).of([e]) for e in examples}
     return trainer, trainer.run(), len(buckets)
 
