@@ -157,7 +157,7 @@ def get_config() -> ConfigDict:
     # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
     # only by λ·OPD.
     # lr_grid: each method is also trained at these rates, and checkpoint selection picks rate and step on the
-    # validation tasks (the configured rate wins ties; launch/pipeline.py `learning_rates`).
+    # validation tasks (the configured rate wins ties; porch_jax/opod/experiment.py `learning_rates`).
     grid = (1e-4, 3e-4, 1e-3)
     c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid)
     c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))

@@ -84,3 +84,18 @@ def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     assert json.loads((again / "policy.json").read_text()) == {"view": "full", "step": 2}
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(again)
     assert reloaded.config.num_hidden_layers == tiny_data.TINY_HF["num_hidden_layers"]
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("--config.opod.nonexistent_key=3", "config.opod.nonexistent_key"),
+        ("--config.policy.view=json", "config.policy.view"),
+        ("--config.rwr.steps=0", "config.rwr.steps"),
+    ],
+)
+def test_pipeline_launcher_names_an_unknown_key_or_a_bad_value(tmp_path, override, named):
+    command = [tiny_data.sys.executable, "-m", "launch.pipeline", "--config=experiments/quickstart.py"]
+    out = _run([*command, f"--config.run_dir={tmp_path}", override])
+    assert out.returncode != 0 and named in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "expert.jsonl").exists()  # stopped before any stage ran

@@ -24,6 +24,7 @@ from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as od
 from porch_jax.protocol import render_call
 from porch_jax.train import mesh as mesh_lib
+from porch_jax.train import packing
 from porch_jax.train import sources
 from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
 from porch_jax.train.dagrpo import decision_reward
@@ -110,7 +111,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
 
 def test_losses_average_within_each_decision_then_across(tok, episodes, model_dir):
     rows = od.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
-    batch = od.seq_batch(rows, 512, 256)
+    batch = packing.seq_batch(rows, 512, 256)
     model = from_pretrained(model_dir)
     method = make_method(MethodConfig(name="sft", layout="packed"))
     parts, _ = method.micro_parts(model, None, {"policy": jax.tree.map(jnp.asarray, batch)})
