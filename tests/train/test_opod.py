@@ -24,8 +24,7 @@ from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as od
 from porch_jax.protocol import render_call
 from porch_jax.train import mesh as mesh_lib
-from porch_jax.train import packing
-from porch_jax.train import sources
+from porch_jax.train import packing, sources
 from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
 from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.data import decision_target

@@ -12,7 +12,6 @@ import tiny_data
 from flax import nnx
 
 from porch_jax.train import data as D
-from porch_jax.train import step as S
 from porch_jax.train.methods import MethodConfig
 
 
