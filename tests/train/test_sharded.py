@@ -48,5 +48,5 @@ def test_progress_line_reports_rate_and_eta(single):
     trainer, result, _ = single
     last = result.history[-1]
     assert last["tokens_per_s"] > 0 and last["steps_per_s"] > 0
-    lines = trainer.metrics.stream.getvalue().splitlines()
+    lines = [line for line in trainer.stream.getvalue().splitlines() if line.startswith("step ")]
     assert lines[-1].startswith(f"step {STEPS}/{STEPS} (100%)") and "tok/s" in lines[-1] and "ETA" in lines[-1]
