@@ -60,35 +60,23 @@ def jax_runner(batch: int, seq: int, dtype: str = "f32"):
     dtype bf16: bf16 compute, f32 parameters and optimizer state (launch/train.py's compute_dtype)."""
     import jax
     import numpy as np
-    from ml_collections import ConfigDict
 
     from porch_jax.models import ModelConfig, init_model
     from porch_jax.train import data as D
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import optim
     from porch_jax.train import step as S
+    from porch_jax.train.config import OptimizerConfig
+    from porch_jax.train.methods import MethodConfig, make_method
 
-    cfg = ConfigDict(
-        {
-            "learning_rate": 1e-4,
-            "warmup_steps": 10,
-            "total_steps": 1000,
-            "final_lr_ratio": 0.1,
-            "weight_decay": 0.01,
-            "b1": 0.9,
-            "b2": 0.95,
-            "eps": 1e-8,
-            "max_grad_norm": 1.0,
-        }
-    )
+    cfg = OptimizerConfig(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
     mesh = mesh_lib.make_mesh((1, 1, 1))
     tx = optim.make_optimizer(cfg)
     graphdef, state, shardings = S.init_train_state(
         init_model(ModelConfig.from_hf(HF), seed=0, dtype=jax.numpy.dtype(DTYPES[dtype])), tx, mesh
     )
-    step = S.TrainStep(
-        "sft", graphdef, tx, optim.learning_rate_schedule(cfg), S.LossConfig(), mesh=mesh, state_shardings=shardings
-    )
+    method = make_method(MethodConfig(name="sft"))
+    step = S.TrainStep(method, graphdef, tx, optim.learning_rate_schedule(cfg), mesh=mesh, state_shardings=shardings)
     rng = np.random.default_rng(0)
     # Prompt = 1 token, target = the other seq - 1: every next-token position carries loss, as in
     # the PyTorch loop.

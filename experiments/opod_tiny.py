@@ -20,13 +20,13 @@ def _sft_config():
 
 def get_config():
     c = _sft_config()
-    c.method = "opod"
+    c.train.method.name = "opod"
     c.workdir = "runs/opod_tiny"
     c.model.init_from = "runs/sft_tiny/export"
     c.data.trajectories = "runs/sft_rollouts/trajectories.jsonl"
     c.data.hints = "runs/sft_rollouts/hints.jsonl"
-    c.loss.aggregation = "decision"
-    c.loss.opd_weight = 1.0
-    c.train.learning_rate = 1e-5
-    c.train.warmup_steps = 10
+    c.train.method.aggregation = "decision"
+    c.train.method.opd_weight = 1.0
+    c.train.optimizer.learning_rate = 1e-5
+    c.train.optimizer.warmup_steps = 10
     return c

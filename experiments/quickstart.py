@@ -1,80 +1,43 @@
-"""The OPOD quickstart: the whole loop in miniature on a CPU (launch/pipeline.py).
+"""The OPOD quickstart: POrchestra's loop (the paper: /work/shared/seeds/000_cf3e1ad19b41208e.txt, OPOD =
+RWR + lambda * OPD) in miniature on a CPU.
 
-    python -m launch.pipeline --config=experiments/quickstart.py
+    python -m launch.pipeline --config=experiments/quickstart.py [--config.run_dir=runs/qs2]
+    python -m launch.pipeline --config=experiments/quickstart_seeds.py   # eight seed sets, ~8x the time
 
-The miniature (see DESIGN.md, "The miniature"):
-- Suite: three-clause workplace tasks whose success hinges on the first delegation's harness
-  (history: a past year's figure needs the archive tool, then the computation needs the fact found
-  two delegations earlier; mail/file then text: the item found two delegations earlier must be
-  handed over; long files need a budget that grows with their pages). Budgets leave 1-2 steps of
-  slack (as in the held-out set; 1-3 before the blind rates), so a mid-run revision costs real
-  success, not only steps. No notifications: contexts stay short, and the mechanism under test is
-  blind-spot attribution.
-- Expert: rare random slips (imitation averages them away) and three systematic blind spots
-  (handover_2back, archive, long_file) that imitation copies. BLIND_RATE: each blind spot acts on a
-  share of its delegations (drawn per task seed, clause and blind spot). archive and long_file act
-  on 60%: the expert demonstrates their fix on 40%, so the SFT policy's greedy action keeps the
-  blind majority while its rollouts (temperature 1.0) sometimes fix it, and successful rollouts
-  carry the fix more often than failed ones: outcome supervision (RWR) has something to reweight.
-  handover_2back acts always: the policy never makes that fix, so only attribution reaches it.
-  Why (measured, docs/results/opod_quickstart.md): with every blind spot always on, RWR equalled
-  SFT in every run (its successes never held a fix), and RWR > SFT could not be shown; with all
-  three at 55-70% RWR went from +0.00 to +0.24 depending on the seed, and when it fixed everything
-  it tied OPOD at the ceiling (0.98). A fix the policy never makes is the paper's case for OPD.
-  Measured (held-out success SFT / RWR / OPOD, this file): default seeds 0.735 / 0.910 / 0.940,
-  other seeds 0.750 / 0.910 / 0.940, two more seed sets 0.725 / 0.750 / 0.945 and 0.725 / 0.915 /
-  0.950; OPOD > RWR > SFT with paired 95% intervals excluding 0 on all four, by small margins where
-  smallest (OPOD - RWR +0.030, RWR - SFT +0.025). That was commit 14eeb35. On main (session 8) float-level
-  drift from later kernels moved both knife edges: the ordering holds on seed sets 2 and 3; on the default
-  seeds RWR stays at SFT (0.745 / 0.735), on the other seeds OPOD ties RWR (0.940 / 0.935). Over eight
-  seed sets (experiments/quickstart_seeds.py, session 13; README, "OPOD quickstart results"): SFT 0.731,
-  RWR 0.868, OPOD 0.941 on average, each difference's 95% interval over sets above zero.
-- Policy: a 0.45M-parameter Qwen3 (2 layers, 128 wide, tied embeddings) trained from scratch that reads and writes
-  the suite's compact action-and-state language (view "dsl", envs/workplace/codec.py), with a BPE
-  tokenizer built over that language. Decision (why): with Hermes JSON in 500-1000-token contexts
-  a 1M-parameter model trained for minutes reached 1/300 successes and the loop took 3-5x the time
-  budget; the failure was copying free text (names, values found earlier). In the compact language
-  the policy reads clauses as ids and kinds ("c1 history c2 web c3 compute steps 10"), feedback as
-  agent/event/steps, results as numbered refs, requests as codes and the clauses still without a
-  result ("a2 revise 1/2 req ctx+r1 todo=c3"),
-  and writes ~10-token actions with pointers instead of copies ("delegate c3 ctx=r1,r2
-  tools=code budget=3"). The action is decoded into the protocol's full tool call before the engine
-  parses it, so records, the judge and the evaluation see full actions; an action that does not
-  decode is an invalid action like any unparsable reply. Contexts are ~100-250 tokens, so
-  training, sampling and evaluation are ~10x cheaper. Names and values are not shown to the policy:
-  nothing it decides depends on them once actions point. The "full" view (vLLM path) is unchanged.
-  Why "todo": without it OPOD fixed the blind spots but then failed in the states its fixes lead
-  to (a clause done without a revision never occurs in the expert's data, so the tiny model kept
-  re-delegating instead of finishing: OPOD 0.585 vs SFT 0.715); with progress explicit in the
-  state the finish decision generalizes. With always-on blind spots OPOD's gain was not robust
-  across seeds (docs/results/opod_quickstart.md): OPD fixed every flagged blind spot, but could
-  also teach malformed actions where the student's sampled prefix left what the tiny teacher had
-  seen.
-- Hint following: the SFT data holds hint-following rows (expert contexts ⊕ the judge's hint, in
-  the same language: "hint tools+archive", "hint ctx+r1", "hint budget=7" -> the corrected action),
-  because a model trained from scratch follows a hint only if it has seen this; OPD's self-teacher
-  is these SFT weights reading s ⊕ H. The pipeline measures it (hint_following.json: greedy match
-  with the hinted action on flagged rollout decisions, student vs teacher vs empty hint).
-- SFT also sees each hint-following decision under an empty hint with the action unchanged
-  (empty_hint_rows): otherwise the tiny teacher reads any hint turn as "fix the usual blind spot"
-  (it produced the hinted action under an empty hint on 14-49% of flagged decisions), and OPD with
-  empty hints is no control (it matched OPOD in one run).
-- After SFT, RWR, OPOD and OPD-with-empty-hints share steps, learning-rate grid, RWR batch and seed,
-  so at each rate OPOD differs from RWR only by λ·OPD; each method is then compared at the rate its
-  own validation picks (the usual fair comparison; they may differ). Configured rate 3e-4: at 1e-3
-  training after SFT drifted for every method on two of four seed sets (RWR's validation success
-  fell back to SFT's, OPOD's dipped to 0.33-0.61 mid-run) and OPOD > RWR did not hold there; at 3e-4
-  OPOD's validation success was flat (0.93-0.94) on every seed set tried. That rate was chosen by
-  looking at held-out runs (docs/results/opod_quickstart.md), so each method is also trained at a
-  third and at three times it (lr_grid; DA-GRPO around its 1e-3) and the validation tasks choose the
-  rate with the step, the same rule for every method: no method's rate rests on held-out results.
-- Checkpoint selection (selection): every method trained after SFT exports every 25 steps (DA-GRPO
-  every 10); the export with the most successes on 100 validation tasks (training mixture, seeds
-  disjoint from everything else) is evaluated, the same rule for all. Why: OPOD's earlier failures
-  were mid-run drifts (malformed actions after 20-60 steps) that a fixed step count cannot avoid; a
-  validation split is the ordinary guard and treats every method alike. It adds ~10-15% to the run.
-- Held out: evaluation seeds (new worlds: names, values, pages, years) never seen in training,
-  under a reweighted mixture (1.5x the history tasks).
+~17 minutes on 2 shared CPU cores (one seed set, with the learning-rate grid; the grid is about half of
+it); seed sets multiply that. porch_jax/opod (rows) and launch/pipeline.py (stages) run it; measured
+results and how the settings were chosen are in docs/results/opod_quickstart.md.
+
+What each part sets and what it trades off:
+- suite: three-clause workplace tasks whose success hinges on the first delegation's harness; budgets leave
+  1-2 steps of slack (slack), so a mid-run revision costs success, not only steps. More slack makes every
+  method look alike; none makes every slip fatal.
+- suite.expert: rare random slips (p_*; imitation averages them away) and three systematic blind spots
+  (blind_spots) that imitation copies. BLIND_RATE is the share of relevant delegations on which each acts:
+  archive and long_file at 0.6 leave successful SFT rollouts that sometimes carry the fix, so outcome
+  supervision (RWR) has something to reweight; handover_2back at 1.0 is never fixed by the policy, so only
+  attribution (OPD) reaches it. Rates nearer 1 remove RWR's signal; nearer 0 remove the blind spot.
+- policy: a 0.45M-parameter Qwen3 (model: 2 layers, 128 wide, tied embeddings) trained from scratch in the
+  "dsl" view (porch_jax/envs/views.py): it reads and writes the suite's compact action-and-state language
+  (~10-token actions with pointers instead of copied names and values), so contexts are ~100-250 tokens and
+  training, sampling and evaluation are ~10x cheaper than in the "full" (Hermes JSON) view. buckets: padded
+  prompt lengths (one compilation each); max_len: the sampler's cache (prompt + action).
+- sft: 1000 steps on expert episodes plus hint-following rows (hint_rows per episode row: expert contexts +
+  the judge's hint -> the corrected action, so the self-teacher can follow a hint at all) and, with
+  empty_hint_rows, the same decisions under an empty hint with the action unchanged (so OPD with empty hints is
+  a clean control).
+- rwr / opod / opd_empty / dagrpo: start from the SFT weights. RWR, OPOD and OPD-with-empty-hints share
+  steps, batch, seed and learning-rate grid, so at each rate OPOD differs from RWR only by opd_weight * OPD.
+  lr_grid: each method trains at every rate listed (it must hold the section's learning_rate, which wins
+  ties); more rates cost time linearly. opd: the on-policy OPD batch (rows per step, sampled action length,
+  temperature). export_every: the candidates of checkpoint selection; fewer exports are cheaper and coarser.
+- selection: every trained method's candidates (rates x exports) run greedily on 100 validation tasks (seeds
+  disjoint from training, rollouts and held-out evaluation); the best is evaluated, the same rule for every
+  method. It adds ~10-15% to the run and guards against mid-run drift.
+- eval: 200 held-out tasks with new seeds (names, values, pages, years) under a reweighted mixture (1.5x
+  history tasks); greedy.
+- seed_sets (experiments/quickstart_seeds.py): run the whole loop once per seed set (porch_jax/eval/seed_sets.py) and report the sets' mean
+  and paired differences with t-intervals over sets (RUN_DIR/seed_sets.md).
 """
 
 from ml_collections import ConfigDict
@@ -194,7 +157,7 @@ def get_config() -> ConfigDict:
     # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
     # only by λ·OPD.
     # lr_grid: each method is also trained at these rates, and checkpoint selection picks rate and step on the
-    # validation tasks (the configured rate wins ties; launch/pipeline.py `learning_rates`).
+    # validation tasks (the configured rate wins ties; porch_jax/opod/experiment.py `learning_rates`).
     grid = (1e-4, 3e-4, 1e-3)
     c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid)
     c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))

@@ -1,13 +1,15 @@
 """Train an orchestrator policy: sft | rwr | opod | grpo, on one device, a mesh, or several hosts.
 
     python -m launch.train --config=experiments/sft_tiny.py
-    python -m launch.train --config=experiments/sft_tiny.py --config.train.learning_rate=1e-5 \\
-        --config.method=rwr --cpu_devices=8 --config.mesh.shape="(2,2,2)"
+    python -m launch.train --config=experiments/sft_tiny.py --config.train.optimizer.learning_rate=1e-5 \\
+        --config.train.method.name=rwr --cpu_devices=8 --config.train.mesh="(2,2,2)"
     # two processes (each: its own --process_id; or JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES /
     # JAX_PROCESS_ID in the environment)
     python -m launch.train --config=... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
 
-A rerun with the same workdir resumes from its newest readable checkpoint.
+A rerun with the same workdir resumes from its newest readable checkpoint. The config's schema is
+porch_jax/train/records.py `RecordsConfig`; an unknown key or a bad value is a flags error naming it.
+The final weights are exported to WORKDIR/export (launch/export.py exports any other step).
 """
 
 from __future__ import annotations
@@ -16,9 +18,11 @@ import json
 from pathlib import Path
 
 from absl import app, flags, logging
-from ml_collections import ConfigDict, config_flags
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (get_config()).", lock_config=True)
+from porch_jax.train import records
+from porch_jax.typed_config import define_config_flag
+
+_CONFIG = define_config_flag("config", records.RecordsConfig, "Experiment config file (get_config()).", required=True)
 flags.DEFINE_string("coordinator_address", None, "host:port of process 0 (multi-process runs).")
 flags.DEFINE_integer("num_processes", None, "Number of processes (default: environment, else 1).")
 flags.DEFINE_integer("process_id", None, "This process's index (default: environment).")
@@ -26,10 +30,8 @@ flags.DEFINE_integer("init_timeout_s", 300, "Seconds to wait for all processes t
 flags.DEFINE_integer("cpu_devices", None, "Fake CPU device count per process (local tests).")
 FLAGS = flags.FLAGS
 
-METHODS = ("sft", "rwr", "opod", "grpo")
 
-
-def build_model(cfg: ConfigDict, vocab_size: int):
+def build_model(cfg: records.ModelConfig, vocab_size: int):
     """The initial model: a Hugging Face folder (model.init_from) or a fresh init from model.hf."""
     import jax.numpy as jnp
 
@@ -54,12 +56,12 @@ def _jsonl(path: str) -> list[dict]:
         return rows
 
 
-def build_examples(config: ConfigDict, tokenizer):
-    """Training examples of config.method from the configured record files."""
+def build_examples(config: records.RecordsConfig, tokenizer):
+    """Training examples of the configured method from the configured record files."""
     from porch_jax.train import data
     from porch_jax.trajectories import TrajectoryStore
 
-    method = config.method
+    method = config.train.method.name
     if method == "grpo":
         return data.grpo_examples(_jsonl(config.data.groups), tokenizer)
     episodes = TrajectoryStore(config.data.trajectories).read()
@@ -76,8 +78,6 @@ def build_examples(config: ConfigDict, tokenizer):
 def main(argv: list[str]) -> None:
     del argv
     config = _CONFIG.value
-    if config.method not in METHODS:
-        raise app.UsageError(f"--config.method must be one of {METHODS}, got {config.method!r}")
 
     from porch_jax import runtime
     from porch_jax.train import distributed
@@ -95,26 +95,11 @@ def main(argv: list[str]) -> None:
     )
     from transformers import AutoTokenizer
 
-    from porch_jax.train.trainer import SamplerHook, Trainer
-
     tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.model.init_from)
-    hook = None
-    with config.unlocked():
-        config.data.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.data.pad_id
-        if config.method == "opod" and config.opd.on_policy:
-            config.data.target_reserve = max(config.data.target_reserve, config.opd.max_new_tokens)
-            hook = SamplerHook(
-                tokenizer,
-                max_new_tokens=config.opd.max_new_tokens,
-                temperature=config.opd.temperature,
-                top_p=config.opd.top_p,
-                seed=config.opd.seed,
-                max_len=config.opd.max_len,
-            )
     model = build_model(config.model, len(tokenizer))
     examples = build_examples(config, tokenizer)
-    logging.info("%d %s examples; workdir %s", len(examples), config.method, Path(config.workdir).absolute())
-    Trainer(config, model, examples, tokenizer=tokenizer, on_policy=hook).run()
+    logging.info("%d %s examples; workdir %s", len(examples), config.train.method.name, Path(config.workdir).absolute())
+    records.records_trainer(config, model, examples, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id).run()
 
 
 if __name__ == "__main__":

@@ -130,7 +130,7 @@ def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
 
 def test_learning_rate_grid_needs_the_configured_rate_and_selection():
     from experiments.quickstart import get_config
-    from launch.pipeline import learning_rates, run_name
+    from porch_jax.opod.experiment import learning_rates, run_name
 
     cfg = get_config()
     assert learning_rates(cfg, "rwr") == (1e-4, 3e-4, 1e-3) and learning_rates(cfg, "sft") == (3e-3,)

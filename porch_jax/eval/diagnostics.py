@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from porch_jax.models.sampler import SamplingParams
-from porch_jax.train import opod_data as od
+from porch_jax.opod import rows as od
 from porch_jax.trajectories import EpisodeRecord
 
 

@@ -9,7 +9,6 @@ compiled programs, so evaluating several checkpoints compiles once.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +17,9 @@ from typing import Any
 from flax import nnx
 
 from porch_jax.backends import Backend, ChatRequest, ChatResult
+from porch_jax.envs.views import folder_view, policy_view
 from porch_jax.models import ModelConfig, from_pretrained
 from porch_jax.models.sampler import Sampler
-from porch_jax.train.opod import POLICY_FILE
-from porch_jax.train.opod_data import policy_view
 
 
 class ViewBackend:
@@ -40,11 +38,6 @@ class ViewBackend:
 
             result = dataclasses.replace(result, text=decode_text(result.text, request.messages))
         return result
-
-
-def folder_view(folder: str | Path) -> str:
-    path = Path(folder) / POLICY_FILE
-    return json.loads(path.read_text())["view"] if path.is_file() else "full"
 
 
 @dataclass

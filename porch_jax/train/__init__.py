@@ -1,14 +1,19 @@
-"""Training: records -> token batches -> sharded SFT / RWR / OPOD / GRPO steps -> Orbax checkpoints.
+"""Training: one loop (`trainer.Trainer`) with a method and a batch source plugged in.
 
 Modules (imported on use, so `porch_jax.train.losses` stays light):
-  data          trajectory records -> examples (prompt = rendered context, target = decision + eos),
-                buckets, the resumable host-sharded `BatchIterator`
+  config        typed settings: `TrainConfig` (optimizer, method, checkpoint, log, export_every, mesh), `SamplingConfig`
+  methods       `Method` = loss parts + coefficients; `METHODS` registry (sft, rwr, opod, opd, grpo, dagrpo)
+  sources       batch sources: `RecordSource` (data.py records, accumulation, hosts), `PackedSource`,
+                `OpdSource` / `GroupSource` (on-policy, one `ActionSampler`), `Joined`
+  step          `TrainStep` (jitted, generic, exact gradient accumulation, donation), `init_train_state`
+  trainer       `Trainer` (state, checkpoints, metrics, finite guard, exports), `selection_candidates`
+  records       launch/train.py's typed schema (`RecordsConfig`) and `records_trainer`
+  data          trajectory records -> one-decision examples, buckets, the resumable host-sharded `BatchIterator`
+  packing       packed decision rows and one-action rows as fixed-shape arrays
   mesh          the (data, fsdp, tensor) mesh and every sharding a step needs
   optim         AdamW + warmup/cosine schedule + global-norm clipping
   losses        pure (sum, count) losses; fused_kl: chunked LM-head kernels
-  step          `TrainStep` (jitted, exact gradient accumulation, donation), `init_train_state`
   checkpoint    `Checkpointer` (async Orbax, keep-N, mesh-agnostic restore, damaged-step fallback), `export_hf`
   metrics       TensorBoard + progress line, `NonFiniteError`
   distributed   jax.distributed from flags or environment
-  trainer       `Trainer` (the loop), `SamplerHook` (on-policy OPD sampling)
 """

@@ -27,6 +27,8 @@ from typing import Any
 import jax
 import numpy as np
 
+from porch_jax.attribution.grm import teacher_context
+
 # Hints come from the attribution step, keyed by decision: (episode_id, decision index).
 DecisionKey = tuple[str, int]
 
@@ -85,11 +87,6 @@ def render_prompt(
     return [int(t) for t in ids]
 
 
-def teacher_messages(context: Sequence[Mapping[str, Any]], hint: str, role: str = "user") -> list[dict]:
-    """The self-teacher's context s ⊕ H: the decision context with the hint appended as a message."""
-    return [dict(m) for m in context] + [{"role": role, "content": hint}]
-
-
 def decision_target(tokenizer, decision) -> list[int]:
     """The decision's tokens plus eos: stored action_token_ids when present, else tokenized action_text."""
     ids = list(decision.action_token_ids or ())
@@ -135,7 +132,6 @@ def opod_examples(
     hints: Mapping[DecisionKey, str],
     *,
     tools: Sequence[Mapping] | None = None,
-    hint_role: str = "user",
 ) -> list[Example]:
     """RWR and OPD paired by decision context: one row per decision that has either.
 
@@ -154,7 +150,7 @@ def opod_examples(
         if ep.outcome.success:
             views["rwr"] = View(prompt, target)
         if hint:
-            teacher = tuple(render_prompt(tokenizer, teacher_messages(d.context, hint, hint_role), tools))
+            teacher = tuple(render_prompt(tokenizer, teacher_context(d.context, hint), tools))
             views["student"] = View(prompt, target)
             views["teacher"] = View(teacher, target)
         examples.append(Example(decision_key(ep.episode_id, d.index), views))

@@ -205,17 +205,6 @@ def opd_loss(
     return reverse_kl(student_logits, teacher_logits, mask, attributable, aggregation="decision")
 
 
-def opod_loss(rwr: tuple[Array, Array], opd: tuple[Array, Array], opd_weight: float) -> tuple[Array, dict[str, Array]]:
-    """L_OPOD = l_RWR + lambda * l_OPD from the two accumulated (sum, count) parts.
-
-    Each part is divided by its own count (the two supervise different decision sets); a part
-    with nothing counted contributes 0. Pass global counts for exact accumulation.
-    """
-    rwr_mean, opd_mean = safe_mean(*rwr), safe_mean(*opd)
-    loss = rwr_mean + opd_weight * opd_mean
-    return loss, {"loss": loss, "rwr": rwr_mean, "opd": opd_mean}
-
-
 # --------------------------------------------------------------------------------------------
 # GRPO.
 # --------------------------------------------------------------------------------------------

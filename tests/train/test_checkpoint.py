@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import io
 import logging
 import shutil
 from pathlib import Path
@@ -28,7 +27,7 @@ def examples():
 
 
 def _trainer(workdir: Path, examples, *, steps: int, mesh) -> Trainer:
-    return Trainer(tiny_data.config(workdir, steps=steps, mesh=mesh), tiny_data.model(), examples, stream=io.StringIO())
+    return tiny_data.trainer(tiny_data.config(workdir, steps=steps, mesh=mesh), tiny_data.model(), examples)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +50,7 @@ def _copy(workdir: Path, tmp_path: Path) -> Path:
 def test_restore_onto_a_different_mesh_and_continue(run_222, examples, tmp_path):
     workdir, final = run_222
     trainer = _trainer(_copy(workdir, tmp_path), examples, steps=12, mesh=(8, 1, 1))
-    assert trainer.start_step == 10 and trainer.batches.state.position > 0
+    assert trainer.start_step == 10 and trainer.source.batches.state.position > 0
     kernel = trainer.state["params"]["layers"][0]["mlp"]["gate_proj"][...]
     assert kernel.sharding.mesh.shape == {"data": 8, "fsdp": 1, "tensor": 1}
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.state), final)
@@ -77,7 +76,7 @@ def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_22
 
     config = tiny_data.config(workdir, steps=6)
     abstract = S.abstract_train_state(
-        tiny_data.model(), optim.make_optimizer(config.train), mesh_lib.make_mesh((1, 1, 1))
+        tiny_data.model(), optim.make_optimizer(tiny_data.typed(config).train.optimizer), mesh_lib.make_mesh((1, 1, 1))
     )
     with (
         C.Checkpointer(ckpt) as checkpointer,

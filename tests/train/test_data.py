@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import tiny_data
 
+from porch_jax.attribution.grm import teacher_context
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 
@@ -71,8 +72,8 @@ def test_teacher_view_is_context_plus_hint_with_the_same_target(tok, eps):
             assert ("rwr" in views) == ep.outcome.success
             assert ("teacher" in views) == bool(hint)
             if hint:
-                teacher_ctx = D.teacher_messages(d.context, hint)
-                assert teacher_ctx[-1] == {"role": "user", "content": hint} and teacher_ctx[:-1] == d.context
+                teacher_ctx = teacher_context(d.context, hint)
+                assert teacher_ctx[-1] == {"role": "user", "content": "Hint: " + hint} and teacher_ctx[:-1] == d.context
                 assert list(views["teacher"].prompt) == D.render_prompt(tok, teacher_ctx)
                 assert views["teacher"].target == views["student"].target
                 assert views["student"].prompt == tuple(D.render_prompt(tok, d.context))

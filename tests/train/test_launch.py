@@ -1,4 +1,5 @@
-"""launch/train.py end to end: config file + overrides, OPOD with on-policy sampling, export."""
+"""launch/train.py and launch/export.py end to end: config file + overrides (an unknown key or a bad value
+is a flags error naming it), OPOD with on-policy sampling, export, any checkpoint step exported again."""
 
 from __future__ import annotations
 
@@ -11,18 +12,36 @@ import tiny_data
 from porch_jax.trajectories import TrajectoryStore
 
 
-def test_unknown_method_is_a_usage_error(tmp_path):
-    config = tiny_data.write_config(tiny_data.config(tmp_path / "run"), tmp_path / "c.py")
-    out = subprocess.run(
-        tiny_data.launch_command(config, "--config.method=ppo"),
+def _run(command, timeout=120):
+    return subprocess.run(
+        command,
         cwd=tiny_data.REPO,
         env=tiny_data.launch_env(),
         capture_output=True,
         text=True,
         check=False,
-        timeout=120,
+        timeout=timeout,
     )
-    assert out.returncode != 0 and "must be one of ('sft', 'rwr', 'opod', 'grpo')" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("--config.train.method.name=ppo", "config.train.method.name"),
+        ("--config.train.nonexistent_key=3", "config.train.nonexistent_key"),
+        ("--config.batch.micro_batch=0", "config.batch.micro_batch"),
+    ],
+)
+def test_train_launcher_names_an_unknown_key_or_a_bad_value(tmp_path, override, named):
+    config = tiny_data.write_config(tiny_data.config(tmp_path / "run"), tmp_path / "c.py")
+    out = _run(tiny_data.launch_command(config, override))
+    assert out.returncode != 0 and named in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(("flag", "named"), [("--step=abc", "--step"), ("--nonexistent_flag=3", "nonexistent_flag")])
+def test_export_launcher_names_an_unknown_flag_or_a_bad_value(tmp_path, flag, named):
+    out = _run([tiny_data.sys.executable, "-m", "launch.export", f"--run_dir={tmp_path}", f"--out={tmp_path}/x", flag])
+    assert out.returncode != 0 and named in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
 
 
 def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
@@ -37,29 +56,46 @@ def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     c = tiny_data.config(tmp_path / "run", steps=2, method="opod")
     c.model.init_from, c.data.trajectories, c.data.hints = str(model_dir), str(store), str(hints)
     c.data.buckets = (128, 192)  # room for 8 sampled tokens after the longest hinted context
-    c.opd.update(max_new_tokens=8, max_len=256)
-    c.log.update(every=1, tensorboard=True)
-    c.export.dir = str(tmp_path / "run" / "export")
+    c.opd.sampling.max_new_tokens, c.opd.max_len = 8, 256
+    c.train.log.update(every=1, tensorboard=True)
+    export = tmp_path / "run" / "export"
     config = tiny_data.write_config(c, tmp_path / "opod.py")
 
-    out = subprocess.run(
-        tiny_data.launch_command(config, "--config.train.learning_rate=1e-5", "--config.loss.opd_weight=0.5"),
-        cwd=tiny_data.REPO,
-        env=tiny_data.launch_env(),
-        capture_output=True,
-        text=True,
-        check=False,
-        timeout=400,
-    )
+    overrides = ("--config.train.optimizer.learning_rate=1e-5", "--config.train.method.opd_weight=0.5")
+    out = _run(tiny_data.launch_command(config, *overrides), timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
     assert len(lines) == 2 and all("opd" in line and "logprob_gap" in line for line in lines)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "2" / "config" / "metadata").read_text())
-    assert saved["train"]["learning_rate"] == 1e-5 and saved["loss"]["opd_weight"] == 0.5
-    assert saved["data"]["target_reserve"] == 8  # on-policy targets get room in the buckets
+    assert saved["train"]["optimizer"]["learning_rate"] == 1e-5 and saved["train"]["method"]["opd_weight"] == 0.5
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
 
     transformers = pytest.importorskip("transformers", reason="transformers is a runtime dependency of porch_jax")
     pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
-    model = transformers.AutoModelForCausalLM.from_pretrained(c.export.dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(export)
     assert model.config.hidden_size == tiny_data.TINY_HF["hidden_size"]
+
+    # launch/export.py: the newest checkpoint step as an HF folder, equal to the run's own final export.
+    again = tmp_path / "again"
+    out = _run([tiny_data.sys.executable, "-m", "launch.export", f"--run_dir={tmp_path / 'run'}", f"--out={again}"])
+    assert out.returncode == 0, out.stderr[-3000:]
+    want, got = tiny_data.read_safetensors(export), tiny_data.read_safetensors(again)
+    assert want.keys() == got.keys() and all((want[k] == got[k]).all() for k in want)
+    assert json.loads((again / "policy.json").read_text()) == {"view": "full", "step": 2}
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(again)
+    assert reloaded.config.num_hidden_layers == tiny_data.TINY_HF["num_hidden_layers"]
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ("--config.opod.nonexistent_key=3", "config.opod.nonexistent_key"),
+        ("--config.policy.view=json", "config.policy.view"),
+        ("--config.rwr.steps=0", "config.rwr.steps"),
+    ],
+)
+def test_pipeline_launcher_names_an_unknown_key_or_a_bad_value(tmp_path, override, named):
+    command = [tiny_data.sys.executable, "-m", "launch.pipeline", "--config=experiments/quickstart.py"]
+    out = _run([*command, f"--config.run_dir={tmp_path}", override])
+    assert out.returncode != 0 and named in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert not (tmp_path / "expert.jsonl").exists()  # stopped before any stage ran

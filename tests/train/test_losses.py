@@ -208,17 +208,18 @@ def test_opd_loss_is_mean_over_tokens_then_sum_over_attributable_decisions():
     assert float(got_count) == 2.0
 
 
-def test_opod_combines_parts_with_their_own_counts():
+def test_opod_method_combines_parts_with_their_own_counts():
+    """OPOD's loss is RWR + opd_weight * OPD, each part over its own count; an empty part adds 0."""
+    from porch_jax.train.methods import MethodConfig, make_method
+
+    method = make_method(MethodConfig(name="opod", opd_weight=0.5))
     rwr = (jnp.float32(6.0), jnp.float32(3.0))
     opd = (jnp.float32(1.0), jnp.float32(4.0))
-    loss, metrics = losses.opod_loss(rwr, opd, opd_weight=0.5)
-    np.testing.assert_allclose(loss, 2.0 + 0.5 * 0.25, rtol=1e-7)
-    assert float(metrics["rwr"]) == 2.0 and float(metrics["opd"]) == 0.25
-    loss, _ = losses.opod_loss(rwr, (jnp.float32(0.0), jnp.float32(0.0)), opd_weight=0.5)
-    assert float(loss) == 2.0  # nothing attributable in this batch: RWR alone
-
-    # Gradients split the same way: d loss / d rwr_sum = 1 / rwr_count.
-    g = jax.grad(lambda s: losses.opod_loss((s, rwr[1]), opd, 0.5)[0])(rwr[0])
+    counts = {"rwr": rwr[1], "opd": opd[1]}
+    np.testing.assert_allclose(method.loss({"rwr": rwr, "opd": opd}, counts), 2.0 + 0.5 * 0.25, rtol=1e-7)
+    assert float(method.loss({"rwr": rwr, "opd": (jnp.float32(0.0), jnp.float32(0.0))}, counts | {"opd": 0.0})) == 2.0
+    assert float(method.loss({"opd": opd}, counts)) == 0.125  # a batch without RWR rows: OPD alone
+    g = jax.grad(lambda s: method.loss({"rwr": (s, rwr[1]), "opd": opd}, counts))(rwr[0])
     np.testing.assert_allclose(g, 1.0 / 3.0, rtol=1e-7)
 
 

@@ -26,8 +26,7 @@ def _free_port() -> int:
 def _config(tmp_path, inputs, name, mesh):
     c = tiny_data.config(tmp_path / name, steps=STEPS, mesh=mesh)
     c.model.init_from, c.data.trajectories = str(inputs[0]), str(inputs[1])
-    c.log.every = 1
-    c.export.dir = str(tmp_path / name / "export")
+    c.train.log.every = 1
     return tiny_data.write_config(c, tmp_path / f"{name}.py")
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import io
 import json
 
 import jax
@@ -13,18 +14,22 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from ml_collections import ConfigDict
 
 from porch_jax.attribution.judge import follow_hint
-from porch_jax.envs.workplace import TOOLS
+from porch_jax.envs.views import POLICY_FILE
+from porch_jax.envs.workplace import TOOLS, codec
 from porch_jax.eval import suite as suite_lib
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
+from porch_jax.opod import rows as od
 from porch_jax.protocol import render_call
-from porch_jax.train import opod
-from porch_jax.train import opod_data as od
+from porch_jax.train import mesh as mesh_lib
+from porch_jax.train import packing, sources
+from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
 from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.data import decision_target
+from porch_jax.train.methods import MethodConfig, make_method
+from porch_jax.train.trainer import Trainer, selection_candidates
 
 SUITE = {
     "mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change": 0.0, "p_distract": 0.0, "slack": (1, 3)},
@@ -48,7 +53,7 @@ BUCKETS = (512,)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     folder = make_tiny_model(tmp_path_factory.mktemp("tiny") / "model", **TINY)
-    (folder / opod.POLICY_FILE).write_text(json.dumps({"view": "compact"}))
+    (folder / POLICY_FILE).write_text(json.dumps({"view": "compact"}))
     return folder
 
 
@@ -105,9 +110,10 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
 
 def test_losses_average_within_each_decision_then_across(tok, episodes, model_dir):
     rows = od.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
-    batch = od.seq_batch(rows, 512, 256)
+    batch = packing.seq_batch(rows, 512, 256)
     model = from_pretrained(model_dir)
-    parts, _ = opod.batch_parts(model, None, {"ce": jax.tree.map(jnp.asarray, batch)})
+    method = make_method(MethodConfig(name="sft", layout="packed"))
+    parts, _ = method.micro_parts(model, None, {"policy": jax.tree.map(jnp.asarray, batch)})
     total, count = map(float, parts["ce"])
     means = []
     for row in rows:
@@ -117,27 +123,39 @@ def test_losses_average_within_each_decision_then_across(tok, episodes, model_di
     assert total / count == pytest.approx(np.mean(means), rel=1e-4)
 
 
-def _cfg(steps=3, **kw):
-    return ConfigDict(
-        {
-            "steps": steps,
-            "learning_rate": 1e-3,
-            "warmup_steps": 1,
-            "final_lr_ratio": 0.1,
-            "weight_decay": 0.0,
-            "b1": 0.9,
-            "b2": 0.95,
-            "eps": 1e-8,
-            "max_grad_norm": 1.0,
-            "checkpoint_every": 2,
-            "log_every": 100,
-            **kw,
-        }
+MESH = None
+
+
+def _mesh():
+    global MESH
+    MESH = MESH or mesh_lib.make_mesh((1, 1, 1))
+    return MESH
+
+
+def _cfg(steps=3, *, method="rwr", learning_rate=1e-3, opd_weight=1.0, export_every=0):
+    return TrainConfig(
+        steps=steps,
+        optimizer=OptimizerConfig(learning_rate=learning_rate, warmup_steps=1, final_lr_ratio=0.1, weight_decay=0.0),
+        method=MethodConfig(name=method, layout="packed", opd_weight=opd_weight),
+        checkpoint=CheckpointConfig(every=2, keep=1, async_save=False),
+        log=LogConfig(every=100),
+        export_every=export_every,
     )
 
 
-def _opd_cfg():
-    return ConfigDict({"batch": 2, "max_new_tokens": 16, "temperature": 1.0, "top_p": 1.0, "seed": 5})
+def _trainer(model_dir, workdir, cfg, source, tok):
+    model = from_pretrained(model_dir)
+    return Trainer(
+        cfg, model, make_method(cfg.method), source, workdir, tokenizer=tok, view="compact", stream=io.StringIO()
+    )
+
+
+def _opd_source(rows, tok):
+    return sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=16, seed=5), 2, BUCKETS, _mesh())
+
+
+def _packed(rows, seed=0, view="policy"):
+    return sources.PackedSource(rows, 2, BUCKETS, seed, _mesh(), view)
 
 
 def _hints(episodes):
@@ -155,45 +173,57 @@ def _params(trainer):
 
 def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
     rows = od.packed_rows(episodes, tok, "compact", 512)
-    rwr = opod.PolicyTrainer(model_dir, tmp_path / "rwr", _cfg())
-    rwr.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), None))
-    zero = opod.PolicyTrainer(model_dir, tmp_path / "opod0", _cfg(opd_weight=0.0), teacher=True)
-    source = opod.OpdSource(od.opd_rows(episodes, _hints(episodes), tok, "compact"), tok, _opd_cfg(), BUCKETS)
-    history = zero.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), source))
+    rwr = _trainer(model_dir, tmp_path / "rwr", _cfg(), _packed(rows), tok)
+    rwr.run()
+    source = sources.Joined(
+        _packed(rows, view="rwr"), _opd_source(od.opd_rows(episodes, _hints(episodes), tok, "compact"), tok)
+    )
+    zero = _trainer(model_dir, tmp_path / "opod0", _cfg(method="opod", opd_weight=0.0), source, tok)
+    history = zero.run().history
     assert all(m["opd"] > 0 and m["opd_count"] == 2 for m in history)  # OPD was computed, with weight 0
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), _params(rwr), _params(zero))
-    assert (tmp_path / "opod0" / "export" / opod.POLICY_FILE).is_file()
+    assert (tmp_path / "opod0" / "export" / POLICY_FILE).is_file()
 
 
 def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_it(tmp_path, tok, episodes, model_dir):
     initial = jax.tree.map(np.asarray, nnx.state(from_pretrained(model_dir), nnx.Param))
-    trainer = opod.PolicyTrainer(
-        model_dir, tmp_path / "opd", _cfg(steps=4, learning_rate=3e-3, opd_weight=1.0), teacher=True
-    )
     rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
-    history = trainer.run(opod.opod_batches(None, opod.OpdSource(rows, tok, _opd_cfg(), BUCKETS)))
-    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.teacher), initial)
+    cfg = _cfg(steps=4, method="opod", learning_rate=3e-3, opd_weight=1.0)
+    trainer = _trainer(model_dir, tmp_path / "opd", cfg, sources.Joined(_opd_source(rows, tok)), tok)
+    history = trainer.run().history
+    jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.frozen), initial)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), _params(trainer), initial)
     assert max(jax.tree.leaves(moved)) > 0
-    assert all("ce" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
+    assert all("rwr" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
+
+
+class _DiesAt3:
+    on_policy = False
+
+    def __init__(self, source):
+        self.source = source
+
+    def __call__(self, step, student):
+        if step == 3:
+            raise KeyboardInterrupt
+        return self.source(step, student)
+
+    def state(self):
+        return {}
+
+    def restore(self, state):
+        pass
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model_dir):
     rows = od.packed_rows(episodes, tok, "compact", 512)
-    source = opod.PackedSource(rows, 2, BUCKETS, 7)
-    full = opod.PolicyTrainer(model_dir, tmp_path / "full", _cfg(steps=4))
-    full.run(opod.opod_batches(source, None))
-
-    def dies_at_3(step, student):
-        if step == 3:
-            raise KeyboardInterrupt
-        return {"ce": source(step)}, {}
-
+    full = _trainer(model_dir, tmp_path / "full", _cfg(steps=4), _packed(rows, 7), tok)
+    full.run()
     with pytest.raises(KeyboardInterrupt):
-        opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4)).run(dies_at_3)
-    resumed = opod.PolicyTrainer(model_dir, tmp_path / "cut", _cfg(steps=4))
+        _trainer(model_dir, tmp_path / "cut", _cfg(steps=4), _DiesAt3(_packed(rows, 7)), tok).run()
+    resumed = _trainer(model_dir, tmp_path / "cut", _cfg(steps=4), _packed(rows, 7), tok)
     assert resumed.start_step == 2
-    resumed.run(opod.opod_batches(source, None))
+    resumed.run()
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-6), _params(full), _params(resumed))
     steps = [json.loads(line)["step"] for line in (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
@@ -201,12 +231,12 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model
 
 def test_export_every_leaves_the_selection_candidates(tmp_path, tok, episodes, model_dir):
     rows = od.packed_rows(episodes, tok, "compact", 512)
-    trainer = opod.PolicyTrainer(model_dir, tmp_path / "rwr", _cfg(steps=3, export_every=2))
-    trainer.run(opod.opod_batches(opod.PackedSource(rows, 2, BUCKETS, 0), None))
+    trainer = _trainer(model_dir, tmp_path / "rwr", _cfg(steps=3, export_every=2), _packed(rows), tok)
+    trainer.run()
     exports = tmp_path / "rwr" / "exports"
     assert sorted(p.name for p in exports.iterdir()) == ["step_2"]  # every 2 steps; the last is the final export
-    assert opod.selection_candidates(trainer.export_dir) == {2: exports / "step_2", 3: trainer.export_dir}
-    assert json.loads((trainer.export_dir / opod.POLICY_FILE).read_text())["step"] == 3
+    assert selection_candidates(trainer.export_dir) == {2: exports / "step_2", 3: trainer.export_dir}
+    assert json.loads((trainer.export_dir / POLICY_FILE).read_text())["step"] == 3
     final = jax.tree.map(np.asarray, nnx.state(from_pretrained(trainer.export_dir), nnx.Param))
     earlier = jax.tree.map(np.asarray, nnx.state(from_pretrained(exports / "step_2"), nnx.Param))
     assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(np.abs(a - b).max()), earlier, final))) > 0
@@ -238,7 +268,6 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
     """The miniature's "dsl" view: packed rows hold the compact actions (not the stored JSON), every
     target still follows its own context, hint rows put the corrected compact action after the hint,
     and DA-GRPO contexts decode a compact sample before scoring it against the expert's action."""
-    from porch_jax.envs.workplace import codec
 
     rows = od.packed_rows(episodes, tok, "dsl", 512)
     first = episodes[0].decisions[0]
@@ -264,7 +293,7 @@ def test_empty_hint_rows_keep_the_action_on_the_same_decisions(tok, episodes):
     assert len(empty) == len(hinted)
     first = next(d for d in episodes[0].decisions if d.action is not None)
     text = tok.decode(list(empty[0].tokens))
-    assert text.removesuffix("<|im_end|>").endswith(od.codec.encode_action(first.action, first.context))
+    assert text.removesuffix("<|im_end|>").endswith(codec.encode_action(first.action, first.context))
     assert "hint<|im_end|>" in text and "hint tools" not in text
 
 
@@ -279,8 +308,8 @@ def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
         return len(seen) % 2 == 1
 
     def batch(check):
-        source = opod.OpdSource([dataclasses.replace(r, is_action=check) for r in rows], tok, _opd_cfg(), BUCKETS)
-        return source(0, model)
+        source = _opd_source([dataclasses.replace(r, is_action=check) for r in rows], tok)
+        return source.host(0, model)
 
     (full, full_stats), (half, half_stats) = batch(None), batch(only_first)
     assert float(full["student"]["count"]) == 2 and full_stats["sampled_not_action"] == 0.0

@@ -20,6 +20,7 @@ from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import step as S
+from porch_jax.train.methods import MethodConfig
 
 T, K = 128, 32
 
@@ -37,7 +38,13 @@ def _batch(exs, views, t=T, k=K):
 def _setup(method, model, cfg, tx):
     mesh = mesh_lib.make_mesh((1, 1, 1))
     graphdef, state, shardings = S.init_train_state(model, tx, mesh)
-    return S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings), state, shardings
+    return (
+        S.TrainStep(
+            tiny_data.method_of(method, cfg), graphdef, tx, lambda s: 1.0, mesh=mesh, state_shardings=shardings
+        ),
+        state,
+        shardings,
+    )
 
 
 def _params(state):
@@ -46,7 +53,7 @@ def _params(state):
 
 def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
     exs = D.sft_examples(eps, tok)[:8]
-    step, state, _ = _setup("sft", _model(), S.LossConfig(), optax.adamw(3e-3))
+    step, state, _ = _setup("sft", _model(), MethodConfig(), optax.adamw(3e-3))
     batch = _batch(exs, ("policy",))
     losses = []
     for _ in range(6):
@@ -65,7 +72,7 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
     sgd = optax.sgd(1.0)  # grads = params_before - params_after
 
     def opod(lam):
-        step, state, shardings = _setup("opod", _model(), S.LossConfig(aggregation="decision", opd_weight=lam), sgd)
+        step, state, shardings = _setup("opod", _model(), MethodConfig(aggregation="decision", opd_weight=lam), sgd)
         frozen = jax.device_put(nnx.state(teacher, nnx.Param), shardings["params"], may_alias=False)
         before = _params(state)
         state, metrics = step(state, batch, frozen)
@@ -89,7 +96,7 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
     m0, grads0, _ = opod(0.0)
     rwr_exs = [e for e in exs if "rwr" in e.views]
     rwr_batch = _batch([D.Example(e.key, {"policy": e.views["rwr"]}) for e in rwr_exs], ("policy",))
-    rwr_step, state, _ = _setup("rwr", _model(), S.LossConfig(aggregation="decision"), sgd)
+    rwr_step, state, _ = _setup("rwr", _model(), MethodConfig(aggregation="decision"), sgd)
     before = _params(state)
     state, mr = rwr_step(state, rwr_batch)
     grads_rwr = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
@@ -110,7 +117,7 @@ def test_sharded_sft_step_equals_one_device(tok, eps):
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
     batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
     (one, g1), (many, g8) = (
-        tiny_data.grads_via_sgd("sft", _model(), batch, S.LossConfig(), mesh_shape=shape)
+        tiny_data.grads_via_sgd("sft", _model(), batch, MethodConfig(), mesh_shape=shape)
         for shape in ((1, 1, 1), (2, 2, 2))
     )
     assert many["loss"] == pytest.approx(one["loss"], rel=1e-5)

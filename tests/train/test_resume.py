@@ -18,9 +18,8 @@ def _config(tmp_path, inputs, name):
     model_dir, store = inputs
     c = tiny_data.config(tmp_path / name, steps=STEPS)
     c.model.init_from, c.data.trajectories = str(model_dir), str(store)
-    c.checkpoint.update(every=1, keep=3)
-    c.log.every = 1
-    c.export.dir = str(tmp_path / name / "export")
+    c.train.checkpoint.update(every=1, keep=3)
+    c.train.log.every = 1
     return tiny_data.write_config(c, tmp_path / f"{name}.py")
 
 

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import io
-
 import jax
 import numpy as np
 import pytest
 import tiny_data
 
 from porch_jax.train import data as D
-from porch_jax.train.trainer import Trainer
 
 STEPS = 20
 
@@ -18,7 +15,7 @@ STEPS = 20
 def _run(tmp_path, mesh):
     examples = D.sft_examples(tiny_data.episodes(12), tiny_data.tokenizer())
     config = tiny_data.config(tmp_path / f"run{'x'.join(map(str, mesh))}", steps=STEPS, mesh=mesh)
-    trainer = Trainer(config, tiny_data.model(), examples, stream=io.StringIO())
+    trainer = tiny_data.trainer(config, tiny_data.model(), examples)
     buckets = {D.Buckets(tuple(config.data.buckets), tuple(config.data.target_buckets)).of([e]) for e in examples}
     return trainer, trainer.run(), len(buckets)
 
@@ -51,5 +48,5 @@ def test_progress_line_reports_rate_and_eta(single):
     trainer, result, _ = single
     last = result.history[-1]
     assert last["tokens_per_s"] > 0 and last["steps_per_s"] > 0
-    lines = trainer.metrics.stream.getvalue().splitlines()
+    lines = [line for line in trainer.stream.getvalue().splitlines() if line.startswith("step ")]
     assert lines[-1].startswith(f"step {STEPS}/{STEPS} (100%)") and "tok/s" in lines[-1] and "ETA" in lines[-1]

@@ -12,7 +12,7 @@ import tiny_data
 from flax import nnx
 
 from porch_jax.train import data as D
-from porch_jax.train import step as S
+from porch_jax.train.methods import MethodConfig
 
 
 def _batch(exs, views, scalars=(), accum=1, t=128, k=32):
@@ -66,7 +66,7 @@ def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
         return jnp.mean(jnp.stack([c.mean() for c in ce]))
 
     metrics, grads = tiny_data.grads_via_sgd(
-        "sft", model, _batch(exs, ("policy",)), S.LossConfig(aggregation=aggregation)
+        "sft", model, _batch(exs, ("policy",)), MethodConfig(aggregation=aggregation)
     )
     want, want_grads = _ref(model, ref)
     assert metrics["ce"] == pytest.approx(float(want), rel=1e-5)
@@ -76,7 +76,7 @@ def test_sft_step_matches_full_logit_cross_entropy(tok, eps, aggregation):
 
 def test_gradient_accumulation_is_exact(tok, eps):
     exs = D.sft_examples(eps, tok)[:8]
-    cfg = S.LossConfig(aggregation="decision")
+    cfg = MethodConfig(aggregation="decision")
     whole, g1 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=1), cfg)
     split, g4 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",), accum=4), cfg)
     assert split["ce"] == pytest.approx(whole["ce"], rel=1e-6) and split["ce_count"] == whole["ce_count"] == 8
@@ -96,7 +96,7 @@ def test_step_on_a_sharded_mesh_equals_one_device_and_traces_under_the_mesh(tok,
         qwen3, "constrain", lambda x, axes: seen.append(jax.sharding.get_abstract_mesh().shape) or constrain(x, axes)
     )
     exs = D.sft_examples(eps, tok)[:8]
-    cfg = S.LossConfig(aggregation="decision")
+    cfg = MethodConfig(aggregation="decision")
     one, g1 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg)
     many, g8 = tiny_data.grads_via_sgd("sft", tiny_data.model(), _batch(exs, ("policy",)), cfg, mesh_shape=(2, 2, 2))
     assert dict(seen[-1]) == {"data": 2, "fsdp": 2, "tensor": 2}
@@ -123,7 +123,7 @@ def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(to
             kls.append(kl.mean())
         return rwr, jnp.mean(jnp.stack(kls))
 
-    cfg = S.LossConfig(aggregation="decision", opd_weight=lam)
+    cfg = MethodConfig(aggregation="decision", opd_weight=lam)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
     metrics, grads = tiny_data.grads_via_sgd(
         "opod", student, _batch(exs, ("rwr", "student", "teacher")), cfg, frozen_model=teacher
@@ -162,7 +162,7 @@ def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
     ]
     exs = D.grpo_examples(groups, tok)
     model = tiny_data.model()
-    cfg = S.LossConfig(grpo_clip_eps=0.2)
+    cfg = MethodConfig(clip_eps=0.2)
 
     def ref(m):
         total, count = 0.0, 0
@@ -181,20 +181,21 @@ def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
     _assert_grads_close(grads, want_grads)
 
 
-def test_sampler_hook_resamples_opd_targets_and_the_logprob_gap_is_small(tok, eps):
-    from porch_jax.train.trainer import SamplerHook
+def test_on_policy_sampling_resamples_opd_targets_and_the_logprob_gap_is_small(tok, eps):
+    from porch_jax.train.config import SamplingConfig
+    from porch_jax.train.sources import ActionSampler, on_policy_targets
 
     exs = [e for e in D.opod_examples(eps, tok, tiny_data.hints(eps)) if "teacher" in e.views][:4]
     model = tiny_data.model()
     host = D.HostBatch([exs], (128, 32))
-    hook = SamplerHook(tok, max_new_tokens=8, temperature=1.0, seed=0, max_len=512)
-    new = hook(host, model, step=1)
+    sampler = ActionSampler(tok, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0), max_len=512)
+    new = on_policy_targets(host, sampler, model, step=1)
     for old, ex in zip(exs, new.rows[0]):
         s = ex.views["student"]
         assert s.target == ex.views["teacher"].target != old.views["student"].target
         assert len(s.logprobs) == len(s.target) <= 8 and s.prompt == old.views["student"].prompt
     batch = _batch(new.rows[0], ("rwr", "student", "teacher"))
-    metrics, _ = tiny_data.grads_via_sgd("opod", model, batch, S.LossConfig(), frozen_model=model)
+    metrics, _ = tiny_data.grads_via_sgd("opod", model, batch, MethodConfig(), frozen_model=model)
     # Same weights in the sampler and the trainer: only numerics separate their log-probs.
     assert metrics["sampled_tokens"] > 0 and metrics["logprob_gap"] < 1e-3
 
@@ -204,9 +205,9 @@ def test_bf16_compute_keeps_fp32_master_params(tok, eps):
 
     exs = D.sft_examples(eps, tok)[:8]
     config = ModelConfig.from_hf(tiny_data.TINY_HF | {"vocab_size": len(tok)})
-    f32, _ = tiny_data.grads_via_sgd("sft", init_model(config, seed=0), _batch(exs, ("policy",)), S.LossConfig())
+    f32, _ = tiny_data.grads_via_sgd("sft", init_model(config, seed=0), _batch(exs, ("policy",)), MethodConfig())
     bf16_model = init_model(config, seed=0, dtype=jnp.bfloat16, param_dtype=jnp.float32)
-    bf16, grads = tiny_data.grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), S.LossConfig())
+    bf16, grads = tiny_data.grads_via_sgd("sft", bf16_model, _batch(exs, ("policy",)), MethodConfig())
     assert {x.dtype for x in jax.tree.leaves(grads)} == {np.dtype("float32")}
     assert bf16["ce"] == pytest.approx(f32["ce"], rel=2e-2)
 
@@ -241,9 +242,9 @@ def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kin
         }
     ]
     runs = [
-        ("sft", _batch(D.sft_examples(eps, tok)[:8], ("policy",)), S.LossConfig(), None),
-        ("opod", _batch(opod, ("rwr", "student", "teacher")), S.LossConfig(opd_weight=0.5), model(1)),
-        ("grpo", _batch(D.grpo_examples(groups, tok), ("policy",), ("advantage",), t=64, k=16), S.LossConfig(), None),
+        ("sft", _batch(D.sft_examples(eps, tok)[:8], ("policy",)), MethodConfig(), None),
+        ("opod", _batch(opod, ("rwr", "student", "teacher")), MethodConfig(opd_weight=0.5), model(1)),
+        ("grpo", _batch(D.grpo_examples(groups, tok), ("policy",), ("advantage",), t=64, k=16), MethodConfig(), None),
     ]
     cache = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)

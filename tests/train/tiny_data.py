@@ -136,15 +136,34 @@ def config(workdir: Path, *, steps: int = 20, mesh=(1, 1, 1), method: str = "sft
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     c = module.get_config()
-    c.method, c.workdir = method, str(workdir)
+    c.train.method.name, c.workdir = method, str(workdir)
     c.data.buckets, c.data.target_buckets = (80, 128), (32,)
     c.data.pad_id = tokenizer().pad_token_id
+    c.batch.update(micro_batch=8, accum_steps=1)
     # A fixed schedule length: runs that differ only in `steps` compile the same program.
-    c.train.update(steps=steps, total_steps=20, micro_batch=8, accum_steps=1, learning_rate=3e-3, warmup_steps=3)
-    c.mesh.shape = tuple(mesh)
-    c.checkpoint.update(every=5, keep=3)
-    c.log.update(every=5, tensorboard=False)
+    c.train.steps = steps
+    c.train.optimizer.update(total_steps=20, learning_rate=3e-3, warmup_steps=3)
+    c.train.mesh = tuple(mesh)
+    c.train.checkpoint.update(every=5, keep=3)
+    c.train.log.update(every=5, tensorboard=False)
     return c
+
+
+def typed(config: ConfigDict):
+    """The RecordsConfig launch/train.py builds from `config`."""
+    from porch_jax.train.records import RecordsConfig
+    from porch_jax.typed_config import from_dict
+
+    return from_dict(RecordsConfig, config)
+
+
+def trainer(config: ConfigDict, model, examples, **kw):
+    """The Trainer launch/train.py runs for `config` (typed here as there)."""
+    import io
+
+    from porch_jax.train.records import records_trainer
+
+    return records_trainer(typed(config), model, examples, stream=kw.pop("stream", io.StringIO()), **kw)
 
 
 def write_config(config: ConfigDict, path: Path) -> Path:
@@ -193,7 +212,7 @@ def grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1
     tx = optax.sgd(1.0)
     graphdef, state, shardings = S.init_train_state(model, tx, mesh)
     before = jax.tree.map(np.asarray, state["params"])
-    step = S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings)
+    step = S.TrainStep(method_of(method, cfg), graphdef, tx, lambda s: 1.0, mesh=mesh, state_shardings=shardings)
     frozen = (
         None
         if frozen_model is None
@@ -202,6 +221,15 @@ def grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1
     state, metrics = step(state, batch, *(() if frozen is None else (frozen,)))
     grads = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
     return {k: float(v) for k, v in metrics.items()}, grads
+
+
+def method_of(name: str, cfg):
+    """The registered method `name` with the loss settings of MethodConfig `cfg`."""
+    import dataclasses
+
+    from porch_jax.train.methods import make_method
+
+    return make_method(dataclasses.replace(cfg, name=name))
 
 
 def qwen3_5_model(seed: int = 0):

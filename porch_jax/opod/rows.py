@@ -1,23 +1,10 @@
-"""Token rows for the OPOD pipeline: packed decision sequences (SFT, RWR, hint following), OPD
-context pairs (student s, teacher s ⊕ H) and DA-GRPO contexts, and their fixed-shape batches.
+"""Token rows of the OPOD experiment built from episodes, in the policy's view (porch_jax/envs/views.py):
+packed decision sequences (SFT, RWR, hint following), OPD context pairs (student s, teacher s + H)
+and DA-GRPO contexts. Their arrays are porch_jax/train/packing.py's.
 
-Packing: decision t's context is the conversation up to t, so one episode's decisions share one
-sequence: the row holds the conversation and marks each decision's action tokens (and eos) as a
-span. Every action is still predicted from exactly the tokens it was sampled or imitated under
-(a decision joins the row only if its rendered prompt extends the row token for token; otherwise
-it starts a new row), at a quarter of the cost of one row per decision. A span's loss weight is
-its decision weight over its length, so summed losses are sums of per-decision means and the
-count is the number of decisions: the paper's "average output-token losses within each decision,
-then across decisions".
-
-The policy reads contexts through a *view*. "full" is the rendered context itself. "compact" (the
-CPU miniature) drops what a tiny model cannot use and pays for on every token: the fixed system
-prompt (the same for every task of a suite) and the quoted evidence lines of feedback (the status
-and request lines stay). "dsl" (the CPU miniature since the compact language) reads and writes
-the workplace suite's compact action-and-state language (envs.workplace.codec): the policy's
-actions are short pointers decoded into full tool calls before the engine parses them, so records
-keep full actions while the policy is trained on, and samples, the compact form. The same view is applied wherever the policy reads a context: training,
-on-policy sampling, the teacher's s ⊕ H, rollouts and evaluation; records keep the exact context.
+A decision joins an episode's packed row only if its rendered prompt extends the row token for
+token (otherwise it starts a new row), so every action is still predicted from exactly the tokens
+it was sampled or imitated under, at a quarter of the cost of one row per decision.
 """
 
 from __future__ import annotations
@@ -25,38 +12,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from porch_jax.attribution.grm import hint_message
+from porch_jax.attribution.grm import teacher_context
+from porch_jax.envs.views import policy_view
 from porch_jax.envs.workplace import codec
 from porch_jax.protocol import render_call
-from porch_jax.train.data import DataError, decision_target, render_prompt
+from porch_jax.train.data import decision_target, render_prompt
+from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord
 
 log = logging.getLogger(__name__)
-VIEWS = ("full", "compact", "dsl")
-
-
-def policy_view(context: Sequence[Mapping[str, Any]], view: str = "full") -> list[dict[str, Any]]:
-    """The messages the policy reads for a stored context (see the module docstring)."""
-    if view not in VIEWS:
-        raise ValueError(f"view must be one of {VIEWS}, got {view!r}")
-    if view == "dsl":
-        return codec.encode_context(context)
-    messages = [dict(m) for m in context]
-    if view == "full":
-        return messages
-    if messages and messages[0].get("role") == "system":
-        messages = messages[1:]
-    for m in messages:
-        if m.get("role") == "user" and isinstance(m.get("content"), str):
-            lines = m["content"].split("\n")
-            m["content"] = "\n".join(x for x in lines if x != "evidence:" and not x.startswith("> "))
-    return messages
 
 
 def policy_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], view: str) -> list[int]:
@@ -81,25 +48,7 @@ def policy_target(tokenizer: Any, decision: DecisionRecord, view: str) -> list[i
 
 def teacher_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], hint: str, view: str) -> list[int]:
     """The self-teacher's prompt: the policy's view of s ⊕ H (the hint turn in the view's language)."""
-    return render_prompt(tokenizer, policy_view(list(context) + [hint_message(hint)], view))
-
-
-# ---- packed decision rows ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Span:
-    """Target tokens ``tokens[start:start + length]`` of one decision, with its loss weight."""
-
-    start: int
-    length: int
-    weight: float = 1.0
-
-
-@dataclass(frozen=True)
-class SeqRow:
-    tokens: tuple[int, ...]
-    spans: tuple[Span, ...]
+    return render_prompt(tokenizer, policy_view(teacher_context(context, hint), view))
 
 
 def _valid(decision: DecisionRecord) -> bool:
@@ -205,20 +154,6 @@ def empty_hint_rows(
 # ---- OPD pairs and DA-GRPO contexts -------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class OpdRow:
-    """A FLAG=true decision: the student's prompt (s) and the teacher's (s ⊕ H); the action is sampled.
-
-    ``is_action`` (dsl view): whether a sampled reply decodes into an action at all. OPD distils only
-    those: on a malformed reply's tokens a tiny teacher has no knowledge to give (its distribution there
-    is noise) and following it taught malformed actions."""
-
-    key: Key
-    student: tuple[int, ...]
-    teacher: tuple[int, ...]
-    is_action: Callable[[str], bool] | None = None
-
-
 def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokenizer: Any, view: str) -> list[OpdRow]:
     """One row per attributable decision, of successful and failed episodes alike."""
     return [
@@ -232,16 +167,6 @@ def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokeni
         for d in ep.decisions
         if (ep.episode_id, d.index) in hints and _valid(d)
     ]
-
-
-@dataclass(frozen=True)
-class ExpertContext:
-    """An expert decision context for DA-GRPO: the prompt and the expert's action (the reference)."""
-
-    key: Key
-    prompt: tuple[int, ...]
-    reference: Mapping[str, Any]
-    decode: Callable[[str], str] | None = None  # a sampled reply as the engine would parse it (dsl view)
 
 
 def expert_contexts(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str) -> list[ExpertContext]:
@@ -259,62 +184,3 @@ def expert_contexts(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str
 
 
 # ---- batches -------------------------------------------------------------------------------------------
-
-
-def bucket(n: int, buckets: Sequence[int]) -> int:
-    """The smallest bucket holding ``n``."""
-    fit = [b for b in sorted(buckets) if b >= n]
-    if not fit:
-        raise DataError(f"{n} tokens exceed the largest bucket {max(buckets)}")
-    return fit[0]
-
-
-def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
-    """Rows as arrays: tokens/mask [B, t]; index/targets/target_mask/weight [B, k] (weight: the
-    decision's weight over its length, per token); count []: decisions with a non-zero weight."""
-    b = len(rows)
-    out = {
-        "tokens": np.zeros((b, t), np.int32),
-        "mask": np.zeros((b, t), bool),
-        "index": np.zeros((b, k), np.int32),
-        "targets": np.zeros((b, k), np.int32),
-        "target_mask": np.zeros((b, k), bool),
-        "weight": np.zeros((b, k), np.float32),
-    }
-    count = 0
-    for i, row in enumerate(rows):
-        if len(row.tokens) > t or sum(s.length for s in row.spans) > k:
-            raise DataError(
-                f"row of {len(row.tokens)} tokens / {sum(s.length for s in row.spans)} targets > ({t}, {k})"
-            )
-        out["tokens"][i, : len(row.tokens)] = row.tokens
-        out["mask"][i, : len(row.tokens)] = True
-        j = 0
-        for s in row.spans:
-            sl = slice(j, j + s.length)
-            out["index"][i, sl] = np.arange(s.start - 1, s.start - 1 + s.length)  # column c predicts token c + 1
-            out["targets"][i, sl] = row.tokens[s.start : s.start + s.length]
-            out["target_mask"][i, sl] = True
-            out["weight"][i, sl] = s.weight / s.length
-            count += s.weight != 0
-            j += s.length
-    out["count"] = np.asarray(count, np.float32)
-    return out
-
-
-def scored_batch(
-    prompts: Sequence[Sequence[int]],
-    actions: Sequence[Sequence[int]],
-    t: int,
-    k: int,
-    logprobs: Sequence[Sequence[float]] | None = None,
-) -> dict[str, np.ndarray]:
-    """One decision per row: prompt then action, every action token scored (OPD, GRPO).
-
-    With ``logprobs`` (the sampler's), ``logprobs``/``sampled`` [B, k] travel with the row."""
-    rows = [SeqRow(tuple(p) + tuple(a), (Span(len(p), len(a)),) if a else ()) for p, a in zip(prompts, actions)]
-    out = seq_batch(rows, t, k)
-    out["logprobs"] = np.zeros((len(rows), k), np.float32)
-    for i, lp in enumerate(logprobs or ()):
-        out["logprobs"][i, : len(lp)] = lp
-    return out

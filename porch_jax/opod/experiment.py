@@ -1,0 +1,460 @@
+"""The OPOD experiment: the whole loop in one run directory, resumable, with progress (launch/pipeline.py):
+
+    python -m launch.pipeline --config=experiments/quickstart.py [--config.run_dir=runs/qs2]
+
+expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orchestrator from scratch
+(expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
+hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights and at each
+rate of its ``lr_grid`` -> selection of rate and checkpoint on validation tasks (config ``selection``: the
+same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
+table and plots.
+
+Every stage leaves files in the run directory and is skipped when they are complete; a stage
+interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
+their newest checkpoint). Rerunning a finished run only rebuilds the report.
+
+With `seed_sets` (e.g. `--config.seed_sets="(0, 1, 2, 3)"`, or experiments/quickstart_seeds.py) the loop
+runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`), and
+RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
+differences with t-intervals over sets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from ml_collections import ConfigDict
+
+
+class Run:
+    """Paths and the stage log of one run directory."""
+
+    def __init__(self, cfg: ConfigDict):
+        self.cfg, self.dir, self.t0 = cfg, Path(cfg.run_dir), time.monotonic()
+        self.dir.mkdir(parents=True, exist_ok=True)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.dir / name
+
+    def stage(self, name: str, done: bool) -> bool:
+        """Announces a stage; True when it still has work to do."""
+        state = "done, skipped" if done else "running"
+        print(f"\n=== [{time.monotonic() - self.t0:6.0f}s] {name}: {state}", flush=True)
+        return not done
+
+
+def rollouts(
+    run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str, temperature: float
+) -> list[Any]:
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import run_policy
+    from porch_jax.rollout import run_episodes
+    from porch_jax.trajectories import TrajectoryStore
+
+    cfg = run.cfg
+    tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
+    with TrajectoryStore(run / store_name) as store:
+        if policy_or_none is None:
+            engine = suite_lib.expert_engine(cfg.suite)
+            asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
+        else:
+            asyncio.run(
+                run_policy(
+                    policy_or_none,
+                    tasks,
+                    store,
+                    cfg.suite,
+                    name=name,
+                    temperature=temperature,
+                    max_tokens=int(cfg.policy.max_new_tokens),
+                    concurrency=int(cfg.eval.concurrency),
+                    seed=int(cfg.seed),
+                )
+            )
+    return TrajectoryStore(run / store_name).read()
+
+
+def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], str]:
+    """Runs (or resumes) the attribution job with the scripted judge; returns the hints (FLAG=true)."""
+    from porch_jax.attribution.job import AttributionStore, attribute_store
+    from porch_jax.attribution.judge import ScriptedJudge
+    from porch_jax.backends import ScriptedBackend
+    from porch_jax.train.data import hint_table
+    from porch_jax.trajectories import TrajectoryStore
+
+    with AttributionStore(run / out) as store:
+        summary = asyncio.run(
+            attribute_store(
+                TrajectoryStore(run / trajectories), ScriptedBackend(ScriptedJudge()), store, progress=False
+            )
+        )
+    rows = AttributionStore(run / out).read()
+    print(
+        f"attribution: {len(rows)} decisions, {sum(r['attributable'] for r in rows)} attributable, "
+        f"{sum(r['status'] == 'error' for r in rows)} errors ({summary.judged} judged now)",
+        flush=True,
+    )
+    return hint_table(rows)
+
+
+def init_model(run: Run) -> Path:
+    from porch_jax.envs.views import POLICY_FILE
+    from porch_jax.models.tiny import make_tiny_model
+
+    folder = run / "init"
+    if not (folder / POLICY_FILE).is_file():
+        m = run.cfg.model
+        corpus = None
+        if run.cfg.policy.view == "dsl":  # a tokenizer built over the compact language
+            from porch_jax.envs.workplace.codec import corpus as dsl_corpus
+
+            corpus = dsl_corpus()
+        make_tiny_model(folder, seed=int(m.seed), vocab_size=int(m.vocab_size), corpus=corpus, **m.hf.to_dict())
+        (folder / POLICY_FILE).write_text(json.dumps({"view": run.cfg.policy.view}))
+    return folder
+
+
+def train(run: Run, name: str, init: Path, source_of: Any, *, learning_rate: float | None = None) -> Path:
+    """A Trainer run of config section `name` in RUN/<run_name(name, learning_rate)> from the policy in `init`,
+    unless its export exists; `source_of(tokenizer, mesh)` builds its batch source. Returns the export folder."""
+    from transformers import AutoTokenizer
+
+    from porch_jax.envs.views import POLICY_FILE, folder_view
+    from porch_jax.models import from_pretrained
+    from porch_jax.train import mesh as mesh_lib
+    from porch_jax.train.methods import make_method
+    from porch_jax.train.trainer import Trainer
+
+    folder = run_name(run.cfg, name, learning_rate)
+    export = run / folder / "export"
+    if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
+        cfg = train_config(run.cfg, name, learning_rate)
+        tok = AutoTokenizer.from_pretrained(str(init))
+        source = source_of(tok, mesh_lib.make_mesh(cfg.mesh))
+        model = from_pretrained(init)
+        trainer = Trainer(
+            cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=folder_view(init)
+        )
+        trainer.run()
+    return export
+
+
+METHOD_OF = {"sft": "sft", "rwr": "rwr", "opod": "opod", "opd_empty": "opod", "dagrpo": "dagrpo"}
+
+
+def train_config(cfg: ConfigDict, name: str, learning_rate: float | None = None) -> Any:
+    """The typed TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
+    from porch_jax.train.config import CheckpointConfig, LogConfig, MethodConfig, OptimizerConfig, TrainConfig
+
+    opt, sec = cfg.optimizer, cfg[name]
+    lr = float(sec.learning_rate if learning_rate is None else learning_rate)
+    return TrainConfig(
+        steps=int(sec.steps),
+        optimizer=OptimizerConfig(
+            learning_rate=lr,
+            warmup_steps=int(sec.warmup_steps),
+            final_lr_ratio=float(opt.final_lr_ratio),
+            weight_decay=float(opt.weight_decay),
+            b1=float(opt.b1),
+            b2=float(opt.b2),
+            eps=float(opt.eps),
+            max_grad_norm=float(opt.max_grad_norm),
+        ),
+        method=MethodConfig(
+            name=METHOD_OF[name],
+            layout="packed",
+            opd_weight=float(sec.opd_weight) if "opd_weight" in sec else 1.0,
+            clip_eps=float(sec.clip_eps) if "clip_eps" in sec else 0.2,
+        ),
+        checkpoint=CheckpointConfig(every=int(opt.checkpoint_every), keep=1, async_save=False),
+        log=LogConfig(every=int(opt.log_every)),
+        export_every=int(sec.export_every) if "export_every" in sec else 0,
+    )
+
+
+def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
+    """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
+    picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
+    configured = float(cfg[name].learning_rate)
+    grid = tuple(float(lr) for lr in cfg[name].get("lr_grid", None) or (configured,))
+    if configured not in grid:
+        raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
+    if len(grid) > 1 and not (cfg.get("selection") and cfg.selection.enabled):
+        raise ValueError(
+            f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
+            "choose among its rates"
+        )
+    return grid
+
+
+def run_name(cfg: ConfigDict, name: str, learning_rate: float | None) -> str:
+    """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
+    if learning_rate is None or learning_rate == float(cfg[name].learning_rate):
+        return name
+    return f"{name}_lr{learning_rate:g}"
+
+
+def run(cfg: ConfigDict) -> None:
+    """The experiment of `cfg` in cfg.run_dir: one seed set, or each of cfg.seed_sets and their report."""
+    import jax
+
+    from porch_jax import runtime
+
+    runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
+    base = Path(cfg.run_dir)
+    base.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str((base / "jax_cache").absolute()))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
+    seed_sets = tuple(int(k) for k in cfg.get("seed_sets", ()))
+    if not seed_sets:
+        run_pipeline(cfg)
+        return
+    if len(set(seed_sets)) != len(seed_sets):
+        raise ValueError(f"config field 'seed_sets' repeats a set: {seed_sets}")
+    from porch_jax.eval.seed_sets import with_seed_set
+
+    (base / "config.json").write_text(cfg.to_json(indent=1))  # each set's own config is in its folder
+    for k in seed_sets:
+        print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
+        run_pipeline(with_seed_set(cfg, k))
+    report_seed_sets(base, seed_sets)
+
+
+def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
+    """RUN_DIR/seed_sets.{md,json,png} from each set's results.json (eval/seed_sets.py)."""
+    from porch_jax.eval import plots
+    from porch_jax.eval import seed_sets as seed_sets_lib
+
+    agg = seed_sets_lib.aggregate(
+        {k: json.loads((base / f"seed_set_{k}" / "results.json").read_text()) for k in seed_sets}
+    )
+    table = seed_sets_lib.format_table(agg)
+    (base / "seed_sets.md").write_text(table + "\n")
+    (base / "seed_sets.json").write_text(json.dumps(agg, indent=1))
+    plots.plot_seed_sets(agg, base / "seed_sets.png")
+    print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
+
+
+def run_pipeline(cfg: ConfigDict) -> None:
+    """One seed set's whole loop in cfg.run_dir (module docstring)."""
+    run = Run(cfg)
+    (run / "config.json").write_text(cfg.to_json(indent=1))
+
+    from transformers import AutoTokenizer
+
+    from porch_jax.attribution.judge import follow_hint
+    from porch_jax.envs.workplace import TOOLS
+    from porch_jax.eval.policy import load_policy
+    from porch_jax.opod import rows as od
+    from porch_jax.train import sources
+    from porch_jax.train.config import SamplingConfig
+
+    view, buckets, max_len = cfg.policy.view, tuple(cfg.policy.buckets), max(cfg.policy.buckets)
+    sampler_len = int(cfg.policy.max_len)
+    run.stage("expert rollouts", False)
+    expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
+    print(f"expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
+    run.stage("attribution of expert decisions", False)
+    expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl")
+
+    init = init_model(run)
+    tok = AutoTokenizer.from_pretrained(str(init))
+    sft_rows = od.packed_rows(expert, tok, view, max_len)
+    hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
+    hint_rows = hint_rows[: int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
+    if cfg.sft.get("empty_hint_rows", False):  # the same decisions under an empty hint, action unchanged
+        hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[: len(hint_rows)]
+    print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
+    sft = train(
+        run,
+        "sft",
+        init,
+        lambda tok, mesh: sources.PackedSource(
+            sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed), mesh
+        ),
+    )
+
+    policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
+    run.stage("rollouts of the SFT policy", False)
+    data = rollouts(
+        run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=float(cfg.rollouts.temperature)
+    )
+    print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
+    run.stage("attribution of SFT decisions", False)
+    hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
+
+    teacher_check = run / "hint_following.json"
+    if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
+        from porch_jax.eval.diagnostics import hint_following
+
+        teacher_check.write_text(
+            json.dumps(
+                hint_following(
+                    policy.sampler, data, hints, view, follow_hint, max_new_tokens=int(cfg.policy.max_new_tokens)
+                )
+            )
+        )
+    print(f"hinted action matched on flagged decisions (greedy): {teacher_check.read_text()}", flush=True)
+
+    rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+    opd_rows = od.opd_rows(data, hints, tok, view)
+    print(
+        f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: {len(opd_rows)} attributable decisions",
+        flush=True,
+    )
+
+    def packed(section: str, view: str, mesh: Any) -> list[Any]:
+        sec = cfg[section]
+        return [sources.PackedSource(rwr_rows, int(sec.batch), buckets, int(sec.seed), mesh, view)] if rwr_rows else []
+
+    def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
+        o = cfg[section].opd
+        sampling = SamplingConfig(int(o.max_new_tokens), float(o.temperature), float(o.top_p), int(o.seed))
+        return [sources.OpdSource(rows, tok, sampling, int(o.batch), buckets, mesh)] if rows else []
+
+    def group(tok: Any, mesh: Any) -> Any:
+        g = cfg.dagrpo.group
+        sampling = SamplingConfig(int(g.max_new_tokens), float(g.temperature), float(g.top_p), int(g.seed))
+        contexts = od.expert_contexts(expert, tok, view)
+        return sources.GroupSource(
+            contexts, tok, sampling, int(g.contexts_per_step), int(g.group_size), buckets, TOOLS, mesh
+        )
+
+    empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
+    exports = {"sft": {float(cfg.sft.learning_rate): sft}}
+    plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
+        "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], bool(rwr_rows)),
+        "opod": (
+            lambda tok, mesh: sources.Joined(*packed("opod", "rwr", mesh), *opd("opod", opd_rows, tok, mesh)),
+            bool(rwr_rows or opd_rows),
+        ),
+        "opd_empty": (
+            lambda tok, mesh: sources.Joined(
+                *packed("opd_empty", "rwr", mesh), *opd("opd_empty", empty_rows, tok, mesh)
+            ),
+            bool(rwr_rows or opd_rows),
+        ),
+        "dagrpo": (group, True),
+    }
+    for name in cfg.methods:
+        if name == "sft":
+            continue
+        source_of, has_data = plans[name]
+        if not has_data:
+            print(
+                f"{name}: no training data (no successful rollouts and no attributable decisions); skipped", flush=True
+            )
+            continue
+        exports[name] = {lr: train(run, name, sft, source_of, learning_rate=lr) for lr in learning_rates(cfg, name)}
+    evaluate_and_report(run, policy, exports)
+
+
+def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> dict[str, dict[str, Any]]:
+    """Checkpoint selection on validation tasks, the same rule for every trained method.
+
+    Each method's candidates (for each of its learning rates, its exports every ``export_every`` steps) run
+    greedily on the validation tasks (seeds disjoint from training, rollouts and held-out evaluation); the
+    candidate with the most successes is the method's checkpoint (ties: the configured learning rate, then the
+    later step, so the final weights unless an earlier one is strictly better). SFT, the common starting point,
+    has one checkpoint. Written to ``RUN/selection.json``; the held-out evaluation then reads only the selected
+    export folder.
+    """
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import evaluate
+    from porch_jax.train.trainer import selection_candidates
+
+    cfg = run.cfg
+    tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
+    out: dict[str, dict[str, Any]] = {}
+    for name, runs in exports.items():
+        scores: dict[tuple[float, int], float] = {}
+        folders: dict[tuple[float, int], Path] = {}
+        for lr, export in runs.items():
+            cands = selection_candidates(export) if name != "sft" else {}
+            for step, folder in (cands or {-1: export}).items():  # no step exports: the final export only
+                tag = run_name(cfg, name, lr) + ("" if step < 0 else f"_step{step}")
+                run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
+                recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
+                scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
+        configured = float(cfg[name].learning_rate)
+        lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
+        out[name] = {
+            "learning_rate": lr,
+            "step": None if step < 0 else step,
+            "folder": str(folders[lr, step]),
+            "run": run_name(cfg, name, lr),
+            "val_success": {f"{r:g}": {str(k): v for (r2, k), v in scores.items() if r2 == r} for r in runs},
+        }
+        print(
+            f"{name}: validation success by learning rate and step {out[name]['val_success']} -> "
+            f"{out[name]['learning_rate']:g}, step {out[name]['step']}",
+            flush=True,
+        )
+    (run / "selection.json").write_text(json.dumps(out, indent=1))
+    return out
+
+
+def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> None:
+    from porch_jax.eval import plots, report
+    from porch_jax.eval import suite as suite_lib
+    from porch_jax.eval.evaluate import evaluate
+
+    cfg = run.cfg
+    selection = select_checkpoints(run, policy, exports) if cfg.get("selection") and cfg.selection.enabled else {}
+    tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
+    records, runs = {}, {}
+    for name, by_lr in exports.items():
+        if name in selection:
+            lr, folder, step = (
+                selection[name]["learning_rate"],
+                Path(selection[name]["folder"]),
+                selection[name]["step"],
+            )
+        else:  # one learning rate (`learning_rates`), its final export
+            (lr, folder), step = next(iter(by_lr.items())), None
+        runs[name] = run_name(cfg, name, lr)
+        tag = runs[name] + ("" if step is None else f"_step{step}")
+        run.stage(f"evaluate {tag} on {len(tasks)} held-out tasks", False)
+        records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
+        print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
+    rows = report.summaries(records, reference="sft")
+    pairs = [
+        (a, b)
+        for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"), ("opod", "dagrpo"))
+        if a in records and b in records
+    ]
+    comparisons = [report.compare(records, a, b) for a, b in pairs]
+    table = (
+        report.format_table(rows, records, comparisons)
+        + "\n\nBlind-spot checks on held-out delegations:\n\n"
+        + report.format_blind_spots(records)
+    )
+    if selection:
+        table += "\n\nCheckpoints selected on validation tasks (success by learning rate and step):\n\n" + "\n".join(
+            f"- {n}: learning rate {v['learning_rate']:g}, step {v['step'] if v['step'] is not None else 'final'} of "
+            + "; ".join(
+                f"{lr}: " + ", ".join(f"{k}: {s:.2f}" for k, s in steps.items())
+                for lr, steps in v["val_success"].items()
+            )
+            for n, v in selection.items()
+        )
+    if (run / "hint_following.json").is_file():
+        table += (
+            "\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
+            + (run / "hint_following.json").read_text()
+        )
+    (run / "results.md").write_text(table + "\n")
+    report.write_results(rows, comparisons, run / "results.json")
+    from porch_jax.eval.plots import read_metrics
+
+    plots.plot_curves({n: read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
+    plots.plot_success(rows, run / "success.png")
+    print(
+        f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
+        f"({time.monotonic() - run.t0:.0f} s)",
+        flush=True,
+    )

@@ -1,0 +1,95 @@
+"""The trainer's typed settings (frozen dataclasses, built once at a launcher by porch_jax.typed_config).
+
+A launcher's experiment schema holds these sections; nothing past the launcher reads a ConfigDict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from porch_jax.train.methods import MethodConfig
+from porch_jax.typed_config import check
+
+__all__ = ["CheckpointConfig", "LogConfig", "MethodConfig", "OptimizerConfig", "SamplingConfig", "TrainConfig"]
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+    """AdamW with linear warmup and cosine decay (optim.py).
+
+    Attributes:
+    learning_rate: the peak rate, reached after warmup_steps.
+    final_lr_ratio: the rate at the end of the schedule, as a share of the peak.
+    total_steps: the schedule's length; None: the run's steps.
+    max_grad_norm: global-norm clip (0: none).
+    """
+
+    learning_rate: float = 3e-4
+    warmup_steps: int = 0
+    final_lr_ratio: float = 0.1
+    total_steps: int | None = None
+    weight_decay: float = 0.01
+    b1: float = 0.9
+    b2: float = 0.95
+    eps: float = 1e-8
+    max_grad_norm: float = 1.0
+
+    def __post_init__(self):
+        check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        check(self.warmup_steps >= 0, "warmup_steps", f"must be >= 0, got {self.warmup_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointConfig:
+    """Orbax checkpoints in WORKDIR/checkpoints: every `every` steps and at the end, the newest `keep` kept."""
+
+    every: int = 50
+    keep: int = 3
+    async_save: bool = True
+
+    def __post_init__(self):
+        check(self.every > 0, "every", f"must be > 0, got {self.every}")
+        check(self.keep > 0, "keep", f"must be > 0, got {self.keep}")
+
+
+@dataclasses.dataclass(frozen=True)
+class LogConfig:
+    """A progress line every `every` steps; WORKDIR/metrics.jsonl gets every step (and TensorBoard, if asked)."""
+
+    every: int = 10
+    tensorboard: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """The student's on-policy samples (OPD actions, GRPO groups): a fresh, reproducible draw per step."""
+
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """One training run.
+
+    Attributes:
+    steps: optimizer steps.
+    method: the loss (methods.py).
+    export_every: > 0: also export WORKDIR/exports/step_N every that many steps before the last (the
+        candidates of checkpoint selection); the final export is WORKDIR/export.
+    mesh: (data, fsdp, tensor) device mesh; product = device count.
+    """
+
+    steps: int
+    optimizer: OptimizerConfig = OptimizerConfig()
+    method: MethodConfig = MethodConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    log: LogConfig = LogConfig()
+    export_every: int = 0
+    mesh: tuple[int, ...] = (1, 1, 1)
+
+    def __post_init__(self):
+        check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
+        check(self.export_every >= 0, "export_every", f"must be >= 0, got {self.export_every}")

@@ -1,0 +1,352 @@
+"""Training methods: what each reads from a batch and which pure loss (losses.py) it calls.
+
+A `Method` is a tuple of loss `Part`s, each a (sum, count) pair with a coefficient; the step
+(step.py) minimizes sum_p coef_p * sum_p / count_p with each count taken over the whole global
+batch, so it needs no knowledge of any method. `METHODS` maps a method's name to the function
+that builds it from its `MethodConfig`:
+
+    sft     cross-entropy on demonstrations                          part "ce"
+    rwr     cross-entropy weighted by the episode's reward           part "rwr"
+    opod    RWR + opd_weight * OPD (reverse KL to the frozen self-teacher under s + H)   parts "rwr", "opd"
+    opd     OPD alone                                                part "opd"
+    grpo    clipped-ratio policy gradient on sampled groups (+ k3 KL to a frozen reference)   part "pg"
+    dagrpo  GRPO on one-action rows at expert decision contexts, averaged per decision   part "pg"
+
+Two batch layouts exist (`MethodConfig.layout`). "records" (data.py): one decision per row with
+a per-row weight [B], averaged per token or per decision (`aggregation`). "packed"
+(porch_jax/opod/rows.py): an episode's decisions share one row, each target token carries its
+decision's weight over its length [B, K], and each view carries its decision count; OPD and GRPO
+rows there hold one sampled action each. Views are named by role in both: "policy" (sft, rwr,
+grpo, dagrpo), "rwr" / "student" / "teacher" (opod, opd); "advantage" is a per-row scalar.
+A part whose views a batch does not hold contributes nothing (a run without successful episodes
+trains OPD alone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+from jax import lax
+
+from porch_jax.train import losses
+
+Parts = dict[str, tuple[jax.Array, jax.Array]]
+Batch = Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodConfig:
+    """Attributes:
+    name: a key of `METHODS`.
+    layout: "records" (data.py rows) or "packed" (porch_jax/opod/rows.py rows); see the module docstring.
+    aggregation: records layout: "token" (mean over tokens) or "decision" (the paper's mean within each
+        decision, then over decisions). Packed rows always average per decision.
+    opd_weight: lambda of OPOD, the weight of the OPD part against the RWR part.
+    clip_eps / clip_eps_high: GRPO's ratio clip (high: None is clip_eps).
+    kl_coef: GRPO's k3 KL to the frozen reference (> 0 keeps a frozen copy of the initial weights).
+    pg_aggregation: GRPO: "token" (mean over the batch's tokens) or "sequence" (per sequence first).
+    chunk_size: tokens per fused LM-head chunk (None: automatic).
+    """
+
+    name: Literal["sft", "rwr", "opod", "opd", "grpo", "dagrpo"] = "sft"
+    layout: Literal["records", "packed"] = "records"
+    aggregation: Literal["token", "decision"] = "token"
+    opd_weight: float = 1.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    pg_aggregation: Literal["token", "sequence"] = "token"
+    chunk_size: int | None = None
+
+
+# ---------------------------------------------------------------------------------- forward helpers
+
+
+def gathered_hidden(model: nnx.Module, view: Mapping[str, jax.Array]) -> jax.Array:
+    """Final hidden states at the target positions, [B, K, H] (the gather's gradient is a cheap scatter-add)."""
+    hidden = model.hidden_states(view["tokens"], attention_mask=view["mask"])
+    return jnp.take_along_axis(hidden, view["index"][..., None], axis=1)
+
+
+def lm_head(model: nnx.Module) -> jax.Array:
+    return model.lm_head_kernel().astype(model.dtype)
+
+
+def _tokens(view: Mapping[str, jax.Array]) -> jax.Array:
+    return jnp.sum(view["mask"], dtype=jnp.float32)
+
+
+def _flat_mask(view: Mapping[str, jax.Array]) -> jax.Array:
+    return view["target_mask"].reshape(-1, view["target_mask"].shape[-1])
+
+
+def _logprob_gap(logp: jax.Array, view: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+    """Sum and count of |trainer - sampler| log-probabilities over sampled tokens (weight sync check)."""
+    sampled = view["sampled"] & view["target_mask"] if "sampled" in view else view["target_mask"]
+    gap = jnp.where(sampled, jnp.abs(lax.stop_gradient(logp) - view["logprobs"]), 0.0)
+    return {"gap_sum": jnp.sum(gap), "gap_count": jnp.sum(sampled, dtype=jnp.float32)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Forward:
+    """One micro-batch's shared forward quantities: the student's LM head (computed once, so its
+    gradient sums every part's contribution in one place) and the frozen model, if any."""
+
+    model: nnx.Module
+    head: jax.Array
+    frozen: nnx.Module | None
+
+
+# ------------------------------------------------------------------------------------------- parts
+
+
+@dataclasses.dataclass(frozen=True)
+class CrossEntropy:
+    """Weighted cross-entropy on a view's targets (SFT, RWR)."""
+
+    name: str
+    view: str
+    packed: bool
+    aggregation: str = "token"
+    chunk_size: int | None = None
+    coef: float = 1.0
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return (self.view,)
+
+    def count(self, batch: Batch) -> jax.Array:
+        v = batch[self.view]
+        if self.packed:
+            return jnp.sum(v["count"])
+        return losses.aggregation_weights(_flat_mask(v), v["weight"].reshape(-1), self.aggregation)[1]
+
+    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+        v = micro[self.view]
+        total, count = losses.token_cross_entropy_from_hidden(
+            gathered_hidden(fw.model, v),
+            fw.head,
+            v["targets"],
+            v["target_mask"],
+            v["weight"],
+            aggregation="token" if self.packed else self.aggregation,
+            chunk_size=self.chunk_size,
+        )
+        return (total, v["count"] if self.packed else count), {"tokens": _tokens(v)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Distillation:
+    """OPD: full-vocabulary reverse KL(student || sg[frozen teacher]) on the student's sampled action
+    tokens, the student reading s and the teacher s + H."""
+
+    student: str = "student"
+    teacher: str = "teacher"
+    weighted: bool = True
+    aggregation: str = "decision"
+    chunk_size: int | None = None
+    coef: float = 1.0
+    name: str = "opd"
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return (self.student, self.teacher)
+
+    def count(self, batch: Batch) -> jax.Array:
+        s = batch[self.student]
+        weights = s["weight"].reshape(-1) if self.weighted else None
+        return losses.aggregation_weights(_flat_mask(s), weights, self.aggregation)[1]
+
+    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+        s, t = micro[self.student], micro[self.teacher]
+        student_hidden = gathered_hidden(fw.model, s)
+        teacher_hidden = lax.stop_gradient(gathered_hidden(fw.frozen, t))
+        part = losses.opd_loss_from_hidden(
+            student_hidden,
+            fw.head,
+            teacher_hidden,
+            lax.stop_gradient(lm_head(fw.frozen)),
+            s["target_mask"],
+            s["weight"] if self.weighted else None,
+            aggregation=self.aggregation,
+            chunk_size=self.chunk_size,
+        )
+        logp = losses.token_logprobs_from_hidden(
+            lax.stop_gradient(student_hidden), lax.stop_gradient(fw.head), s["targets"], chunk_size=self.chunk_size
+        )
+        return part, {"tokens": _tokens(s), "teacher_tokens": _tokens(t), **_logprob_gap(logp, s)}
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyGradient:
+    """GRPO's clipped-ratio loss on sampled targets with their per-row "advantage"; tokens without
+    sampler log-probabilities (records rows with `sampled` false) count as on-policy (ratio 1)."""
+
+    view: str = "policy"
+    aggregation: str = "token"
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    chunk_size: int | None = None
+    coef: float = 1.0
+    name: str = "pg"
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return (self.view,)
+
+    def count(self, batch: Batch) -> jax.Array:
+        agg = "token" if self.aggregation == "token" else "decision"
+        return losses.aggregation_weights(_flat_mask(batch[self.view]), None, agg)[1]
+
+    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+        v = micro[self.view]
+        logp = losses.token_logprobs_from_hidden(
+            gathered_hidden(fw.model, v), fw.head, v["targets"], chunk_size=self.chunk_size
+        )
+        old = jnp.where(v["sampled"], v["logprobs"], lax.stop_gradient(logp)) if "sampled" in v else v["logprobs"]
+        ref = None
+        if self.kl_coef > 0:
+            ref = losses.token_logprobs_from_hidden(
+                lax.stop_gradient(gathered_hidden(fw.frozen, v)),
+                lax.stop_gradient(lm_head(fw.frozen)),
+                v["targets"],
+                chunk_size=self.chunk_size,
+            )
+        total, count, m = losses.grpo_loss(
+            logp,
+            old,
+            ref,
+            micro["advantage"],
+            v["target_mask"],
+            clip_eps=self.clip_eps,
+            clip_eps_high=self.clip_eps_high,
+            kl_coef=self.kl_coef,
+            aggregation=self.aggregation,
+        )
+        aux = {
+            "tokens": _tokens(v),
+            "clipped_tokens": m["clipped_tokens"],
+            "kl_sum": m["kl_sum"],
+            "scored_tokens": m["tokens"],
+            **_logprob_gap(logp, v),
+        }
+        return (total, count), aux
+
+
+Part = CrossEntropy | Distillation | PolicyGradient
+
+
+# ------------------------------------------------------------------------------------------ method
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+    """A named sum of parts. frozen: whether the step takes a second, frozen parameter set (OPD's
+    teacher, GRPO's reference). views / scalars: the batch layout a records source collates."""
+
+    name: str
+    parts: tuple[Part, ...]
+    frozen: bool = False
+    scalars: tuple[str, ...] = ()
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(v for p in self.parts for v in p.views))
+
+    def present(self, batch: Batch) -> tuple[Part, ...]:
+        """The parts whose views the batch holds (a static property of its structure)."""
+        return tuple(p for p in self.parts if all(v in batch for v in p.views))
+
+    def global_counts(self, batch: Batch) -> dict[str, jax.Array]:
+        """Each part's count over the whole [accum, micro] batch (what its sums are divided by)."""
+        return {p.name: p.count(batch) for p in self.present(batch)}
+
+    def micro_parts(self, model: nnx.Module, frozen: nnx.Module | None, micro: Batch) -> tuple[Parts, dict]:
+        """(sum, count) of each present part on one micro-batch, and additive metric sums."""
+        fw = Forward(model, lm_head(model), frozen)
+        parts, aux = {}, {}
+        for p in self.present(micro):
+            parts[p.name], extra = p(fw, micro)
+            for k, v in extra.items():
+                aux[k] = aux[k] + v if k in aux else v
+        return parts, aux
+
+    def loss(self, parts: Parts, counts: Mapping[str, jax.Array]) -> jax.Array:
+        """sum_p coef_p * sum_p / count_p: the one place a method's parts are combined (OPOD: RWR + lambda * OPD)."""
+        total = jnp.zeros((), jnp.float32)
+        for p in self.parts:
+            if p.name in parts:
+                total = total + p.coef * losses.safe_mean(parts[p.name][0], counts[p.name])
+        return total
+
+    def summarize(self, parts: Parts, aux: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Logged metrics from accumulated parts (whose counts are then the global ones) and aux sums."""
+        out = {"loss": self.loss(parts, {k: c for k, (_, c) in parts.items()})}
+        for name, (total, count) in parts.items():
+            out[name], out[f"{name}_count"] = losses.safe_mean(total, count), count
+        if "tokens" in aux:
+            out["tokens"] = aux["tokens"]
+        if "teacher_tokens" in aux:
+            out["teacher_tokens"] = aux["teacher_tokens"]
+        if "kl_sum" in aux:
+            out["kl"] = losses.safe_mean(aux["kl_sum"], aux["scored_tokens"])
+            out["clip_fraction"] = losses.safe_mean(aux["clipped_tokens"], aux["scored_tokens"])
+        elif "opd" in out:
+            out["kl"] = out["opd"]
+        if "gap_sum" in aux:
+            out["logprob_gap"] = losses.safe_mean(aux["gap_sum"], aux["gap_count"])
+            out["sampled_tokens"] = aux["gap_count"]
+        return out
+
+
+# ---------------------------------------------------------------------------------------- registry
+
+
+def _cross_entropy(name: str, view: str, cfg: MethodConfig) -> CrossEntropy:
+    return CrossEntropy(name, view, cfg.layout == "packed", cfg.aggregation, cfg.chunk_size)
+
+
+def _distillation(cfg: MethodConfig) -> Distillation:
+    packed = cfg.layout == "packed"  # packed OPD rows hold one action each, every one a decision
+    return Distillation(
+        weighted=not packed,
+        aggregation="decision" if packed else cfg.aggregation,
+        chunk_size=cfg.chunk_size,
+        coef=cfg.opd_weight,
+    )
+
+
+def _policy_gradient(cfg: MethodConfig, aggregation: str) -> PolicyGradient:
+    return PolicyGradient(
+        aggregation=aggregation,
+        clip_eps=cfg.clip_eps,
+        clip_eps_high=cfg.clip_eps_high,
+        kl_coef=cfg.kl_coef,
+        chunk_size=cfg.chunk_size,
+    )
+
+
+METHODS: dict[str, Callable[[MethodConfig], Method]] = {
+    "sft": lambda c: Method("sft", (_cross_entropy("ce", "policy", c),)),
+    "rwr": lambda c: Method("rwr", (_cross_entropy("rwr", "policy", c),)),
+    "opod": lambda c: Method("opod", (_cross_entropy("rwr", "rwr", c), _distillation(c)), frozen=True),
+    "opd": lambda c: Method("opd", (_distillation(c),), frozen=True),
+    "grpo": lambda c: Method(
+        "grpo", (_policy_gradient(c, c.pg_aggregation),), frozen=c.kl_coef > 0, scalars=("advantage",)
+    ),
+    "dagrpo": lambda c: Method(
+        "dagrpo", (_policy_gradient(c, "sequence"),), frozen=c.kl_coef > 0, scalars=("advantage",)
+    ),
+}
+
+
+def make_method(cfg: MethodConfig) -> Method:
+    if cfg.name not in METHODS:
+        raise ValueError(f"unknown method {cfg.name!r} (known: {', '.join(METHODS)})")
+    return METHODS[cfg.name](cfg)

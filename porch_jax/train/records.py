@@ -1,0 +1,124 @@
+"""The typed schema of a records run (launch/train.py: data.py examples, one decision per row) and
+its Trainer: model, data, batch layout, on-policy OPD sampling and the TrainConfig.
+
+    experiments/sft_tiny.py -> ConfigDict -> RecordsConfig (typed_config.from_dict, at the launcher)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+from flax import nnx
+
+from porch_jax.train import data as data_lib
+from porch_jax.train import mesh as mesh_lib
+from porch_jax.train.config import SamplingConfig, TrainConfig
+from porch_jax.train.methods import make_method
+from porch_jax.train.sources import ActionSampler, RecordSource
+from porch_jax.train.trainer import Trainer
+from porch_jax.typed_config import check
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Attributes:
+    init_from: a Hugging Face folder (e.g. make_tiny_model's); "" builds a fresh model from `hf`
+        (config.json fields; vocab_size defaults to the tokenizer's) and `seed`.
+    compute_dtype: "bfloat16": bf16 matmuls with float32 master weights.
+    """
+
+    init_from: str = ""
+    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    seed: int = 0
+    compute_dtype: str = "float32"
+    remat: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Attributes:
+    trajectories: EpisodeRecord JSONL (TrajectoryStore). tokenizer: default model.init_from.
+    hints: OPOD: JSONL of {episode_id, index, attributable, hint} from the attribution step.
+    groups: GRPO: JSONL of {key, context, samples: [{token_ids, logprobs, reward}]}.
+    buckets / target_buckets: padded sequence lengths T and target lengths K (one compilation each).
+    target_reserve: room for resampled targets (on-policy OPD raises it to opd.max_new_tokens).
+    """
+
+    trajectories: str = ""
+    tokenizer: str = ""
+    hints: str = ""
+    groups: str = ""
+    buckets: tuple[int, ...] = (256, 512, 1024)
+    target_buckets: tuple[int, ...] = (64, 128, 256)
+    target_reserve: int = 0
+    pad_id: int = 0
+    seed: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchConfig:
+    """Global batch = micro_batch * accum_steps rows; micro-batch rows are sharded over (data, fsdp)."""
+
+    micro_batch: int = 8
+    accum_steps: int = 1
+
+    def __post_init__(self):
+        check(self.micro_batch > 0, "micro_batch", f"must be > 0, got {self.micro_batch}")
+        check(self.accum_steps > 0, "accum_steps", f"must be > 0, got {self.accum_steps}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpdConfig:
+    """OPOD's on-policy OPD: the student samples each OPD row's action (off: the recorded actions are distilled).
+    max_len: the sampler's cache length (prompt + action)."""
+
+    on_policy: bool = True
+    sampling: SamplingConfig = SamplingConfig()
+    max_len: int = 2048
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordsConfig:
+    workdir: str
+    train: TrainConfig
+    model: ModelConfig = ModelConfig()
+    data: DataConfig = DataConfig()
+    batch: BatchConfig = BatchConfig()
+    opd: OpdConfig = OpdConfig()
+
+    def __post_init__(self):
+        check(self.train.method.layout == "records", "train.method.layout", "launch/train.py trains records")
+        check(self.train.method.name != "dagrpo", "train.method.name", "dagrpo runs in the OPOD experiment")
+
+
+def records_trainer(
+    cfg: RecordsConfig,
+    model: nnx.Module,
+    examples: Sequence[data_lib.Example],
+    *,
+    tokenizer: Any = None,
+    pad_id: int | None = None,
+    stream: TextIO = sys.stdout,
+) -> Trainer:
+    """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them."""
+    method = make_method(cfg.train.method)
+    on_policy = method.name == "opod" and cfg.opd.on_policy
+    sampler = ActionSampler(tokenizer, cfg.opd.sampling, max_len=cfg.opd.max_len) if on_policy else None
+    reserve = max(cfg.data.target_reserve, cfg.opd.sampling.max_new_tokens) if on_policy else cfg.data.target_reserve
+    source = RecordSource(
+        examples,
+        views=method.views,
+        scalars=method.scalars,
+        buckets=data_lib.Buckets(cfg.data.buckets, cfg.data.target_buckets),
+        micro_batch=cfg.batch.micro_batch,
+        accum_steps=cfg.batch.accum_steps,
+        pad_id=cfg.data.pad_id if pad_id is None else pad_id,
+        seed=cfg.data.seed,
+        mesh=mesh_lib.make_mesh(cfg.train.mesh),
+        target_reserve=reserve,
+        sampler=sampler,
+    )
+    return Trainer(cfg.train, model, method, source, cfg.workdir, tokenizer=tokenizer, stream=stream)

@@ -1,0 +1,328 @@
+"""Batch sources: each step's global batch [accum, micro, ...] for the step, and host metrics.
+
+    class BatchSource(Protocol):
+        on_policy: bool                       # reads the current student (the trainer keeps it current)
+        def __call__(self, step, student) -> (batch of global arrays, {metric: float})
+        def state(self) -> dict               # the data position, saved with each checkpoint
+        def restore(self, state: dict) -> None
+
+`RecordSource`: data.py records (one decision per row), epochs of shuffled buckets, gradient
+accumulation and several hosts; with an `ActionSampler` it replaces OPD targets by student samples.
+`PackedSource`: packed decision rows (SFT, RWR). `OpdSource`: OPD rows whose action the current
+student samples. `GroupSource`: DA-GRPO groups at expert contexts. `Joined`: several sources'
+views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
+(seed, step), so a resumed run sees the same batches; they run in one process.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+from flax import nnx
+
+from porch_jax.models.sampler import Sampler, SamplingParams
+from porch_jax.train import data as data_lib
+from porch_jax.train import losses
+from porch_jax.train import mesh as mesh_lib
+from porch_jax.train.config import SamplingConfig
+from porch_jax.train.dagrpo import decision_reward
+from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, bucket, scored_batch, seq_batch
+
+log = logging.getLogger(__name__)
+Batch = dict[str, Any]
+
+
+class BatchSource(Protocol):
+    on_policy: bool
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+
+def place(host: Batch, mesh: jax.sharding.Mesh) -> Batch:
+    """One process's host batch [B, ...] as a global [1, B, ...] batch: rows over the mesh's batch axes."""
+    spec = tuple(mesh_lib.batch_spec(mesh=mesh))
+
+    def put(x: np.ndarray) -> jax.Array:
+        x = np.asarray(x)[None]
+        pspec = jax.sharding.PartitionSpec(*(spec + (None,) * x.ndim)[: x.ndim])
+        return jax.device_put(x, jax.sharding.NamedSharding(mesh, pspec))
+
+    return jax.tree.map(put, host)
+
+
+class ActionSampler:
+    """The student's on-policy actions: a sampler bound to the current student (rebuilt when the
+    student object changes) drawing step s's samples with seed `seed * 1_000_003 + s`, so a resumed
+    run draws the same. Single-process: the embedded sampler jits over this process's prompts."""
+
+    def __init__(self, tokenizer: Any, cfg: SamplingConfig, **sampler_args: Any):
+        if jax.process_count() > 1:
+            raise NotImplementedError("on-policy sampling uses the embedded JAX sampler, which runs in one process")
+        self.cfg, self._args = cfg, dict(tokenizer=tokenizer, **sampler_args)
+        self.sampler: Sampler | None = None
+
+    def __call__(self, student: nnx.Module, prompts: Sequence[Sequence[int]], step: int) -> list[Any]:
+        if self.sampler is None or self.sampler.model is not student:
+            self.sampler = Sampler(student, **self._args)
+        params = SamplingParams(
+            max_new_tokens=self.cfg.max_new_tokens,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            seed=self.cfg.seed * 1_000_003 + step,
+        )
+        return self.sampler.generate([list(p) for p in prompts], params)
+
+
+class RecordSource:
+    """data.py examples through a resumable `BatchIterator`; with `sampler`, each OPD row's target
+    (the "student" and "teacher" views) becomes an action the current student samples under the
+    student view, its sampler log-probabilities kept (the step reports their gap to the trainer's)."""
+
+    def __init__(
+        self,
+        examples: Sequence[data_lib.Example],
+        *,
+        views: Sequence[str],
+        scalars: Sequence[str],
+        buckets: data_lib.Buckets,
+        micro_batch: int,
+        accum_steps: int,
+        pad_id: int,
+        seed: int,
+        mesh: jax.sharding.Mesh,
+        target_reserve: int = 0,
+        sampler: ActionSampler | None = None,
+    ):
+        self.sampler, self.on_policy = sampler, sampler is not None
+        self.batches = data_lib.BatchIterator(
+            examples,
+            buckets=buckets,
+            micro_batch=micro_batch,
+            accum_steps=accum_steps,
+            views=views,
+            scalars=scalars,
+            pad_id=pad_id,
+            batch_sharding=jax.sharding.NamedSharding(mesh, mesh_lib.batch_spec(mesh=mesh)),
+            state=data_lib.IteratorState(seed=seed),
+            target_reserve=target_reserve,
+        )
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        host = self.batches.next_host_batch()
+        if self.sampler is not None:
+            host = on_policy_targets(host, self.sampler, student, step)
+        return self.batches.to_global(host), {}
+
+    def state(self) -> dict[str, Any]:
+        return self.batches.state.to_json()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.batches.state = data_lib.IteratorState.from_json(state)
+
+
+def on_policy_targets(
+    host: data_lib.HostBatch, sampler: ActionSampler, student: nnx.Module, step: int
+) -> data_lib.HostBatch:
+    """The host batch with each OPD row's target replaced by the student's sample under the student view."""
+    slots = [
+        (i, j)
+        for i, micro in enumerate(host.rows)
+        for j, ex in enumerate(micro)
+        if ex is not None and "student" in ex.views
+    ]
+    if not slots:
+        return host
+    prompts = [host.rows[i][j].views["student"].prompt for i, j in slots]
+    rows = [list(micro) for micro in host.rows]
+    for (i, j), c in zip(slots, sampler(student, prompts, step), strict=True):
+        rows[i][j] = data_lib.with_opd_target(rows[i][j], c.token_ids, c.logprobs)
+    return dataclasses.replace(host, rows=rows)
+
+
+class _Stateless:
+    """A source whose batch is a pure function of (seed, step): nothing to save."""
+
+    on_policy = False
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def _fitting(items: Sequence[Any], length: Callable[[Any], int], limit: int) -> list[Any]:
+    """The items within the largest bucket; the rest are left out with a warning, never cut."""
+    kept = [x for x in items if length(x) <= limit]
+    if len(kept) < len(items):
+        log.warning(
+            "%d of %d rows exceed the largest bucket (%d tokens); left out", len(items) - len(kept), len(items), limit
+        )
+    return kept
+
+
+def _targets_bucket(n: int, step: int = 64) -> int:
+    return -(-n // step) * step
+
+
+class PackedSource(_Stateless):
+    """Batches of packed rows as view `view`, grouped by length bucket so each step compiles once per bucket."""
+
+    def __init__(
+        self,
+        rows: Sequence[SeqRow],
+        batch_size: int,
+        buckets: Sequence[int],
+        seed: int,
+        mesh: jax.sharding.Mesh,
+        view: str = "policy",
+    ):
+        rows = _fitting(rows, lambda r: len(r.tokens), max(buckets))
+        if not rows:
+            raise ValueError("no rows to train on")
+        groups: dict[int, list[SeqRow]] = {}
+        for r in rows:
+            groups.setdefault(bucket(len(r.tokens), buckets), []).append(r)
+        self.groups = sorted(groups.items())
+        self.targets = {t: _targets_bucket(max(sum(s.length for s in r.spans) for r in g)) for t, g in self.groups}
+        self.batch_size, self.seed, self.mesh, self.view = batch_size, seed, mesh, view
+
+    def host(self, step: int) -> dict[str, np.ndarray]:
+        rng = np.random.default_rng([self.seed, step])
+        sizes = np.asarray([len(g) for _, g in self.groups], np.float64)
+        t, group = self.groups[rng.choice(len(self.groups), p=sizes / sizes.sum())]
+        pick = rng.choice(len(group), min(self.batch_size, len(group)), replace=False)
+        rows = [group[i] for i in pick]
+        return {self.view: seq_batch(rows + [SeqRow((0,), ())] * (self.batch_size - len(rows)), t, self.targets[t])}
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        return place(self.host(step), self.mesh), {}
+
+
+class OpdSource(_Stateless):
+    """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student."""
+
+    on_policy = True
+
+    def __init__(
+        self,
+        rows: Sequence[OpdRow],
+        tokenizer: Any,
+        sampling: SamplingConfig,
+        batch: int,
+        buckets: Sequence[int],
+        mesh: jax.sharding.Mesh,
+    ):
+        rows = _fitting(rows, lambda r: max(len(r.student), len(r.teacher)), max(buckets))
+        if not rows:
+            raise ValueError("no attributable decisions (FLAG=true) to distill")
+        self.rows, self.batch, self.buckets, self.mesh, self.seed = rows, batch, tuple(buckets), mesh, sampling.seed
+        self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
+        longest = max(max(len(r.student), len(r.teacher)) for r in rows)
+        self.sampler = ActionSampler(
+            tokenizer,
+            sampling,
+            max_len=bucket(longest, buckets) + self.k,
+            prompt_buckets=buckets,
+            batch_buckets=(batch,),
+        )
+
+    def host(self, step: int, student: nnx.Module) -> tuple[dict[str, Any], dict[str, float]]:
+        rng = np.random.default_rng([self.seed, step])
+        rows = [self.rows[i] for i in rng.choice(len(self.rows), min(self.batch, len(self.rows)), replace=False)]
+        done = self.sampler(student, [r.student for r in rows], step)
+        # A sample that is no action at all is dropped (OpdRow says why): an empty action scores nothing.
+        keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done)]
+        actions = [c.token_ids if k else [] for c, k in zip(done, keep)]
+        t_s = bucket(max(len(r.student) for r in rows), self.buckets) + self.k
+        t_t = bucket(max(len(r.teacher) for r in rows), self.buckets) + self.k
+        student_rows = scored_batch(
+            [r.student for r in rows], actions, t_s, self.k, [c.logprobs if k else [] for c, k in zip(done, keep)]
+        )
+        teacher_rows = scored_batch([r.teacher for r in rows], actions, t_t, self.k)
+        stats = {
+            "sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
+            "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
+            "sampled_not_action": 1.0 - float(np.mean(keep)),
+        }
+        return {"student": student_rows, "teacher": teacher_rows}, stats
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        host, stats = self.host(step, student)
+        return place(host, self.mesh), stats
+
+
+class Joined(_Stateless):
+    """The views of several sources in one batch (OPOD: packed RWR rows and on-policy OPD rows)."""
+
+    def __init__(self, *sources: BatchSource):
+        if not sources:
+            raise ValueError("no batch sources to join")
+        self.sources = sources
+        self.on_policy = any(s.on_policy for s in sources)
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        batch, stats = {}, {}
+        for s in self.sources:
+            b, m = s(step, student)
+            batch |= b
+            stats |= m
+        return batch, stats
+
+
+class GroupSource(_Stateless):
+    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each, scored against the expert."""
+
+    on_policy = True
+
+    def __init__(
+        self,
+        contexts: Sequence[ExpertContext],
+        tokenizer: Any,
+        sampling: SamplingConfig,
+        contexts_per_step: int,
+        group_size: int,
+        buckets: Sequence[int],
+        available_tools: Collection[str],
+        mesh: jax.sharding.Mesh,
+    ):
+        contexts = _fitting(contexts, lambda c: len(c.prompt), max(buckets))
+        if not contexts:
+            raise ValueError("no expert decision contexts")
+        self.contexts, self.buckets, self.tools, self.mesh = contexts, tuple(buckets), tuple(available_tools), mesh
+        self.per_step, self.group_size, self.seed = contexts_per_step, group_size, sampling.seed
+        self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
+        longest = max(len(c.prompt) for c in contexts)
+        self.sampler = ActionSampler(
+            tokenizer,
+            sampling,
+            max_len=bucket(longest, buckets) + self.k,
+            prompt_buckets=buckets,
+            batch_buckets=(contexts_per_step * group_size,),
+        )
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        g = self.group_size
+        rng = np.random.default_rng([self.seed, step])
+        chosen = [self.contexts[i] for i in rng.choice(len(self.contexts), self.per_step, replace=False)]
+        repeated = [c for c in chosen for _ in range(g)]
+        prompts = [c.prompt for c in repeated]
+        done = self.sampler(student, prompts, step)
+        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done)]
+        rewards = np.asarray(
+            [decision_reward(t, c.reference, self.tools)["reward"] for c, t in zip(repeated, texts)], np.float32
+        )
+        advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)
+        t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
+        group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
+        host = {"policy": group, "advantage": advantages.astype(np.float32)}
+        return place(host, self.mesh), {"reward": float(rewards.mean()), "reward_std": float(rewards.std())}

@@ -1,0 +1,372 @@
+"""Typed configs: an ml_collections ConfigDict (or any Mapping) becomes a tree of frozen dataclasses, once, at the
+launcher; code past the launcher reads attributes of those dataclasses, never a ConfigDict.
+
+    @dataclasses.dataclass(frozen=True)
+    class Optimizer:
+        learning_rate: float = 1e-3
+        schedule: Literal["constant", "cosine"] = "constant"
+
+        def __post_init__(self):
+            check(self.learning_rate > 0, "learning_rate", "must be > 0")
+
+    opt = from_dict(Optimizer, {"learning_rate": 3e-4})     # Optimizer(learning_rate=0.0003, schedule='constant')
+    to_dict(opt)                                             # {'learning_rate': 0.0003, 'schedule': 'constant'}
+
+    CONFIG = define_config_flag("config", ExperimentConfig, "Experiment config file.", required=True)
+    ...
+    cfg: ExperimentConfig = CONFIG.value                     # inside main(), after absl parsed the flags
+
+Every unknown key, missing required key, wrong type, choice outside a Literal or failed `__post_init__` check raises
+`ConfigError` naming the dotted key (`config.optimizer.lerning_rate: unknown key (did you mean learning_rate?);
+known: learning_rate, schedule`). `ConfigError` is an absl `flags.Error`: raised while absl parses the command line
+(in a config file's `get_config(arg)`, or in the validator `define_config_flag` registers) it is printed as one
+`FATAL Flags parsing error: ...` line and the program exits with status 1, without a traceback. (ml_collections
+re-raises a ValueError from `get_config` with the traceback pasted into the message, hence not a ValueError.)
+
+Conversions are strict where a typo would otherwise pass: an int field takes an int (not a bool, not a string), a
+float field takes an int or a float, a bool field takes a bool, a str field a str; a `tuple[X, ...]` field takes any
+list or tuple (so a config read back from JSON converts again) and holds a tuple; `dict[str, X]` holds a dict;
+`Optional[X]` takes None; `Any` / `object` takes any plain data (ConfigDicts turned into dicts).
+
+Experiment variants are arguments of `get_config(arg)` in one convention, `parse_arg` (as big_vision's):
+`--config=experiments/x.py:seed_set=3,benchmark=humaneval`, or a first bare value for the first key
+(`--config=experiments/maca_gsm_hard.py:humaneval`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import functools
+import types
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, Generic, Literal, TypeVar, Union
+
+from absl import flags
+
+T = TypeVar("T")
+
+__all__ = [
+    "ConfigError",
+    "ConfigFlag",
+    "check",
+    "define_config_flag",
+    "diff",
+    "from_dict",
+    "parse_arg",
+    "to_dict",
+]
+
+
+class ConfigError(flags.Error):
+    """A config key or value that does not fit its typed schema; the message starts with the dotted key."""
+
+
+class _FieldError(ConfigError):
+    """Raised by `check` inside `__post_init__`; `from_dict` prefixes the dataclass's dotted path."""
+
+    def __init__(self, field: str, message: str):
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def check(condition: bool, field: str, message: str) -> None:
+    """For `__post_init__`: raise an error naming `field` (its dotted key, once `from_dict` adds the path) unless
+    `condition` holds."""
+    if not condition:
+        raise _FieldError(field, message)
+
+
+def _plain(value: Any) -> Any:
+    """A ConfigDict (FieldReferences resolved) or Mapping as a plain dict; other values unchanged."""
+    if hasattr(value, "to_dict") and callable(value.to_dict) and not dataclasses.is_dataclass(value):
+        return value.to_dict()
+    return value
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls)
+
+
+def _suggest(key: str, known: list[str]) -> str:
+    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _bad(path: str, value: Any, expected: str) -> ConfigError:
+    return ConfigError(f"{path}: expected {expected}, got {value!r} ({type(value).__name__})")
+
+
+def _convert(tp: Any, value: Any, path: str) -> Any:
+    value = _plain(value)
+    if tp is Any or tp is object:
+        return value
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if origin is Union or origin is types.UnionType:
+        if value is None and type(None) in args:
+            return None
+        arms = [a for a in args if a is not type(None)]
+        if len(arms) == 1:
+            return _convert(arms[0], value, path)
+        for arm in arms:
+            try:
+                return _convert(arm, value, path)
+            except ConfigError:
+                continue
+        raise ConfigError(f"{path}: {value!r} fits none of {', '.join(_type_name(a) for a in args)}")
+    if origin is Literal:
+        if value in args and type(value) in {type(a) for a in args}:
+            return value
+        raise ConfigError(f"{path}: {value!r} is not one of {', '.join(repr(a) for a in args)}")
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, Mapping):
+            raise _bad(path, value, f"a mapping of {tp.__name__} fields")
+        return _build(tp, value, path)
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(path, value, "a tuple")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        if not args:
+            return tuple(value)
+        if len(value) != len(args):
+            raise ConfigError(f"{path}: expected {len(args)} values, got {len(value)} ({value!r})")
+        return tuple(_convert(a, v, f"{path}[{i}]") for i, (a, v) in enumerate(zip(args, value, strict=True)))
+    if origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise _bad(path, value, "a list")
+        inner = args[0] if args else Any
+        return [_convert(inner, v, f"{path}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Mapping) or tp in (dict, Mapping):
+        if not isinstance(value, Mapping):
+            raise _bad(path, value, "a mapping")
+        key_tp, val_tp = args if args else (Any, Any)
+        return {_convert(key_tp, k, f"{path}.{k}"): _convert(val_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise _bad(path, value, "a bool")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise _bad(path, value, "an int")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        raise _bad(path, value, "a float")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _bad(path, value, "a str")
+    if tp is type(None):
+        if value is None:
+            return None
+        raise _bad(path, value, "None")
+    if isinstance(tp, type):
+        if isinstance(value, tp):
+            return value
+        raise _bad(path, value, tp.__name__)
+    raise ConfigError(f"{path}: unsupported field type {tp!r}")
+
+
+def _build(cls: type[T], data: Mapping, path: str) -> T:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    hints = _hints(cls)
+    known = list(fields)
+    for key in data:
+        if key not in fields:
+            raise ConfigError(f"{path}.{key}: unknown key{_suggest(str(key), known)}; known: {', '.join(known)}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], f"{path}.{name}")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise ConfigError(f"{path}.{name}: missing required key ({_type_name(hints[name])})")
+    try:
+        return cls(**kwargs)
+    except _FieldError as e:
+        raise ConfigError(f"{path}.{e.field}: {e.message}") from None
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{path}: {e}") from None
+
+
+def from_dict(cls: type[T], data: Any, *, path: str = "config") -> T:
+    """`cls` (a dataclass) built from `data` (a ConfigDict or Mapping, nested as `cls`'s fields are); fields absent
+    from `data` take their defaults. Raises `ConfigError` naming the dotted key (rooted at `path`)."""
+    data = _plain(data)
+    if not isinstance(data, Mapping):
+        raise _bad(path, data, f"a mapping of {cls.__name__} fields")
+    return _build(cls, data, path)
+
+
+def to_dict(obj: Any) -> Any:
+    """`obj` (a dataclass tree) as JSON-able plain data: dataclasses and mappings as dicts, tuples as lists.
+    `from_dict(type(obj), to_dict(obj)) == obj`."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    obj = _plain(obj)
+    if isinstance(obj, Mapping):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+def diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two configs (dataclasses or their `to_dict` forms), sorted; a
+    key present on one side only counts as differing."""
+    a, b = to_dict(a), to_dict(b)
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for key in sorted(set(a) | set(b), key=str):
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key not in a or key not in b:
+                out.append(name)
+            else:
+                out.extend(diff(a[key], b[key], name))
+        return out
+    return [] if a == b else [prefix or "<root>"]
+
+
+def _parse_scalar(text: str, default: Any, key: str) -> Any:
+    if isinstance(default, bool):
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"config argument {key}: expected a bool, got {text!r}")
+    if isinstance(default, int):
+        try:
+            return int(text)
+        except ValueError:
+            raise ConfigError(f"config argument {key}: expected an int, got {text!r}") from None
+    if isinstance(default, float):
+        try:
+            return float(text)
+        except ValueError:
+            raise ConfigError(f"config argument {key}: expected a float, got {text!r}") from None
+    return text
+
+
+def parse_arg(arg: str | None, **spec: Any) -> types.SimpleNamespace:
+    """`get_config(arg)`'s argument, `key=value` pairs separated by commas (`seed_set=3,benchmark=humaneval`),
+    parsed against `spec` (each key's default, whose type types the value: bool, int, float or str). A bare `key`
+    whose default is a bool sets it True; a bare first value that is no key binds the first key of `spec`
+    (`humaneval` = `benchmark=humaneval` for `parse_arg(arg, benchmark="gsm_hard")`). An unknown key or a bad
+    value raises `ConfigError` naming it."""
+    values = dict(spec)
+    known = list(spec)
+    tokens = [t.strip() for t in (arg or "").split(",") if t.strip()]
+    for i, token in enumerate(tokens):
+        if "=" in token:
+            key, text = (s.strip() for s in token.split("=", 1))
+        elif token in spec and isinstance(spec[token], bool):
+            key, text = token, "true"
+        elif i == 0 and known:
+            key, text = known[0], token
+        else:
+            raise ConfigError(f"config argument {token!r}: expected key=value; keys: {', '.join(known)}")
+        if key not in spec:
+            raise ConfigError(f"config argument {key}: unknown key{_suggest(key, known)}; known: {', '.join(known)}")
+        values[key] = _parse_scalar(text, spec[key], key)
+    return types.SimpleNamespace(**values)
+
+
+def _missing_key(config: Any, override: str, root: str) -> str | None:
+    """The first key of the dotted `override` path that `config` lacks, as a `ConfigError` message; None if the
+    path's parents all exist."""
+    node, path = config, root
+    for key in override.split(".")[:-1]:
+        keys = [str(k) for k in node.keys()] if hasattr(node, "keys") else []
+        if key not in keys:
+            return f"{path}.{key}: unknown key{_suggest(key, keys)}; known: {', '.join(keys)}"
+        node, path = node[key], f"{path}.{key}"
+    return None
+
+
+def _name_missing_override_parents(flag: Any, name: str) -> None:
+    """ml_collections fails with a raw KeyError / AttributeError traceback on an override below a key the config
+    does not have (`--config.nonexistent.deep=3`): the flag's parse names that key as a `ConfigError` instead."""
+    original = flag._parse
+
+    def parse(argument: Any) -> Any:
+        try:
+            return original(argument)
+        except (AttributeError, KeyError) as e:
+            message = None
+            try:
+                config = flag.parser.parse(argument)
+                for override in flag._GetOverrides(flag._GetArgv()):
+                    message = message or _missing_key(config, override, name)
+            except Exception:  # noqa: BLE001 - the fallback message below still names the key
+                message = None
+            raise ConfigError(message or f"{name}: an override names a key the config lacks ({e})") from None
+
+    flag._parse = parse
+
+
+class ConfigFlag(Generic[T]):
+    """The typed value of a config-file flag, built and validated while absl parses the command line."""
+
+    def __init__(self, name: str, flag_values: flags.FlagValues):
+        self.name = name
+        self._flag_values = flag_values
+        self._value: T | None = None
+
+    @property
+    def value(self) -> T | None:
+        """The typed config (None where the optional flag is not given); read it after absl parsed the flags."""
+        return self._value
+
+    @property
+    def config_dict(self) -> Any:
+        """The ConfigDict as the config file and the overrides made it (for the launcher, not for the library)."""
+        return self._flag_values[self.name].value
+
+
+def define_config_flag(
+    name: str,
+    cls: type[T],
+    help_string: str,
+    *,
+    required: bool = False,
+    select: Callable[[Any], Any] | None = None,
+    flag_values: flags.FlagValues = flags.FLAGS,
+) -> ConfigFlag[T]:
+    """An ml_collections config-file flag (`--NAME=file.py[:arg]`, `--NAME.key=value` overrides) whose value is
+    converted to `cls` once absl has applied every override. An unknown override key (accepted into the ConfigDict,
+    so ml_collections does not fail on it with a traceback), a bad value or a missing required flag is a
+    `ConfigError`: absl reports it as a flags error naming the key. `select` picks the part of the ConfigDict that
+    `cls` describes (default: all of it)."""
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file(
+        name, None, help_string, lock_config=False, accept_new_attributes=True, flag_values=flag_values
+    )
+    holder: ConfigFlag[T] = ConfigFlag(name, flag_values)
+    _name_missing_override_parents(flag_values[name], name)
+
+    def validate(config: Any) -> bool:
+        if config is None:
+            if required:
+                raise ConfigError(f"--{name} is required ({help_string})")
+            holder._value = None
+            return True
+        holder._value = from_dict(cls, select(config) if select else config, path=name)
+        return True
+
+    flags.register_validator(name, validate, flag_values=flag_values)
+    return holder
