@@ -201,7 +201,7 @@ def _stack_main() -> dict:
         GatedDeltaNet(config, rngs=nnx.Rngs(i), dtype=jnp.float32, param_dtype=jnp.float32) for i in range(FLAGS.layers)
     )
     h = FLAGS.hidden
-    for ours, theirs in zip(layers, torch_layers):  # same weights on both sides
+    for ours, theirs in zip(layers, torch_layers, strict=True):  # same weights on both sides
         w = {k: v.detach().numpy() for k, v in theirs.state_dict().items()}
         ours.in_proj_qkv[...] = jnp.asarray(w["in_proj_qkv.weight"].T)
         ours.in_proj_z[...] = jnp.asarray(w["in_proj_z.weight"].T.reshape(ours.in_proj_z.shape))

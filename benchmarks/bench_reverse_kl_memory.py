@@ -242,7 +242,9 @@ def main() -> None:
                 "cpu_ratio_to_naive": r["median_cpu_seconds"] / naive["median_cpu_seconds"],
             }
             r.update(ratios)
-        cols = "".join("-".rjust(w) if v is None else f"{v:{w}.3f}" for v, w in zip(ratios.values(), (10, 10, 11, 10)))
+        cols = "".join(
+            "-".rjust(w) if v is None else f"{v:{w}.3f}" for v, w in zip(ratios.values(), (10, 10, 11, 10), strict=True)
+        )
         print(
             f"{r['variant']:<18}{_gib(r['rss_over_inputs_bytes']):>11}"
             f"{_gib(r.get('xla_temp_bytes')):>10}{_gib(r.get('xla_temp_plus_output_bytes')):>10}"

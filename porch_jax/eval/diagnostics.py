@@ -49,5 +49,5 @@ def hint_following(
     for name, ps in prompts.items():
         keep = [i for i, p in enumerate(ps) if len(p) <= longest]
         texts = [c.text.strip() for c in sampler.generate([ps[i] for i in keep], params)] if keep else []
-        out[name] = sum(t == rows[i][2].strip() for i, t in zip(keep, texts)) / max(len(keep), 1)
+        out[name] = sum(t == rows[i][2].strip() for i, t in zip(keep, texts, strict=True)) / max(len(keep), 1)
     return out

@@ -34,7 +34,7 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | P
     """One panel per loss part present in any run; one line per run (moving average over ``smooth`` steps)."""
     keys = [k for k in CURVES if any(k in m for ms in runs.values() for m in ms)] or ["loss"]
     fig, axes = plt.subplots(1, len(keys), figsize=(4.2 * len(keys), 3.2), squeeze=False)
-    for ax, key in zip(axes[0], keys):
+    for ax, key in zip(axes[0], keys, strict=True):
         for name, ms in runs.items():
             pts = [(m["step"], m[key]) for m in ms if key in m]
             if pts:

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from porch_jax.kernels import native
+from porch_jax.kernels.rule_inputs import reset_mask
 
 _FORWARD, _BACKWARD = "PorchCausalConvForward", "PorchCausalConvBackward"
 
@@ -50,8 +51,6 @@ def causal_conv1d(
     segment_ids: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array]:
     """x [B, T, C], weight [C, K], state [B, K-1, C] or None; returns (silu(conv(x)), new state)."""
-    from porch_jax.models.deltanet import reset_mask
-
     b, t, c = x.shape
     width = weight.shape[-1]
     if not supports(c):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from porch_jax.kernels import native
+from porch_jax.kernels.rule_inputs import reset_mask, value_heads_per_key_head
 
 CHECKPOINT = 64
 MAX_VALUE_DIM = 1024  # the kernel keeps a few value-dim vectors on the stack
@@ -76,11 +77,9 @@ def gated_delta_rule(
 ) -> tuple[jax.Array, jax.Array]:
     """q, k [B, T, Hk, Dk], v [B, T, H, Dv], g, beta [B, T, H], initial_state [B, H, Dk, Dv];
     returns o [B, T, H, Dv] and the final state."""
-    from porch_jax.models.deltanet import _grouped, reset_mask
-
     if not available():
         raise RuntimeError("the native gated delta rule could not be built (see the warning above)")
-    _grouped(q, k, v)
+    value_heads_per_key_head(q, k, v)
     b, t, h, dv = v.shape
     if g.shape != (b, t, h) or beta.shape != (b, t, h):
         raise ValueError(f"g {g.shape} and beta {beta.shape} must be [B, T, value heads] = {(b, t, h)}")

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from porch_jax.kernels.rule_inputs import reset_mask, value_heads_per_key_head
 from porch_jax.models.layers import transposed
 
 CHUNK_SIZE = 64
@@ -45,12 +46,6 @@ def _runs(segment_ids: jax.Array) -> jax.Array:
         [jnp.zeros_like(segment_ids[:, :1], bool), segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1
     )
     return jnp.cumsum(change, axis=1, dtype=jnp.int32)
-
-
-def reset_mask(segment_ids: jax.Array) -> jax.Array:
-    """[B, T] float32: 0 where a token starts a new packed segment (the state restarts), else 1."""
-    same = segment_ids[:, 1:] == segment_ids[:, :-1]
-    return jnp.concatenate([jnp.ones_like(segment_ids[:, :1], jnp.float32), same.astype(jnp.float32)], axis=1)
 
 
 def _diagonal_blocks(m: jax.Array, size: int) -> jax.Array:
@@ -137,17 +132,6 @@ def xla_causal_conv1d(
     return jax.nn.silu(y), padded[:, t:]
 
 
-def _grouped(q: jax.Array, k: jax.Array, v: jax.Array) -> int:
-    """Value heads per key head, checking the shapes both forms take."""
-    hk, hv = k.shape[2], v.shape[2]
-    if q.shape[:3] != k.shape[:3] or hv % hk:
-        raise ValueError(
-            f"q {q.shape} and k {k.shape} need the same [B, T, key heads], and the value heads of "
-            f"v {v.shape} a multiple of the key heads"
-        )
-    return hv // hk
-
-
 def recurrent_gated_delta_rule(
     q: jax.Array,
     k: jax.Array,
@@ -164,7 +148,7 @@ def recurrent_gated_delta_rule(
     (value head j reads key head j // (H / Hk)), g (log decay, <= 0) and beta [B, T, H],
     initial_state [B, H, Dk, Dv]. Returns o [B, T, H, Dv] and the final state, float32.
     """
-    group = _grouped(q, k, v)
+    group = value_heads_per_key_head(q, k, v)
     q, k = (jnp.repeat(x, group, axis=2) for x in (q, k))
     b, t, h, dk = k.shape
     dv = v.shape[-1]
@@ -316,7 +300,7 @@ def chunk_gated_delta_rule(
     head, not once per value head as a repeat of q and k would). The gradient is hand-written
     (`_rule_backward`).
     """
-    group = _grouped(q, k, v)
+    group = value_heads_per_key_head(q, k, v)
     b, t, hk, dk = k.shape
     h, dv = v.shape[2], v.shape[-1]
     c = chunk_size

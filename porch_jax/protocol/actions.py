@@ -7,7 +7,7 @@ dict is also the form a parsed action takes in trajectory records.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from porch_jax.protocol.harness import Harness
 from porch_jax.protocol.messages import Message
@@ -63,7 +63,7 @@ class StopRequest:
     message: Message = field(default_factory=Message)
 
 
-SubagentAction = Union[ToolCall, Submit, ReviseRequest, StopRequest]
+SubagentAction = ToolCall | Submit | ReviseRequest | StopRequest
 
 
 # ---- orchestrator ------------------------------------------------------------------------------
@@ -153,8 +153,8 @@ class Finish:
             raise TypeError("Finish.answer must be str")
 
 
-OrchestratorAction = Union[Delegate, Revise, Stop, Finish]
-Action = Union[SubagentAction, OrchestratorAction]
+OrchestratorAction = Delegate | Revise | Stop | Finish
+Action = SubagentAction | OrchestratorAction
 
 
 def to_call(action: Action) -> dict[str, Any]:

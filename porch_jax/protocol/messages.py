@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 
-class RequestTarget(str, enum.Enum):
+class RequestTarget(enum.StrEnum):
     """What a revise request adjusts: task scope (subgoal) or a resource (context, tools, budget)."""
 
     TASK = "task"

@@ -31,8 +31,8 @@ from porch_jax.protocol.actions import (
     ReviseRequest,
     Stop,
     StopRequest,
-    Submit,
     SubagentAction,
+    Submit,
     ToolCall,
 )
 from porch_jax.protocol.harness import Harness

@@ -4,6 +4,7 @@ import json
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from protocol_strategies import orchestrator_actions, subagent_actions, text
 
 from porch_jax.protocol import (
     ProtocolError,
@@ -14,7 +15,6 @@ from porch_jax.protocol import (
     render_action,
     to_call,
 )
-from protocol_strategies import orchestrator_actions, subagent_actions, text
 
 _PREFIXES = st.sampled_from(["", "Sure.\n", "<think>\nplan: call it\n</think>\n\n", "ok </think>"])
 

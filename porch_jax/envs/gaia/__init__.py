@@ -3,9 +3,10 @@ execution on the sandbox, GAIA's answer scorer, and the environment that combine
 
 from porch_jax.envs.gaia.code import CODE_LIMITS, execute
 from porch_jax.envs.gaia.env import GaiaEnvironment, GaiaTask
-from porch_jax.envs.gaia.pages import CorpusFetcher, HTTPFetcher, PageFetcher, extract, html_to_text, passages_for
+from porch_jax.envs.gaia.pages import CorpusFetcher, HTTPFetcher, PageFetcher, extract, passages_for
 from porch_jax.envs.gaia.score import exact_match, score_answer
-from porch_jax.envs.gaia.search import CorpusSearch, Page, SearchHit, SearchProvider, SerperSearch
+from porch_jax.envs.gaia.search import CorpusSearch, SearchHit, SearchProvider, SerperSearch
+from porch_jax.envs.gaia.text import Page, html_to_text
 
 __all__ = [
     "CODE_LIMITS",

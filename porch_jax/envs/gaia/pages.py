@@ -1,51 +1,16 @@
 """Page extraction: fetch a URL, turn HTML into readable text, keep what answers the query.
 
-AOrchestra's extractor is a reader followed by LLM extraction for a query. Here the reader is the
-standard library's HTML parser (scripts, styles and navigation dropped, block elements as line
-breaks); the query step ranks paragraphs by term overlap and, when a ``summarize(query, text)``
-callable is given (an LLM call), hands it the best passages.
+AOrchestra's extractor is a reader followed by LLM extraction for a query. Here the reader is
+``text.html_to_text`` (the one search also reads pages with); the query step ranks paragraphs by term
+overlap and, when a ``summarize(query, text)`` callable is given (an LLM call), hands it the best passages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from html.parser import HTMLParser
 from typing import Protocol
 
-from porch_jax.envs.gaia.search import Page, tokens
-
-_SKIP = {"script", "style", "noscript", "nav", "footer", "header", "svg", "template"}
-_BLOCK = {"p", "div", "br", "li", "tr", "h1", "h2", "h3", "h4", "h5", "h6", "section", "article", "table", "pre"}
-
-
-class _Reader(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.parts: list[str] = []
-        self._skip = 0
-
-    def handle_starttag(self, tag: str, attrs: list) -> None:
-        if tag in _SKIP:
-            self._skip += 1
-        elif tag in _BLOCK:
-            self.parts.append("\n")
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag in _SKIP:
-            self._skip = max(0, self._skip - 1)
-        elif tag in _BLOCK:
-            self.parts.append("\n")
-
-    def handle_data(self, data: str) -> None:
-        if not self._skip:
-            self.parts.append(data)
-
-
-def html_to_text(html: str) -> str:
-    reader = _Reader()
-    reader.feed(html)
-    lines = (" ".join(line.split()) for line in "".join(reader.parts).splitlines())
-    return "\n".join(line for line in lines if line)
+from porch_jax.envs.gaia.text import Page, html_to_text, tokens
 
 
 class PageFetcher(Protocol):

@@ -9,24 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-_WORD = re.compile(r"[a-z0-9]+")
-
-
-def tokens(text: str) -> list[str]:
-    return _WORD.findall(text.lower())
-
-
-@dataclass(frozen=True)
-class Page:
-    url: str
-    title: str
-    html: str  # raw page as a fetcher would return it
+from porch_jax.envs.gaia.text import Page, html_to_text, tokens
 
 
 @dataclass(frozen=True)
@@ -44,11 +32,9 @@ class CorpusSearch:
     """BM25 (k1=1.5, b=0.75) over a local corpus of pages."""
 
     def __init__(self, pages: Sequence[Page], k1: float = 1.5, b: float = 0.75):
-        from porch_jax.envs.gaia.pages import html_to_text
-
         self.pages, self.k1, self.b = list(pages), k1, b
         self._texts = [html_to_text(p.html) for p in self.pages]
-        self._docs = [Counter(tokens(f"{p.title} {t}")) for p, t in zip(self.pages, self._texts)]
+        self._docs = [Counter(tokens(f"{p.title} {t}")) for p, t in zip(self.pages, self._texts, strict=True)]
         self._avg = sum(sum(d.values()) for d in self._docs) / max(1, len(self._docs))
         df = Counter(term for d in self._docs for term in d)
         n = len(self._docs)
