@@ -78,7 +78,7 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
     from porch_jax.backends import EmbeddedBackend
-    from porch_jax.backends.vllm_http import VLLMBackend
+    from porch_jax.backends.openai_chat import VLLMBackend
     from porch_jax.models import from_pretrained
     from porch_jax.models.sampler import Sampler
     from porch_jax.models.tiny import make_tiny_model

@@ -1,7 +1,8 @@
 """LLM backends behind one async interface, plus retry, fault-injection and cost-metering wrappers.
 
-``EmbeddedBackend`` (our JAX sampler) and ``VLLMBackend`` (HTTP) are imported lazily, so this package
-stays importable without jax or an HTTP client.
+``EmbeddedBackend`` (our JAX sampler) and the OpenAI-compatible HTTP backends (``OpenAIChatBackend`` for
+any provider in ``providers.PROVIDERS``, ``VLLMBackend`` for a vLLM pool with its extras) are imported
+lazily, so this package stays importable without jax or an HTTP client.
 """
 
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "FAULT_KINDS",
     "FaultyBackend",
     "MeteredBackend",
+    "OpenAIChatBackend",
     "RetryingBackend",
     "Sampling",
     "ScriptedBackend",
@@ -36,8 +38,8 @@ def __getattr__(name: str) -> Any:
         from porch_jax.backends.embedded import EmbeddedBackend
 
         return EmbeddedBackend
-    if name == "VLLMBackend":
-        from porch_jax.backends.vllm_http import VLLMBackend
+    if name in ("VLLMBackend", "OpenAIChatBackend"):
+        from porch_jax.backends import openai_chat
 
-        return VLLMBackend
+        return getattr(openai_chat, name)
     raise AttributeError(name)

@@ -36,9 +36,18 @@ class ChatRequest:
     state: Any = None
 
 
+TOKEN_SOURCES = ("sampler", "server", "none")
+
+
 @dataclass
 class ChatResult:
-    """``token_ids``/``logprobs`` are the sampled tokens (empty when no model sampled them)."""
+    """``token_ids``/``logprobs`` are the sampled tokens (empty when no model sampled them, or when
+    the provider does not return them). ``token_source`` says where the ids come from: "sampler"
+    (our embedded sampler), "server" (the serving engine returned the ids it sampled) or "none"
+    (a scripted policy, or a provider that returns text only: training tokenizes the text, and
+    counts such rows as re-tokenized). ``prompt_token_ids``/``prompt_text`` are the prompt as the server rendered
+    it, where it says; ``reasoning`` the model's separate reasoning text, where the provider
+    returns one."""
 
     text: str
     token_ids: list[int] = field(default_factory=list)
@@ -47,6 +56,10 @@ class ChatResult:
     completion_tokens: int = 0
     finish_reason: str = "stop"
     latency_s: float = 0.0
+    token_source: str = "none"
+    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_text: str | None = None
+    reasoning: str | None = None
 
 
 @runtime_checkable
@@ -56,11 +69,13 @@ class Backend(Protocol):
 
 class BackendError(RuntimeError):
     """A failed call. ``retryable`` says whether trying again may succeed (overload, timeout,
-    connection reset) or not (prompt too long, bad request)."""
+    connection reset) or not (prompt too long, bad request). ``retry_after_s`` is the wait the
+    server asked for (HTTP Retry-After), which the retry loop honours."""
 
-    def __init__(self, message: str, *, retryable: bool = False):
+    def __init__(self, message: str, *, retryable: bool = False, retry_after_s: float | None = None):
         super().__init__(message)
         self.retryable = retryable
+        self.retry_after_s = retry_after_s
 
 
 def check_single(sampling: Sampling) -> None:

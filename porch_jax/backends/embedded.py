@@ -102,7 +102,7 @@ class EmbeddedBackend:
                 outcomes = await self._loop.run_in_executor(self._executor, self._generate, batch)
             except Exception as e:  # never leave a caller waiting on a dead worker
                 outcomes = [BackendError(f"embedded backend failed: {e!r}")] * len(batch)
-            for pending, outcome in zip(batch, outcomes):
+            for pending, outcome in zip(batch, outcomes, strict=True):
                 if pending.future.done():
                     continue
                 if isinstance(outcome, BaseException):
@@ -134,7 +134,7 @@ class EmbeddedBackend:
             except Exception as e:
                 completions = [BackendError(f"sampler failed: {e!r}")] * len(idx)
             latency = time.perf_counter() - t0
-            for i, c in zip(idx, completions):
+            for i, c in zip(idx, completions, strict=True):
                 outcomes[i] = (
                     c
                     if isinstance(c, BaseException)
@@ -146,6 +146,8 @@ class EmbeddedBackend:
                         completion_tokens=len(c.token_ids),
                         finish_reason=c.finish_reason,
                         latency_s=latency,
+                        token_source="sampler",
+                        prompt_token_ids=list(prompts[i]),
                     )
                 )
         return outcomes  # type: ignore[return-value]

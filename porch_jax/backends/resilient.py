@@ -1,7 +1,9 @@
 """Per-call timeout and retries with exponential backoff and jitter.
 
 Retried: timeouts, ``BackendError(retryable=True)``, connection errors. Anything else (a bad
-request, a programming error) is raised at once: retrying cannot fix it. After the last attempt a
+request, a programming error) is raised at once: retrying cannot fix it. A failure that carries
+the server's Retry-After waits at least that long (up to ``max_retry_after_s``), so a rate-limited
+provider is not hammered at the backoff's pace. After the last attempt a
 ``BackendError`` says how many attempts failed and chains the last cause.
 """
 
@@ -33,12 +35,13 @@ class RetryingBackend:
         backoff_s: float = 0.5,
         *,
         max_backoff_s: float = 30.0,
+        max_retry_after_s: float = 120.0,
         seed: int | None = None,
     ):
         if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
             raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
         self.inner, self.timeout_s, self.max_retries = inner, timeout_s, max_retries
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
+        self.backoff_s, self.max_backoff_s, self.max_retry_after_s = backoff_s, max_backoff_s, max_retry_after_s
         self._rng = random.Random(seed)
         self.retries = 0  # total retries made: a health signal for the run log
 
@@ -47,12 +50,15 @@ class RetryingBackend:
         for attempt in range(self.max_retries + 1):
             if attempt:
                 delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * self._rng.uniform(0.5, 1.5)
+                asked = getattr(last, "retry_after_s", None)
+                if asked is not None:
+                    delay = max(delay, min(float(asked), self.max_retry_after_s))
                 self.retries += 1
                 log.debug("retry %d/%d in %.3fs after %r", attempt, self.max_retries, delay, last)
                 await asyncio.sleep(delay)
             try:
                 return await asyncio.wait_for(self.inner.chat(request), self.timeout_s)
-            except asyncio.TimeoutError as e:  # an alias of TimeoutError since 3.11
+            except TimeoutError as e:  # an alias of TimeoutError since 3.11
                 last = e
             except Exception as e:
                 if not is_retryable(e):

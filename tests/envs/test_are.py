@@ -7,10 +7,12 @@ and on the five tutorial scenarios ARE ships.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_openai import FakeOpenAIServer, Step, reply_with
 
 from porch_jax.envs.are.client import INSTALL_HINT, are_python, run_gaia2
 from porch_jax.envs.are.scripted import NOW_TOOL, WAIT_TOOL, PlanStep, ScriptedOracle, split_turn_text, turn_text
@@ -27,6 +29,7 @@ from porch_jax.protocol import (
     ToolCall,
     parse_subagent_action,
 )
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.trajectories import TrajectoryStore
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gaia2"
@@ -155,3 +158,48 @@ def test_gaia2_judge_fails_an_agent_that_misses_the_task_change(tmp_path):
     assert not verdicts["porch_task_change"]["success"]
     assert "CalendarApp__add_calendar_event" in verdicts["porch_task_change"]["rationale"]
     assert verdicts["porch_timed_forward"]["success"] and verdicts["porch_two_turns"]["success"]
+
+
+def _call(name: str, **arguments) -> str:
+    return "<tool_call>\n" + json.dumps({"name": name, "arguments": arguments}) + "\n</tool_call>"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+@needs_are
+def test_llm_policy_runs_each_role_on_its_own_endpoint_with_its_key(tmp_path, monkeypatch):
+    """Policy "llm" through ARE's runner: the orchestrator and the sub-agents call two different
+    endpoints (local test servers playing an OpenAI-compatible provider), each with the key from the
+    variable it names; the keys never reach the child's command line or the records."""
+    monkeypatch.setenv("PORCH_TEST_ORCH_KEY", "orch-secret-1")
+    monkeypatch.setenv("PORCH_TEST_EXEC_KEY", "exec-secret-2")
+    delegate = _call("delegate", subgoal="Reply to the user.", context=[], tools=[], budget=2)
+    orchestrator = FakeOpenAIServer(
+        [Step(reply=reply_with(delegate))], default=Step(reply=reply_with(_call("finish", answer="done")))
+    )
+    executor = FakeOpenAIServer(default=Step(reply=reply_with(_call(SUBMIT, result="nothing to do", status="done"))))
+    store = tmp_path / "episodes.jsonl"
+    try:
+        summary = run_gaia2(
+            tmp_path / "run",
+            scenarios=TUTORIALS[:1],
+            policy="llm",
+            store=store,
+            orchestrator=EndpointSpec(
+                "orch-model", (orchestrator.url,), "vllm_plain", "PORCH_TEST_ORCH_KEY", backoff_s=0.01
+            ),
+            executor=EndpointSpec("exec-model", (executor.url,), "vllm_plain", "PORCH_TEST_EXEC_KEY", backoff_s=0.01),
+        )
+    finally:
+        orchestrator.close()
+        executor.close()
+    assert set(summary["scenarios"]) == {TUTORIALS[0]}
+    assert len(orchestrator.requests) >= 2 and len(executor.requests) >= 1
+    assert {h["Authorization"] for h, _ in orchestrator.requests} == {"Bearer orch-secret-1"}
+    assert {h["Authorization"] for h, _ in executor.requests} == {"Bearer exec-secret-2"}
+    assert {b["model"] for _, b in orchestrator.requests} == {"orch-model"}
+    assert {b["model"] for _, b in executor.requests} == {"exec-model"}
+    records = list(TrajectoryStore(store).read())
+    assert records and [d.action["name"] for d in records[0].decisions][:2] == ["delegate", "finish"]
+    text = store.read_text()
+    assert "orch-secret-1" not in text and "exec-secret-2" not in text

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from porch_jax.backends.vllm_http import VLLMBackend
+from porch_jax.backends.openai_chat import VLLMBackend
 
 pytestmark = pytest.mark.slow
 

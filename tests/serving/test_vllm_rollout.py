@@ -14,7 +14,7 @@ import asyncio
 import pytest
 
 from porch_jax.backends import Sampling
-from porch_jax.backends.vllm_http import VLLMBackend
+from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.envs.workplace import TOOLS, WorkplaceEnv, make_tasks
 from porch_jax.protocol import Delegate, Harness, Message, Submit, render_action
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config

@@ -15,7 +15,7 @@ from flax import nnx
 from transformers import AutoTokenizer
 
 from porch_jax.backends import ChatRequest, Sampling
-from porch_jax.backends.vllm_http import VLLMBackend
+from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.models import from_pretrained
 from porch_jax.serving.weights import WeightSync, WeightSyncError, export_for_serving, model_prompt_logprobs
 

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from porch_jax.backends.spec import EndpointSpec
+
 REPO_ROOT = Path(__file__).resolve().parents[3]
 INSTALL_HINT = "bash scripts/install_are.sh"
 
@@ -35,10 +37,15 @@ def run_gaia2(
     system: str = "proactive",
     policy: str = "scripted_oracle",
     store: str | Path | None = None,
+    orchestrator: EndpointSpec | None = None,
+    executor: EndpointSpec | None = None,
     timeout_s: float = 1800,
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run scenarios in the ARE venv; returns the runner's summary (``success_rate``, per-scenario verdicts).
+
+    ``orchestrator``/``executor``: the endpoints of policy "llm" (their API keys travel in the
+    variables they name, which the child inherits; never on its command line).
 
     Raises ``FileNotFoundError`` when the venv is missing and ``RuntimeError`` (with the child's
     output) when the run fails.
@@ -58,6 +65,9 @@ def run_gaia2(
         policy,
         *extra,
     ]
+    for role, endpoint in (("orchestrator", orchestrator), ("executor", executor)):
+        if endpoint is not None:
+            cmd += endpoint.flags(role)
     for flag, value in (("--dataset", dataset), ("--checks", checks), ("--store", store)):
         if value is not None:
             cmd += [flag, str(value)]

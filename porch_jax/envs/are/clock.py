@@ -10,7 +10,7 @@ every operation re-freezes afterwards.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from are.simulation.notification_system import Message
@@ -43,7 +43,7 @@ class SimClock:
     def due_messages(self) -> list[Message]:
         """Notifications (user messages, environment notifications, stop) due by now, removed from the queue."""
         queue = self.env.notification_system.message_queue
-        return queue.get_by_timestamp(datetime.fromtimestamp(self.now(), tz=timezone.utc))
+        return queue.get_by_timestamp(datetime.fromtimestamp(self.now(), tz=UTC))
 
     def release(self) -> None:
         """Unblock the event loop thread with time still frozen, so ARE's ``stop()`` ends it."""

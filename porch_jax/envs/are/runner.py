@@ -8,6 +8,11 @@ checks; ``judge="llm"`` uses a judge model behind ``judge_endpoint`` (ARE's Lite
 Registered scenarios are judged by their own ``validate``. Results: a JSON summary, ARE's exported
 traces under ``output_dir``, and our episode records (outcome = the verdict) in a trajectory store.
 
+Policies: ``scripted_oracle`` (the scenario's own oracle plan, through our protocol) or ``llm``: the
+orchestrator and the sub-agents each on their own endpoint (``--orchestrator_*`` and
+``--executor_*`` flags, porch_jax.backends.spec; the executor falls back to the orchestrator's
+endpoint when it names no model), with the API key read from the variable each names.
+
 Runs in the ARE venv: ``.venv-are/bin/python -m porch_jax.envs.are.runner --help``.
 """
 
@@ -38,7 +43,8 @@ from are.simulation.validation.configs import (
 )
 from are.simulation.validation.constants import TOOL_ARG_CHECKER_TYPE_REGISTRY, CheckerType, ToolArgCheckerTypeRegistry
 
-from porch_jax.backends import ScriptedBackend, VLLMBackend
+from porch_jax.backends import ScriptedBackend
+from porch_jax.backends.spec import EndpointSpec, add_endpoint_flags, endpoint_from_flags
 from porch_jax.envs.are.agent import AGENT_NAME, AgentSettings, PorchAgentBuilder, PorchAgentConfigBuilder, run_key
 from porch_jax.envs.are.env import AREEnvironment
 from porch_jax.envs.are.plan import oracle_plan
@@ -46,7 +52,8 @@ from porch_jax.envs.are.scripted import ScriptedOracle
 from porch_jax.rollout import BUDGETS, EngineConfig, system_config
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
 
-POLICIES = ("scripted_oracle", "vllm")
+POLICIES = ("scripted_oracle", "llm")
+ENDPOINT_ROLES = ("orchestrator", "executor")
 
 
 @dataclass(frozen=True)
@@ -58,8 +65,8 @@ class RunSpec:
     oracle: bool = False
     policy: str = "scripted_oracle"
     system: str = "proactive"
-    vllm_url: str = ""
-    vllm_model: str = ""
+    orchestrator: EndpointSpec = EndpointSpec()
+    executor: EndpointSpec = EndpointSpec()
     judge: str = "scripted"
     judge_model: str = ""
     judge_endpoint: str = ""
@@ -155,9 +162,12 @@ def make_policies(spec: RunSpec):
             return ScriptedBackend(oracle.orchestrator), ScriptedBackend(oracle.subagent)
 
         return scripted
-    if spec.policy == "vllm":
-        backend = VLLMBackend(spec.vllm_url, spec.vllm_model)
-        return lambda scenario, adapter: (backend, backend)
+    if spec.policy == "llm":
+        if not spec.orchestrator.configured:
+            raise ValueError("policy 'llm' needs --orchestrator_model (and --orchestrator_urls for a served model)")
+        orchestrator = spec.orchestrator.backend()
+        executor = (spec.executor if spec.executor.configured else spec.orchestrator).backend()
+        return lambda scenario, adapter: (orchestrator, executor)
     raise ValueError(f"policy must be one of {POLICIES}, got {spec.policy!r}")
 
 
@@ -235,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = RunSpec(output_dir="")
     for f in dataclasses.fields(RunSpec):
         flag = f"--{f.name}"
-        if f.name == "oracle":
+        if f.name in ENDPOINT_ROLES:
+            add_endpoint_flags(p, f.name)
+        elif f.name == "oracle":
             p.add_argument(flag, action="store_true")
         elif f.name == "scenarios":
             p.add_argument(flag, nargs="*", default=[])
@@ -243,8 +255,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             kind = type(getattr(defaults, f.name)) if getattr(defaults, f.name) is not None else str
             p.add_argument(flag, type=kind, default=getattr(defaults, f.name), required=f.name == "output_dir")
     args = vars(p.parse_args(argv))
+    endpoints = {role: endpoint_from_flags(args, role) for role in ENDPOINT_ROLES}
     logging.getLogger().setLevel(logging.WARNING)
-    summary = run(RunSpec(**{**args, "scenarios": tuple(args["scenarios"])}))
+    summary = run(RunSpec(**{**args, **endpoints, "scenarios": tuple(args["scenarios"])}))
     print(json.dumps(summary))
     return 0
 

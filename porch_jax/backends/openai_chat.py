@@ -1,0 +1,322 @@
+"""One OpenAI-compatible chat backend for every provider: vLLM, SGLang and the hosted APIs.
+
+- Providers: what a server accepts and returns is a ``providers.Provider`` (data, not branches):
+  standard chat-completions fields by default; vLLM's extras (the sampled token ids, the prompt's
+  ids and rendered text) requested only where the provider is declared to have them; reasoning
+  models' quirks (``max_completion_tokens``, no temperature) and separate reasoning fields
+  (DeepSeek's ``reasoning_content``) from the same table.
+- Keys: the API key is read from an environment variable (``api_key_env``, or the provider's
+  default), never from a config; a missing variable is an error that names the variable. The key
+  never appears in an error, a record or a log line: server messages that echo it are redacted.
+- Tools: sent with ``tool_choice="none"`` so the server returns the raw text (Hermes
+  ``<tool_call>`` markup) that ``porch_jax.protocol`` parses, exactly as the embedded backend does.
+- Several servers: each attempt goes to the server with the fewest requests in flight (ties
+  rotate), skipping servers that failed recently, so an executor pool spreads its load and a dead
+  server stops receiving traffic until its cooldown ends.
+- Failures: 429, 5xx, timeouts and dropped connections are retried with exponential backoff and
+  jitter (``RetryingBackend``), honouring Retry-After, each attempt on a possibly different
+  server; 401/403 fail at once, naming the key's variable; other 4xx (e.g. a prompt longer than
+  the context) fail at once with the server's message.
+- Connections: one pooled ``httpx2.AsyncClient`` per event loop (``httpx2`` is the httpx API that
+  huggingface_hub, hence transformers, already installs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import itertools
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import httpx2 as httpx
+
+from porch_jax.backends.base import BackendError, ChatRequest, ChatResult, check_single
+from porch_jax.backends.providers import Provider, provider
+from porch_jax.backends.resilient import RetryingBackend
+
+RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
+AUTH_STATUS = frozenset({401, 403})
+
+
+@dataclass
+class ServerStats:
+    """Per-server counters, for load-balancing and the run log."""
+
+    url: str
+    inflight: int = 0
+    requests: int = 0
+    failures: int = 0
+    down_until: float = 0.0
+
+
+def read_api_key(env_var: str | None) -> str | None:
+    """The key in ``$env_var`` (None when no variable is named); a named variable that is unset
+    or empty is an error naming it."""
+    if not env_var:
+        return None
+    key = os.environ.get(env_var, "")
+    if not key:
+        raise BackendError(f"the API key variable ${env_var} is not set (export it; keys never go in a config)")
+    return key
+
+
+class OpenAIChatBackend:
+    """``chat`` against ``base_urls`` serving ``model`` through ``provider`` (a name from
+    ``providers.PROVIDERS`` or a ``Provider``).
+
+    ``base_urls`` default to the provider's hosted endpoint. ``api_key_env`` names the variable
+    holding the key (default: the provider's); ``api_key`` passes a key held in memory (a server
+    this process started), never one from a config file. ``timeout_s`` bounds each attempt;
+    ``max_retries`` more attempts follow a retryable failure. ``cooldown_s`` keeps a server that
+    refused a connection or failed with 5xx out of the rotation for that long (unless every server
+    is cooling down). ``extra_body`` is merged into every request (provider-specific knobs).
+    """
+
+    def __init__(
+        self,
+        base_urls: str | Sequence[str] | None,
+        model: str,
+        *,
+        provider: str | Provider = "vllm",
+        api_key: str | None = None,
+        api_key_env: str | None = None,
+        timeout_s: float = 120.0,
+        max_retries: int = 3,
+        backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        max_retry_after_s: float = 120.0,
+        cooldown_s: float = 5.0,
+        max_connections: int = 256,
+        seed: int | None = None,
+        extra_body: dict[str, Any] | None = None,
+    ):
+        self.provider = _provider(provider)
+        if base_urls is None:
+            base_urls = self.provider.base_url
+        urls = [base_urls] if isinstance(base_urls, str) else list(base_urls or ())
+        if not urls:
+            raise ValueError(f"{type(self).__name__} ({self.provider.name}) needs at least one server URL")
+        self.servers = [ServerStats(u.rstrip("/")) for u in urls]
+        self.api_key_env = api_key_env or (None if api_key else self.provider.api_key_env)
+        self.api_key = api_key if api_key is not None else read_api_key(self.api_key_env)
+        self.model, self.timeout_s, self.cooldown_s = model, timeout_s, cooldown_s
+        self.max_connections = max_connections
+        self.extra_body = dict(extra_body or {})
+        self._rotation = itertools.count()
+        self._retrying = RetryingBackend(
+            _Attempt(self),
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            backoff_s=backoff_s,
+            max_backoff_s=max_backoff_s,
+            max_retry_after_s=max_retry_after_s,
+            seed=seed,
+        )
+        self._client: httpx.AsyncClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    @property
+    def retries(self) -> int:
+        return self._retrying.retries
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        check_single(request.sampling)
+        try:
+            return await self._retrying.chat(request)
+        except BackendError as e:
+            raise self.redacted(e) from e.__cause__
+
+    def payload(self, request: ChatRequest) -> dict[str, Any]:
+        """The JSON body of a chat completion for ``request``, as this provider takes it."""
+        s, p = request.sampling, self.provider
+        body: dict[str, Any] = {"model": self.model, "messages": request.messages, "n": 1}
+        body[p.max_tokens_field] = s.max_tokens
+        if p.sampling_controls:
+            body["temperature"], body["top_p"] = s.temperature, s.top_p
+            if p.top_k and s.top_k > 0:
+                body["top_k"] = s.top_k
+        if p.logprobs and s.logprobs:
+            body["logprobs"] = True
+        if p.token_ids:
+            body["return_token_ids"] = True
+        if p.prompt_text:
+            body["return_prompt_text"] = True
+        if p.stop and s.stop:
+            body["stop"] = list(s.stop)
+        if p.seed and s.seed is not None:
+            body["seed"] = s.seed
+        if request.tools and p.send_tools:
+            body["tools"], body["tool_choice"] = request.tools, "none"
+        return body | self.extra_body
+
+    def client(self) -> httpx.AsyncClient:
+        """The pooled client of the running event loop (a client cannot outlive its loop)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._loop is not loop or self._client.is_closed:
+            headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            limits = httpx.Limits(max_connections=self.max_connections, max_keepalive_connections=self.max_connections)
+            # trust_env=False: proxy variables must never reroute traffic meant for the rollout servers.
+            self._client = httpx.AsyncClient(headers=headers, limits=limits, timeout=self.timeout_s, trust_env=False)
+            self._loop = loop
+        return self._client
+
+    def pick(self) -> ServerStats:
+        """The least-loaded server that is not cooling down; ties rotate."""
+        now = time.monotonic()
+        up = [s for s in self.servers if s.down_until <= now] or self.servers
+        start = next(self._rotation) % len(up)
+        rotated = up[start:] + up[:start]
+        return min(rotated, key=lambda s: s.inflight)
+
+    def redact(self, text: str) -> str:
+        return text.replace(self.api_key, "[redacted]") if self.api_key else text
+
+    def redacted(self, error: BackendError) -> BackendError:
+        """``error`` with every occurrence of the key removed from its message (and its causes')."""
+        if not self.api_key or self.api_key not in str(error):
+            return error
+        return BackendError(self.redact(str(error)), retryable=error.retryable, retry_after_s=error.retry_after_s)
+
+    async def aclose(self) -> None:
+        if self._client is not None and self._loop is asyncio.get_running_loop():
+            await self._client.aclose()
+        self._client = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+class VLLMBackend(OpenAIChatBackend):
+    """A vLLM server pool (``http://host:port``, without ``/v1``) with vLLM's extras requested."""
+
+    def __init__(self, base_urls: str | Sequence[str], model: str, **kwargs: Any):
+        kwargs.setdefault("provider", "vllm")
+        super().__init__(base_urls, model, **kwargs)
+
+
+def _provider(p: str | Provider) -> Provider:
+    try:
+        return provider(p)
+    except ValueError as e:
+        raise BackendError(str(e)) from None
+
+
+class _Attempt:
+    """One try on one server; ``RetryingBackend`` around it supplies timeouts, backoff and retries."""
+
+    def __init__(self, owner: OpenAIChatBackend):
+        self.owner = owner
+
+    async def chat(self, request: ChatRequest) -> ChatResult:
+        owner = self.owner
+        server = owner.pick()
+        server.inflight += 1
+        server.requests += 1
+        t0 = time.perf_counter()
+        url = f"{server.url}{owner.provider.chat_path}"
+        try:
+            response = await owner.client().post(url, json=owner.payload(request))
+        except httpx.TransportError as e:  # connect/read errors, dropped connections and httpx timeouts
+            _mark_down(server, owner.cooldown_s)
+            raise BackendError(f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True) from None
+        finally:
+            server.inflight -= 1
+        if response.status_code != 200:
+            raise _status_error(owner, server, response)
+        try:
+            data = response.json()
+        except ValueError:
+            raise BackendError(f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}") from None
+        return parse_chat_response(data, latency_s=time.perf_counter() - t0, url=server.url, provider=owner.provider)
+
+
+def _status_error(owner: OpenAIChatBackend, server: ServerStats, response: httpx.Response) -> BackendError:
+    status = response.status_code
+    message = owner.redact(_error_text(response))
+    if status >= 500:
+        _mark_down(server, owner.cooldown_s)
+    if status in AUTH_STATUS:
+        where = f"the key in ${owner.api_key_env}" if owner.api_key_env else "the API key"
+        return BackendError(f"{server.url}: HTTP {status}: authentication failed, check {where}: {message}")
+    return BackendError(
+        f"{server.url}: HTTP {status}: {message}",
+        retryable=status in RETRYABLE_STATUS,
+        retry_after_s=retry_after_seconds(response.headers.get("retry-after")),
+    )
+
+
+def retry_after_seconds(value: str | None) -> float | None:
+    """HTTP Retry-After as seconds from now: delta-seconds or an HTTP date (RFC 9110); None if absent or unreadable."""
+    if not value:
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+def _mark_down(server: ServerStats, cooldown_s: float) -> None:
+    server.failures += 1
+    server.down_until = time.monotonic() + cooldown_s
+
+
+def _error_text(response: httpx.Response) -> str:
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text[:500]
+    if isinstance(data, list) and data:  # Gemini wraps its error object in a list
+        data = data[0]
+    error = data.get("error", data) if isinstance(data, dict) else data
+    return str(error.get("message", error)) if isinstance(error, dict) else str(error)
+
+
+def parse_chat_response(
+    data: dict[str, Any], *, latency_s: float = 0.0, url: str = "", provider: str | Provider = "vllm"
+) -> ChatResult:
+    """A ``ChatResult`` from a chat completion. A reply missing a field this provider is declared
+    to return (token ids for vLLM) is an error, not retryable: the server is not configured as
+    the backend expects. Without token ids the result's ``token_source`` is "none"."""
+    p = _provider(provider)
+    try:
+        choice = data["choices"][0]
+        message = choice["message"]
+        raw_ids = choice["token_ids"] if p.token_ids else choice.get("token_ids") or ()
+        token_ids = [int(t) for t in raw_ids]
+        source = "server" if token_ids or p.token_ids else "none"
+        content = (choice.get("logprobs") or {}).get("content") or []
+        logprobs = [float(c["logprob"]) for c in content]
+        usage = data.get("usage") or {}
+        text = message.get("content") or ""
+        reasoning = next((message[f] for f in p.reasoning_fields if message.get(f)), None)
+        prompt_ids = [int(t) for t in data.get("prompt_token_ids") or ()]
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise BackendError(f"{url}: malformed chat completion ({e!r}): {str(data)[:300]}") from None
+    if logprobs and token_ids and len(logprobs) != len(token_ids):
+        raise BackendError(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs")
+    return ChatResult(
+        text=text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_tokens=int(usage.get("prompt_tokens", 0)),
+        completion_tokens=int(usage.get("completion_tokens", len(token_ids))),
+        finish_reason=choice.get("finish_reason") or "stop",
+        latency_s=latency_s,
+        token_source=source,
+        prompt_token_ids=prompt_ids,
+        prompt_text=data.get("prompt_text"),
+        reasoning=reasoning,
+    )
