@@ -71,7 +71,7 @@ def main(argv: list[str]) -> None:
     completions = sampler.chat(CONVERSATIONS, params, tools=TOOLS)
     seconds = time.perf_counter() - start
 
-    for conversation, completion in zip(CONVERSATIONS, completions):
+    for conversation, completion in zip(CONVERSATIONS, completions, strict=False):
         print(f"\nuser: {conversation[-1]['content']}")
         print(f"assistant ({len(completion.token_ids)} tokens, {completion.finish_reason}): {completion.text!r}")
     generated = sum(len(c.token_ids) for c in completions)

@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402 (after the backend is chosen)
 
 from porch_jax.rollout.compare import Summary  # noqa: E402
 
-CURVES = ("ce", "opd", "pg", "reward", "logprob_gap")
+CURVES = ("ce", "rwr", "opd", "pg", "reward", "logprob_gap")
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:

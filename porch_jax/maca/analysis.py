@@ -219,7 +219,7 @@ def committed_optimum(
         while stack:
             path, calls, spent, history, p = stack.pop()
             if path:
-                p_run = np.array([p[h][c] for h, c in zip(hard, calls)])
+                p_run = np.array([p[h][c] for h, c in zip(hard, calls, strict=False)])
                 score = float(np.mean(p_run - token_cost_weight * spent / token_unit))
                 if score > best[0]:
                     best = (score, p_run, spent, path)
@@ -343,8 +343,8 @@ class Study:
         if train is None:
             return None, None
         return (
-            {t.task_id: s for t, s in zip(self.train_tasks, train)},
-            {t.task_id: s for t, s in zip(self.eval_tasks, evals)},
+            {t.task_id: s for t, s in zip(self.train_tasks, train, strict=False)},
+            {t.task_id: s for t, s in zip(self.eval_tasks, evals, strict=False)},
         )
 
 

@@ -158,7 +158,7 @@ def parse_router_choice(text: str, names: Sequence[str]) -> str | None:
 
 
 def _router_prompt(task: str, pool: AgentPool, shown: np.ndarray, transcript: list[str], hint: str) -> str:
-    agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown) if s)
+    agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown, strict=False) if s)
     so_far = "\n\n".join(transcript) if transcript else "(nothing yet)"
     return (
         f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
@@ -167,7 +167,9 @@ def _router_prompt(task: str, pool: AgentPool, shown: np.ndarray, transcript: li
 
 
 def _graphspec_hint(pool: AgentPool, spec: GraphSpec, prev: int) -> str:
-    relevant = ", ".join(f"{a.name} ({q:.2f})" for a, q, keep in zip(pool, spec.relevance, spec.retained) if keep)
+    relevant = ", ".join(
+        f"{a.name} ({q:.2f})" for a, q, keep in zip(pool, spec.relevance, spec.retained, strict=False) if keep
+    )
     text = f"\nStructural prior (GraphSpec): relevant agents: {relevant}."
     if prev >= 0:
         row = spec.edge_prior[prev]

@@ -75,7 +75,7 @@ class SentenceTransformerEncoder:
                 convert_to_numpy=True,
                 show_progress_bar=False,
             )
-            self._cache.update(zip(new, np.asarray(vectors, dtype=np.float32)))
+            self._cache.update(zip(new, np.asarray(vectors, dtype=np.float32), strict=False))
         return np.stack([self._cache[t] for t in texts]) if texts else np.zeros((0, self.dim), np.float32)
 
 

@@ -221,11 +221,13 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
         f"prior {'learned' if cached is None else 'restored from ' + str(prior_dir)} in {timings['prior_s']:.0f} s: "
         f"{prior_stats}"
     )
-    embeddings = {t.task_id: e for t, e in zip(train, ctx_train)} | {t.task_id: e for t, e in zip(evals, ctx_eval)}
+    embeddings = {t.task_id: e for t, e in zip(train, ctx_train, strict=False)} | {
+        t.task_id: e for t, e in zip(evals, ctx_eval, strict=False)
+    }
     val = validation_tasks(cfg)
     if val:
         ctx_val = contexts(encoder, val)
-        embeddings |= {t.task_id: e for t, e in zip(val, ctx_val)}
+        embeddings |= {t.task_id: e for t, e in zip(val, ctx_val, strict=False)}
     eval_rollout = RolloutConfig(
         max_steps=cfg.rollout.max_steps,
         greedy=True,
@@ -432,8 +434,10 @@ def run_baselines(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
     for name in cfg.baselines.systems:
         start = time.perf_counter()
         runs = asyncio.run(all_tasks(name))
-        answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs)}
-        report = evaluate_benchmark(benchmark, [t.source for t in study.eval_tasks], lambda task: answers[task.task_id])
+        answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs, strict=False)}
+        report = evaluate_benchmark(
+            benchmark, [t.source for t in study.eval_tasks], lambda task, answers=answers: answers[task.task_id]
+        )
         row = {
             "system": name,
             "accuracy": report.accuracy,
@@ -494,7 +498,10 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
     measured seconds per iteration (the full sweep uses the head)."""
     lc = cfg.lm_check
     study = setup.study
-    keep = lambda tasks: [i for i, t in enumerate(tasks) if t.family in tuple(lc.families)]
+
+    def keep(tasks):
+        return [i for i, t in enumerate(tasks) if t.family in tuple(lc.families)]
+
     tr, ev = keep(study.train_tasks)[: lc.num_train], keep(study.eval_tasks)[: lc.num_eval]
     grpo = grpo_config(
         cfg,
@@ -649,7 +656,7 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
             best=results.get("best_achievable"),
         )
     results["sweeps"] = {}
-    main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ())) if s in tuple(cfg.sweep_seeds)]
+    main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ()), strict=False) if s in tuple(cfg.sweep_seeds)]
     best = results.get("best_achievable")
     for param, values in cfg.sweeps.items():
         if values:

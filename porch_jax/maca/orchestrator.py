@@ -232,11 +232,11 @@ async def rollout(
         )
         log_probs = np.asarray(policy([states[i] for i in live], masks), np.float32)
         actions = choose(log_probs, rng, greedy=config.greedy)
-        calls = [(i, int(a)) for i, a in zip(live, actions) if a != n]
+        calls = [(i, int(a)) for i, a in zip(live, actions, strict=False) if a != n]
         results = await asyncio.gather(*(call_agent(world, states[i], a, transcripts[i]) for i, a in calls))
-        by_task = dict(zip((i for i, _ in calls), results))
+        by_task = dict(zip((i for i, _ in calls), results, strict=False))
         still = []
-        for i, mask, lp, a in zip(live, masks, log_probs, actions):
+        for i, mask, lp, a in zip(live, masks, log_probs, actions, strict=False):
             if a == n:
                 steps[i].append(Step(states[i], mask, lp, n))
                 continue
@@ -249,7 +249,7 @@ async def rollout(
             if len(states[i].history) < config.max_steps and states[i].remaining > 0:
                 still.append(i)
         live = still
-    return [_finish(world, t, tuple(s), tr, rng) for t, s, tr in zip(tasks, steps, transcripts)]
+    return [_finish(world, t, tuple(s), tr, rng) for t, s, tr in zip(tasks, steps, transcripts, strict=False)]
 
 
 def _finish(

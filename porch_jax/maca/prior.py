@@ -84,7 +84,7 @@ def relevance_scores(
     return np.stack(
         [
             np.asarray(relevance(jnp.asarray(c), jnp.asarray(agent_embs), temperature(b)))
-            for c, b in zip(context_embs, budgets)
+            for c, b in zip(context_embs, budgets, strict=False)
         ]
     )
 

@@ -145,7 +145,7 @@ class Outcome:
 
     @property
     def step_tokens(self) -> tuple[int, ...]:
-        return tuple(p + c for p, c in zip(self.prompt_tokens, self.completion_tokens))
+        return tuple(p + c for p, c in zip(self.prompt_tokens, self.completion_tokens, strict=False))
 
     @property
     def cost(self) -> int:

@@ -187,7 +187,10 @@ def group_targets(
     if actions is None:  # the exact KL of each state's distribution
         kl = jnp.where(valid, kl_to_mix(old, mix), 0.0)
     else:  # the one-sample estimate at the taken action, log pi(a_t | s_t) - log pi_mix(a_t | s_t)
-        taken = lambda x: jnp.take_along_axis(x, actions[:, None], axis=-1)[:, 0]
+
+        def taken(x):
+            return jnp.take_along_axis(x, actions[:, None], axis=-1)[:, 0]
+
         kl = jnp.where(valid, taken(old) - taken(mix), 0.0)
     kl_steps = jnp.zeros(tokens.shape, jnp.float32).at[episode, step].add(kl)
     rewards = step_rewards(

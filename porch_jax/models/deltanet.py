@@ -367,7 +367,9 @@ def _per_batch_shard(kernel, batched: dict, optional: dict, replicated: dict | N
     names = list(sharded) + list(replicated)
 
     def local(*arrays):
-        return kernel(**dict(zip(names, arrays)), **{name: None for name, x in optional.items() if x is None})
+        return kernel(
+            **dict(zip(names, arrays, strict=False)), **{name: None for name, x in optional.items() if x is None}
+        )
 
     in_specs = (PartitionSpec(axes),) * len(sharded) + (PartitionSpec(),) * len(replicated)
     return jax.shard_map(local, in_specs=in_specs, out_specs=PartitionSpec(axes), check_vma=False)(

@@ -235,7 +235,7 @@ def _attention_bwd(block, res, d_out):
     dq = []
     dk_t = jnp.zeros(q_t.shape[:3] + (length,), jnp.float32)
     dv_t = jnp.zeros_like(dk_t)
-    for (start, end), p, total in zip(_blocks(length, block), probs, sums):
+    for (start, end), p, total in zip(_blocks(length, block), probs, sums, strict=False):
         rows = slice(start * groups, end * groups)
         d_scaled = d_out[:, :, rows].astype(jnp.float32) / total
         ds = p * (_einsum("bkmd,bksd->bkms", d_scaled, v[:, :, :end], dtype) - delta[:, :, rows] / total)

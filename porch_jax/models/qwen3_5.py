@@ -316,7 +316,7 @@ class Qwen3_5ForCausalLM(CausalLM):
         new_mask = jnp.ones((b, t), bool) if attention_mask is None else attention_mask
         key_mask = jax.lax.dynamic_update_slice(cache.mask, new_mask, (0, cache_index))
         k, v, conv, state = cache.k, cache.v, cache.conv, cache.state
-        for layer, slot in zip(self.layers, self.cache_slots):
+        for layer, slot in zip(self.layers, self.cache_slots, strict=False):
             if layer.layer_type == FULL_ATTENTION:
                 x, (k, v) = layer(x, rope, cache=(k, v, slot, key_mask, cache_index))
             else:

@@ -159,7 +159,7 @@ class Sampler:
         for start in range(0, len(order), step):
             chunk = order[start : start + step]
             completions = self._run_batch(state, [prompts[i] for i in chunk], [params[i] for i in chunk])
-            for i, completion in zip(chunk, completions):
+            for i, completion in zip(chunk, completions, strict=False):
                 results[i] = completion
         return results
 
@@ -189,7 +189,7 @@ class Sampler:
         tokens = np.full((batch, prompt_len), self.config.pad_token_id or 0, np.int32)
         prompt_mask = np.zeros((batch, prompt_len), bool)
         prompt_mask[n:, -1] = True  # filler rows: one token each, budget 0, so they finish at once
-        for b, (prompt, stops) in enumerate(zip(prompts, stop_sets)):
+        for b, (prompt, stops) in enumerate(zip(prompts, stop_sets, strict=False)):
             tokens[b, prompt_len - len(prompt) :] = prompt
             prompt_mask[b, prompt_len - len(prompt) :] = True
             stop_ids[b, : len(stops)] = stops

@@ -175,7 +175,7 @@ def grpo_examples(
         prompt = tuple(render_prompt(tokenizer, g["context"], tools))
         rewards = np.asarray([[float(s["reward"]) for s in samples]], np.float32)
         advantages = np.asarray(group_advantages(rewards))[0]
-        for i, (s, adv) in enumerate(zip(samples, advantages)):
+        for i, (s, adv) in enumerate(zip(samples, advantages, strict=False)):
             view = View(prompt, tuple(int(t) for t in s["token_ids"]), logprobs=tuple(float(x) for x in s["logprobs"]))
             examples.append(Example(f"{g['key']}/{i}", {"policy": view}, {"advantage": float(adv)}))
     return examples

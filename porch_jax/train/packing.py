@@ -110,7 +110,10 @@ def scored_batch(
     """One decision per row: prompt then action, every action token scored (OPD, GRPO).
 
     With ``logprobs`` (the sampler's), ``logprobs``/``sampled`` [B, k] travel with the row."""
-    rows = [SeqRow(tuple(p) + tuple(a), (Span(len(p), len(a)),) if a else ()) for p, a in zip(prompts, actions)]
+    rows = [
+        SeqRow(tuple(p) + tuple(a), (Span(len(p), len(a)),) if a else ())
+        for p, a in zip(prompts, actions, strict=False)
+    ]
     out = seq_batch(rows, t, k)
     out["logprobs"] = np.zeros((len(rows), k), np.float32)
     for i, lp in enumerate(logprobs or ()):

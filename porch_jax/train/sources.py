@@ -241,12 +241,16 @@ class OpdSource(_Stateless):
         rows = [self.rows[i] for i in rng.choice(len(self.rows), min(self.batch, len(self.rows)), replace=False)]
         done = self.sampler(student, [r.student for r in rows], step)
         # A sample that is no action at all is dropped (OpdRow says why): an empty action scores nothing.
-        keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done)]
-        actions = [c.token_ids if k else [] for c, k in zip(done, keep)]
+        keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done, strict=False)]
+        actions = [c.token_ids if k else [] for c, k in zip(done, keep, strict=False)]
         t_s = bucket(max(len(r.student) for r in rows), self.buckets) + self.k
         t_t = bucket(max(len(r.teacher) for r in rows), self.buckets) + self.k
         student_rows = scored_batch(
-            [r.student for r in rows], actions, t_s, self.k, [c.logprobs if k else [] for c, k in zip(done, keep)]
+            [r.student for r in rows],
+            actions,
+            t_s,
+            self.k,
+            [c.logprobs if k else [] for c, k in zip(done, keep, strict=False)],
         )
         teacher_rows = scored_batch([r.teacher for r in rows], actions, t_t, self.k)
         stats = {
@@ -317,9 +321,10 @@ class GroupSource(_Stateless):
         repeated = [c for c in chosen for _ in range(g)]
         prompts = [c.prompt for c in repeated]
         done = self.sampler(student, prompts, step)
-        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done)]
+        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done, strict=False)]
         rewards = np.asarray(
-            [decision_reward(t, c.reference, self.tools)["reward"] for c, t in zip(repeated, texts)], np.float32
+            [decision_reward(t, c.reference, self.tools)["reward"] for c, t in zip(repeated, texts, strict=False)],
+            np.float32,
         )
         advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k

@@ -31,7 +31,7 @@ class FakeSampler:
         time.sleep(0.05)
         return [
             Completion(token_ids=list(p), logprobs=[-1.0] * len(p), text=f"seed={q.seed}", finish_reason="stop")
-            for p, q in zip(prompts, params)
+            for p, q in zip(prompts, params, strict=False)
         ]
 
 
@@ -108,7 +108,7 @@ def test_real_tiny_model_keeps_sampled_ids(tmp_path):
     direct = sampler.generate(
         prompts, [SamplingParams(max_new_tokens=6, temperature=0.0 if i == 0 else 1.0, seed=5 + i) for i in range(3)]
     )
-    for r, d, p in zip(results, direct, prompts):
+    for r, d, p in zip(results, direct, prompts, strict=False):
         assert (r.token_ids, r.logprobs, r.text) == (d.token_ids, d.logprobs, d.text)
         assert r.prompt_tokens == len(p) and r.completion_tokens == len(r.token_ids) <= 6
         assert r.text == tokenizer.decode(r.token_ids, skip_special_tokens=True)

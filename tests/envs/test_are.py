@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 from fake_openai import FakeOpenAIServer, Step, reply_with
 
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.are.client import INSTALL_HINT, are_python, run_gaia2
 from porch_jax.envs.are.scripted import NOW_TOOL, WAIT_TOOL, PlanStep, ScriptedOracle, split_turn_text, turn_text
 from porch_jax.envs.are.tools import json_type, subagent_tools, tool_schema
@@ -29,7 +30,6 @@ from porch_jax.protocol import (
     ToolCall,
     parse_subagent_action,
 )
-from porch_jax.backends.spec import EndpointSpec
 from porch_jax.trajectories import TrajectoryStore
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gaia2"

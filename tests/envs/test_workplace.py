@@ -18,8 +18,7 @@ from porch_jax.envs.workplace import (
     parse_subgoal,
     work,
 )
-from porch_jax.envs.workplace.clauses import Call, Done, step
-from porch_jax.envs.workplace.clauses import ToolObs
+from porch_jax.envs.workplace.clauses import Call, Done, ToolObs, step
 
 
 def solve(env: WorkplaceEnv, clauses: list[str], agent_id: int = 0, facts: dict[str, str] | None = None) -> dict:

@@ -12,11 +12,11 @@ import textwrap
 
 import pytest
 
+from porch_jax.envs.views import POLICY_FILE
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.evaluate import evaluate, load_config
 from porch_jax.eval.policy import load_policy
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.envs.views import POLICY_FILE
 
 TINY = dict(
     hidden_size=32,

@@ -80,7 +80,7 @@ def test_build_graphspec_combines_eq4_and_eq7():
 def _eq5_numpy(logits, graphs, utility, lam):
     n = logits.shape[0]
     total = 0.0
-    for graph, u in zip(graphs, utility):
+    for graph, u in zip(graphs, utility, strict=False):
         total += -u * sum(np.log(_sigmoid(logits[i, j])) for i in range(n) for j in range(n) if i != j and graph[i, j])
     r_s = sum(_sigmoid(logits[i, j]) for i in range(n) for j in range(n) if i != j) / n
     return total / len(graphs) + lam * r_s

@@ -227,7 +227,7 @@ def test_best_achievable_matches_brute_force(spool):
     tasks = synthetic_tasks(make_tasks(6, seed=3, budget=1200))
     best = best_achievable(spool, tasks, max_steps=3)
     rng = np.random.default_rng(0)
-    for task, b in zip(tasks, best):
+    for task, b in zip(tasks, best, strict=False):
         top = 0.0
         for k in (1, 2, 3):
             for path in itertools.product(range(len(spool.pool)), repeat=k):

@@ -77,7 +77,7 @@ def _prior_numpy(z, p_prior, prev, mask, stop_floor, start=None, visited=None):
     """pi_prior written out: the START row (or z) opens; after agent i the allowed, not yet called agents
     weigh P_prior[i, j] and STOP takes what their weights leave (at least stop_floor)."""
     out = []
-    for r, (i, m) in enumerate(zip(prev, mask)):
+    for r, (i, m) in enumerate(zip(prev, mask, strict=False)):
         free = [m[j] and (visited is None or not visited[r][j]) for j in range(N)]
         if i < 0:
             agents = [(z if start is None else start)[j] * free[j] for j in range(N)]

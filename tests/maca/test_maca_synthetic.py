@@ -111,7 +111,7 @@ def test_edge_mlp_prefers_edges_of_successful_trajectories(spool):
     held_out = make_tasks(30, seed=99)
     probs = {
         t.task_id: edge_probabilities(mlp, agent_embs, e)
-        for t, e in zip(held_out, encoder.encode([t.text for t in held_out]))
+        for t, e in zip(held_out, encoder.encode([t.text for t in held_out]), strict=False)
     }
     p_used = np.mean([probs[t.task_id][used[t.family] & off].mean() for t in held_out])
     p_unused = np.mean([probs[t.task_id][~used[t.family] & off].mean() for t in held_out])

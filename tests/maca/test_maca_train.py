@@ -259,7 +259,7 @@ def small_study():
     q_eval = relevance_scores(ctx_eval, agents, [t.budget for t in evals], BudgetTemperature())
     mlp, stats = learn_edge_mlp(world, train, ctx_train, agents, q_train, cfg)
     assert stats["buffer"] > 0
-    embeddings = {t.task_id: e for t, e in zip(train + evals, np.concatenate([ctx_train, ctx_eval]))}
+    embeddings = {t.task_id: e for t, e in zip(train + evals, np.concatenate([ctx_train, ctx_eval]), strict=False)}
     rollout_cfg = RolloutConfig(max_steps=5, greedy=True, constraint=Constraint(True, 0.0))
     grpo = GRPOConfig(iterations=3, tasks_per_iteration=4, rollout=rollout_cfg)
     p_train, p_eval = (edge_probs(mlp, agents, c, with_start=True) for c in (ctx_train, ctx_eval))
@@ -310,9 +310,11 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
         policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, checkpoint_dir=tmp_path / "ckpt"
     )
     assert len(result.history) == 3 and all(np.isfinite(list(h.values())).all() for h in result.history)
-    assert any(not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params)))
+    assert any(
+        not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params), strict=False)
+    )
     restored = restore_params(tmp_path / "ckpt", study.make_policy(0), make_optimizer(study.grpo))
-    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(policy.params)):
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(policy.params), strict=False):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     for name in ("grpo", "no_policy"):  # the unconstrained space and the prior-only system also run
         evaluation, _ = run_variant(study, VARIANTS[name])
@@ -356,7 +358,7 @@ def test_held_out_learning_curve_probes_without_changing_training(small_study):
         finals.append(evaluation.summary["expected_accuracy"])
         histories.append(history)
     assert [h["iteration"] for h in histories[0] if "heldout_expected_accuracy" in h] == [1, 3, 4]
-    for a, b in zip(plain_history, histories[0]):
+    for a, b in zip(plain_history, histories[0], strict=False):
         assert _timeless(b) == _timeless(a)
     assert finals[0] == plain.summary["expected_accuracy"]
     curve = learning_curve(histories)
@@ -469,7 +471,10 @@ def test_maca_head_policy_learns_the_pools_structure(small_study):
 @pytest.mark.slow
 def test_maca_lm_policy_learns_on_a_reduced_setting(small_study):
     """The tiny Qwen3 policy, scoring agent names, trained with MACA's GRPO on math tasks only."""
-    keep = lambda tasks: [i for i, t in enumerate(tasks) if t.family == "math"][:12]
+
+    def keep(tasks):
+        return [i for i, t in enumerate(tasks) if t.family == "math"][:12]
+
     tr, ev = keep(small_study.train_tasks), keep(small_study.eval_tasks)
     _, tokenizer = tiny_lm(0)
     size = {
@@ -686,7 +691,10 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     # Fig. 8 on the held-out tasks' relevance: a higher gate keeps fewer agents and never more of the family
     sparsity = results["gate_sparsity"]
     assert [r["gamma"] for r in sparsity] == list(experiment.GATE_GAMMAS)
-    assert all(a["retained"] >= b["retained"] and a["recall"] >= b["recall"] for a, b in zip(sparsity, sparsity[1:]))
+    assert all(
+        a["retained"] >= b["retained"] and a["recall"] >= b["recall"]
+        for a, b in zip(sparsity, sparsity[1:], strict=False)
+    )
     assert (tmp_path / "run" / "gate_sparsity.png").stat().st_size > 0
     # --gate_only: the same figures from the tasks and the encoder alone, before any agent call
     alone = cfg.copy_and_resolve_references()
@@ -754,9 +762,9 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
         assert len(lines) == (2 if attempt == 0 else 0)  # a line per iteration trained (interval 0)
         assert all(
             line.startswith(f"maca seed 0: iteration {i}/4 return ") and " it/s, ETA 0:00:" in line
-            for i, line in zip((3, 4), lines)
+            for i, line in zip((3, 4), lines, strict=False)
         )
-        for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params)):
+        for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params), strict=False):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert Checkpointer(ckpt).steps() == [3, 4]
     other = dataclasses.replace(study, grpo=dataclasses.replace(study.grpo, iterations=5))
@@ -861,7 +869,7 @@ def test_lm_policy_trains_on_a_mesh_as_on_one_device(small_study):
     assert kernel.sharding.spec == jax.sharding.PartitionSpec("fsdp", "tensor")
     assert kernel.addressable_shards[0].data.shape == (kernel.shape[0] // 2, kernel.shape[1] // 2)
     assert [h["accuracy"] for h in split_history] == [h["accuracy"] for h in one_history]
-    for a, b in zip(split_history, one_history):
+    for a, b in zip(split_history, one_history, strict=False):
         assert a.keys() == b.keys() and all(a[k] == pytest.approx(b[k], abs=1e-4) for k in a)
-    for a, b in zip(jax.tree.leaves(split.params), jax.tree.leaves(one.params)):
+    for a, b in zip(jax.tree.leaves(split.params), jax.tree.leaves(one.params), strict=False):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4)

@@ -46,7 +46,7 @@ def test_values_and_gradients_equal_the_xla_form(shape, case):
     )
     np.testing.assert_allclose(y, want_y, atol=2e-6, rtol=0)
     np.testing.assert_array_equal(new_state, want_state)
-    for name, got, want in zip(["x", "weight", "state"], grads, want_grads):
+    for name, got, want in zip(["x", "weight", "state"], grads, want_grads, strict=False):
         np.testing.assert_allclose(got, want, atol=2e-6 * max(1.0, float(np.abs(want).max())), rtol=0, err_msg=name)
 
 

@@ -72,7 +72,7 @@ def test_grouped_key_heads_equal_repeated_ones():
         repeated = rule(
             *prepared(x, repeat=True), initial_state=jnp.asarray(x["state"]), segment_ids=jnp.asarray(segment_ids())
         )
-        for got, want in zip(grouped, repeated):
+        for got, want in zip(grouped, repeated, strict=False):
             np.testing.assert_allclose(got, want, atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="multiple of the key heads"):
         deltanet.chunk_gated_delta_rule(
@@ -97,7 +97,7 @@ def test_chunked_gradients_match_recurrent(t, packed, chunk):
         return jax.jit(jax.grad(f, argnums=tuple(range(6))))
 
     chunk_grads = loss(deltanet.chunk_gated_delta_rule, chunk_size=chunk)(*args)
-    for got, want in zip(chunk_grads, loss(deltanet.recurrent_gated_delta_rule)(*args)):
+    for got, want in zip(chunk_grads, loss(deltanet.recurrent_gated_delta_rule)(*args), strict=False):
         scale = float(jnp.max(jnp.abs(want)))
         assert scale > 0
         np.testing.assert_allclose(got, want, atol=1e-5 * max(scale, 1.0), rtol=0)
@@ -111,7 +111,7 @@ def test_packed_segments_equal_separate_runs():
     pieces = [
         (row, start, n)
         for row, parts in enumerate(SEGMENTS)
-        for start, n in zip(np.cumsum([0] + [n for _, n in parts]), [n for _, n in parts])
+        for start, n in zip(np.cumsum([0] + [n for _, n in parts]), [n for _, n in parts], strict=False)
     ]
 
     def alone(x):

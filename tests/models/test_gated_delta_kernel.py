@@ -63,7 +63,7 @@ def test_gradients_equal_the_chunked_form(shape):
         return jax.jit(jax.grad(value, argnums=tuple(range(6))))
 
     ours, want = loss(gated_delta.gated_delta_rule)(*args, state), loss(deltanet.chunk_gated_delta_rule)(*args, state)
-    for name, a, b in zip(["q", "k", "v", "g", "beta", "state"], ours, want):
+    for name, a, b in zip(["q", "k", "v", "g", "beta", "state"], ours, want, strict=False):
         assert np.abs(b).max() > 0, name
         np.testing.assert_allclose(a, b, atol=2e-5 * np.abs(b).max(), rtol=0, err_msg=name)
 
@@ -129,7 +129,9 @@ def test_sharded_over_cpu_devices_gives_the_same_gradients():
     def grads(rule):
         return jax.jit(jax.grad(lambda *a: jnp.sum(rule(*a)[0] ** 2), argnums=tuple(range(5))))
 
-    for a, b in zip(grads(gated_delta.gated_delta_rule)(*sharded), grads(deltanet.chunk_gated_delta_rule)(*args)):
+    for a, b in zip(
+        grads(gated_delta.gated_delta_rule)(*sharded), grads(deltanet.chunk_gated_delta_rule)(*args), strict=False
+    ):
         np.testing.assert_allclose(a, b, atol=2e-5 * np.abs(b).max(), rtol=0)
 
 
@@ -156,5 +158,5 @@ def test_under_a_mesh_the_kernels_run_per_batch_shard_without_gathering():
         hlo = step.lower(*args).compile().as_text()
         got = step(*args)
     assert "all-gather" not in hlo
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=False):
         np.testing.assert_allclose(a, b, atol=1e-5 * max(1.0, float(np.abs(b).max())), rtol=0)

@@ -50,7 +50,7 @@ SHAPES = [(1, 13), (2, 150)]
 
 def _assert_follows(f32: list, bf16: list) -> None:
     assert len(f32) == len(bf16)
-    for a, b in zip(f32, bf16):
+    for a, b in zip(f32, bf16, strict=False):
         assert b.dtype == a.dtype
         a, b = np.asarray(a, np.float64).ravel(), np.asarray(b, np.float64).ravel()
         assert np.all(np.isfinite(b))
@@ -76,7 +76,9 @@ def test_bf16_attention_gradients_run_and_follow_f32(length):
     weights = jnp.asarray(rng.randn(2, length, 2, 2, 16), jnp.float32)
 
     def grads(dtype):
-        loss = lambda *qkv: jnp.sum(causal_attention(*qkv).astype(jnp.float32) * weights)
+        def loss(*qkv):
+            return jnp.sum(causal_attention(*qkv).astype(jnp.float32) * weights)
+
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(*(jnp.asarray(x, dtype) for x in (q * 0.3, k, v)))
 
     _assert_follows(
@@ -113,5 +115,5 @@ def test_bf16_sampler_decodes_like_f32(tmp_path, model_type):
         )
         out[name] = [c.token_ids for c in sampler.generate(prompts, params)]
     assert all(len(ids) == 12 for ids in out["bf16"])
-    first = [a[0] == b[0] for a, b in zip(out["f32"], out["bf16"])]
+    first = [a[0] == b[0] for a, b in zip(out["f32"], out["bf16"], strict=False)]
     assert sum(first) >= 2, out  # peaked logits: bf16 rounding rarely flips the first greedy token

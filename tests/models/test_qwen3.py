@@ -112,8 +112,8 @@ def test_padding_matches_unpadded_rows(pair):
     lengths, t = [9, 4, 7], 9
     ids = rng.randint(0, VOCAB, (3, t))
     mask = np.arange(t)[None] < np.array(lengths)[:, None]  # right padding
-    ids_left = np.stack([np.roll(r, t - n) for r, n in zip(ids, lengths)])
-    mask_left = np.stack([np.roll(m, t - n) for m, n in zip(mask, lengths)])
+    ids_left = np.stack([np.roll(r, t - n) for r, n in zip(ids, lengths, strict=False)])
+    mask_left = np.stack([np.roll(m, t - n) for m, n in zip(mask, lengths, strict=False)])
     right = forward(model, ids, attention_mask=mask)
     left = forward(model, ids_left, attention_mask=mask_left)
     for row, n in enumerate(lengths):
@@ -149,7 +149,7 @@ def test_cached_decode_matches_full_forward_with_left_padding(pair):
 
     prompt = np.zeros((2, prompt_t), int)
     mask = np.zeros((2, prompt_t), bool)
-    for i, (r, n) in enumerate(zip(rows, prompt_lens)):
+    for i, (r, n) in enumerate(zip(rows, prompt_lens, strict=False)):
         prompt[i, prompt_t - n :], mask[i, prompt_t - n :] = r[:n], True
     step = jax.jit(lambda m, ids, c, i, am: m(ids, attention_mask=am, cache=c, cache_index=i))
     cache = KVCache.init(model.config, batch=2, max_len=16)
@@ -157,7 +157,7 @@ def test_cached_decode_matches_full_forward_with_left_padding(pair):
     for i, n in enumerate(prompt_lens):
         np.testing.assert_allclose(np.asarray(logits)[i, prompt_t - n :], full[i][:n], atol=1e-4, rtol=0)
     for s in range(steps):
-        tok = np.array([[r[n + s]] for r, n in zip(rows, prompt_lens)])
+        tok = np.array([[r[n + s]] for r, n in zip(rows, prompt_lens, strict=False)])
         logits, cache = step(model, jnp.asarray(tok), cache, prompt_t + s, jnp.ones((2, 1), bool))
         for i, n in enumerate(prompt_lens):
             np.testing.assert_allclose(np.asarray(logits)[i, 0], full[i][n + s], atol=1e-4, rtol=0)
@@ -234,8 +234,12 @@ def test_blockwise_attention_and_its_gradients_equal_dense(t, block):
     def loss(attend, *qkv):
         return jnp.sum(attend(*qkv) * weights)
 
-    ours = lambda q, k, v: causal_attention(q, k, v, attention_mask=mask, segment_ids=segments, block=block)
-    ref = lambda q, k, v: dense_attention(q, k, v, mask, segments)
+    def ours(q, k, v):
+        return causal_attention(q, k, v, attention_mask=mask, segment_ids=segments, block=block)
+
+    def ref(q, k, v):
+        return dense_attention(q, k, v, mask, segments)
+
     got = jax.jit(jax.value_and_grad(functools.partial(loss, ours), argnums=(0, 1, 2)))(q, k, v)
     want = jax.jit(jax.value_and_grad(functools.partial(loss, ref), argnums=(0, 1, 2)))(q, k, v)
     np.testing.assert_allclose(np.asarray(ours(q, k, v))[mask], np.asarray(ref(q, k, v))[mask], atol=1e-5)

@@ -152,10 +152,10 @@ def test_left_padding_matches_unpadded_rows(hybrid):
     lengths, t = [80, 13], 80  # the shape of the full forward in the next test: one compile
     ids, mask = np.zeros((2, t), int), np.zeros((2, t), bool)
     rows = [rng.randint(0, VOCAB, n) for n in lengths]
-    for i, (row, n) in enumerate(zip(rows, lengths)):
+    for i, (row, n) in enumerate(zip(rows, lengths, strict=False)):
         ids[i, t - n :], mask[i, t - n :] = row, True
     logits = forward(model, ids, attention_mask=mask)
-    for i, (row, n) in enumerate(zip(rows, lengths)):
+    for i, (row, n) in enumerate(zip(rows, lengths, strict=False)):
         np.testing.assert_allclose(logits[i, t - n :], torch_logits(hf, row[None])[0], atol=1e-4, rtol=0)
 
 
@@ -205,7 +205,7 @@ def test_greedy_sampler_matches_transformers_generate(hybrid):
     prompts = [rng.randint(0, VOCAB, n).tolist() for n in (37, 20)]  # the shorter one is left-padded
     sampler = Sampler(model, None, max_len=128, prompt_buckets=(64,), batch_buckets=(2,))
     completions = sampler.generate(prompts, SamplingParams(max_new_tokens=32, ignore_eos=True))
-    for prompt, completion in zip(prompts, completions):
+    for prompt, completion in zip(prompts, completions, strict=False):
         with torch.inference_mode():
             out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
         assert completion.token_ids == out[0, len(prompt) :].tolist()

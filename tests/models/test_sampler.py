@@ -61,7 +61,7 @@ def test_greedy_matches_transformers_generate(folder, sampler, prompts):
 
     reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).eval()
     params = dataclasses.replace(GREEDY, max_new_tokens=32)
-    for prompt, completion in zip(prompts[:3], sampler.generate(prompts[:3], params)):
+    for prompt, completion in zip(prompts[:3], sampler.generate(prompts[:3], params), strict=False):
         with torch.inference_mode():
             out = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=32, min_new_tokens=32)
         assert completion.token_ids == out[0, len(prompt) :].tolist()
@@ -72,10 +72,10 @@ def test_logprobs_are_raw_model_logprobs(model, sampler, prompts):
     params = [SamplingParams(max_new_tokens=20, temperature=1.3, top_k=5, seed=i, ignore_eos=True) for i in range(3)]
     completions = sampler.generate(prompts[:3], params)
     # One full causal forward pass over prompt + completion (right padding cannot affect it).
-    rows = [p + c.token_ids for p, c in zip(prompts, completions)]
+    rows = [p + c.token_ids for p, c in zip(prompts, completions, strict=False)]
     width = max(map(len, rows))
     full = nnx.jit(lambda m, ids: m(ids))(model, np.array([r + [0] * (width - len(r)) for r in rows], np.int32))
-    for prompt, completion, row_logits in zip(prompts, completions, np.asarray(full)):
+    for prompt, completion, row_logits in zip(prompts, completions, np.asarray(full), strict=False):
         logits = row_logits[len(prompt) - 1 : len(prompt) + len(completion.token_ids) - 1]
         logprobs = np.asarray(jax.nn.log_softmax(logits))
         sampled = np.asarray(completion.token_ids)
@@ -97,7 +97,7 @@ def test_compiles_at_most_once_per_bucket(model, tokenizer):
 
 def test_batched_equals_one_at_a_time(sampler, prompts):
     batched = sampler.generate(prompts, GREEDY)  # 5 prompts: a batch of 4, then one
-    for prompt, together in zip(prompts, batched):
+    for prompt, together in zip(prompts, batched, strict=False):
         (alone,) = sampler.generate([prompt], GREEDY)
         assert together.token_ids == alone.token_ids
         np.testing.assert_allclose(together.logprobs, alone.logprobs, atol=1e-4)
@@ -193,14 +193,14 @@ def test_sampling_frequencies_follow_the_filtered_distribution():
     # (temperature, top_k, top_p, how many of the most likely tokens survive the filters)
     settings = [(1.0, 0, 1.0, 6), (0.5, 0, 1.0, 6), (1.0, 3, 1.0, 3), (1.0, 0, 0.7, 3), (2.0, 4, 0.5, 2)]
     rows = 20_000  # per setting; all settings share one batch, as requests do
-    temperature, top_k, top_p, _ = (np.repeat(np.array(column), rows) for column in zip(*settings))
+    temperature, top_k, top_p, _ = (np.repeat(np.array(column), rows) for column in zip(*settings, strict=False))
     logits = np.tile(np.log(probs), (len(temperature), 1)).astype(np.float32)
     keys = jax.vmap(jax.random.key)(np.arange(len(temperature), dtype=np.uint32))
     tokens, logprobs = jax.jit(_sample)(
         logits, keys, 0, temperature.astype(np.float32), top_p.astype(np.float32), top_k.astype(np.int32)
     )
     tokens = np.asarray(tokens).reshape(len(settings), rows)
-    for (t, _, _, kept), drawn in zip(settings, tokens):
+    for (t, _, _, kept), drawn in zip(settings, tokens, strict=False):
         expected = np.where(np.arange(6) < kept, probs ** (1 / t), 0.0)
         np.testing.assert_allclose(np.bincount(drawn, minlength=6) / rows, expected / expected.sum(), atol=0.015)
     np.testing.assert_allclose(logprobs, np.log(probs)[tokens.ravel()], atol=1e-5)  # raw, not tempered

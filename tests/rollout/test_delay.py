@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from porch_jax.rollout.delay import intervention_delays, measure_delay, probe_engine
 from porch_jax.envs.workplace import make_probe
+from porch_jax.rollout.delay import intervention_delays, measure_delay, probe_engine
 
 EPISODES = 60  # arrivals are stratified over [0, H), so the mean is stable at this size
 HORIZONS = (10, 30, 90)

@@ -111,7 +111,7 @@ def test_faulty_backend_under_retries_every_episode_recorded(tmp_path):
 
     async def episode(task):
         answers = []
-        for step in range(4):
+        for _step in range(4):
             result = await backend.chat(ChatRequest([{"role": "user", "content": task}], state=task))
             try:
                 answers.append(parse_orchestrator_action(result.text).answer)

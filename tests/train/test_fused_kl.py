@@ -81,7 +81,7 @@ def test_chunked_reverse_kl_weights_jit_and_cotangent(grad_in_forward):
 
     close(loss(sh, sw), ref(sh, sw))
     grads = jax.jit(jax.grad(loss, (0, 1)))(sh, sw)
-    for a, b in zip(grads, jax.jit(jax.grad(ref, (0, 1)))(sh, sw)):
+    for a, b in zip(grads, jax.jit(jax.grad(ref, (0, 1)))(sh, sw), strict=False):
         close(a, b)
 
 
@@ -107,7 +107,7 @@ def test_chunked_reverse_kl_bf16_computes_in_fp32():
     g = vg(lambda h, w: fused_kl.chunked_reverse_kl(h, w, th, tw, mask, chunk_size=8))(sh, sw)[1]
     gw = vg(lambda h, w: unchunked_kl(h, w, *f32[2:], mask))(*f32[:2])[1]
     assert g[0].dtype == g[1].dtype == jnp.bfloat16
-    for a, b in zip(g, gw):
+    for a, b in zip(g, gw, strict=False):
         close(a, b, {"rtol": 2e-2, "atol": 2e-2})  # bf16 rounding of the returned gradient
 
 
@@ -167,7 +167,7 @@ def test_chunked_reverse_kl_sharded_equals_unsharded():
         )
         got = step(*args)
     close(got[0], want[0])
-    for a, b in zip(got[1], want[1]):
+    for a, b in zip(got[1], want[1], strict=False):
         close(a, b)
 
 
@@ -193,7 +193,7 @@ def test_chunked_cross_entropy_equals_unchunked(chunk_size, grad_in_forward):
     (s_want, c_want), g_want = vg(ref)(sh, sw)
     close(s, s_want)
     assert float(c) == float(c_want)
-    for a, b in zip(g, g_want):
+    for a, b in zip(g, g_want, strict=False):
         close(a, b)
 
 
@@ -218,7 +218,7 @@ def test_chunked_token_logprobs_equal_unchunked(chunk_size):
     (_, lp), g = vg(lambda *x: (jnp.sum(cot * chunked(*x)), chunked(*x)))(sh, sw)
     (_, lp_want), g_want = vg(lambda *x: (jnp.sum(cot * ref(*x)), ref(*x)))(sh, sw)
     close(lp, lp_want)
-    for a, b in zip(g, g_want):
+    for a, b in zip(g, g_want, strict=False):
         close(a, b)
 
 
@@ -257,7 +257,7 @@ def test_opd_from_hidden_equals_opd_on_logits(aggregation):
     (s_want, c_want), g_want = vg(r)(sh, sw)
     close(s, s_want)
     assert float(c) == float(c_want)
-    for a, b in zip(g, g_want):
+    for a, b in zip(g, g_want, strict=False):
         close(a, b)
 
 
@@ -275,7 +275,7 @@ def test_rwr_ce_and_logprobs_from_hidden_equal_logits_versions():
     (s_want, c_want), g_want = vg(r)(sh, sw)
     close(s, s_want)
     assert float(c) == float(c_want)
-    for a, b in zip(g, g_want):
+    for a, b in zip(g, g_want, strict=False):
         close(a, b)
 
     @jax.jit

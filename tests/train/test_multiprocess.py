@@ -78,7 +78,7 @@ def test_two_processes_match_one(tmp_path):
                     stderr=e,
                 )
             )
-    for p, (_, err) in zip(procs, logs):
+    for p, (_, err) in zip(procs, logs, strict=False):
         assert p.wait(timeout=330) == 0, err.read_text()[-3000:]
 
     want, got = _losses(single.stdout), _losses(logs[0][0].read_text())

@@ -90,7 +90,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
     spans = [(r, s) for r in rows for s in r.spans]
     assert len(spans) == len(valid) and len(rows) < len(valid)
     model = from_pretrained(model_dir)
-    for (row, span), d in zip(spans, valid):
+    for (row, span), d in zip(spans, valid, strict=False):
         prompt = od.policy_prompt(tok, d.context, "compact")
         target = decision_target(tok, d)
         assert (
@@ -99,7 +99,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
         )
     row = rows[0]
     lp = _logps(model, row.tokens)
-    for span, d in zip(row.spans, valid):
+    for span, d in zip(row.spans, valid, strict=False):
         seq = od.policy_prompt(tok, d.context, "compact") + decision_target(tok, d)
         alone = _logps(model, seq)
         p = span.start

@@ -117,7 +117,7 @@ def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(to
         s_lp = _target_logps(m, [e.views["student"] for e in opd])
         t_lp = _target_logps(teacher, [e.views["teacher"] for e in opd])
         kls = []
-        for (ls, _), (lt, _) in zip(s_lp, t_lp):
+        for (ls, _), (lt, _) in zip(s_lp, t_lp, strict=False):
             ls_full = ls  # already log-probs over the vocabulary at each target position
             kl = jnp.sum(jnp.exp(ls_full) * (ls_full - jax.lax.stop_gradient(lt)), axis=-1)
             kls.append(kl.mean())
@@ -155,7 +155,7 @@ def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
                     "logprobs": (-rng.uniform(3, 9, n)).tolist(),
                     "reward": float(r),
                 }
-                for n, r in zip((5, 9, 3, 7), (1, 0, 0, 1))
+                for n, r in zip((5, 9, 3, 7), (1, 0, 0, 1), strict=False)
             ],
         }
         for g in range(2)
@@ -166,7 +166,7 @@ def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
 
     def ref(m):
         total, count = 0.0, 0
-        for (lp, tgt), ex in zip(_target_logps(m, [e.views["policy"] for e in exs], t=64), exs):
+        for (lp, tgt), ex in zip(_target_logps(m, [e.views["policy"] for e in exs], t=64), exs, strict=False):
             new = jnp.take_along_axis(lp, tgt[:, None], axis=1)[:, 0]
             ratio = jnp.exp(new - jnp.asarray(ex.views["policy"].logprobs))
             adv = ex.scalars["advantage"]
@@ -190,7 +190,7 @@ def test_on_policy_sampling_resamples_opd_targets_and_the_logprob_gap_is_small(t
     host = D.HostBatch([exs], (128, 32))
     sampler = ActionSampler(tok, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0), max_len=512)
     new = on_policy_targets(host, sampler, model, step=1)
-    for old, ex in zip(exs, new.rows[0]):
+    for old, ex in zip(exs, new.rows[0], strict=False):
         s = ex.views["student"]
         assert s.target == ex.views["teacher"].target != old.views["student"].target
         assert len(s.logprobs) == len(s.target) <= 8 and s.prompt == old.views["student"].prompt

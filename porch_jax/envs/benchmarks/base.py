@@ -107,8 +107,8 @@ def evaluate(
         raise ValueError(f"{benchmark.name}: no tasks to evaluate")
     answers = [answer_fn(task) for task in tasks]
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        verdicts = list(pool.map(lambda ta: benchmark.check(ta[0], ta[1].text), zip(tasks, answers)))
-    results = tuple(TaskResult(t.task_id, bool(v), a.cost) for t, a, v in zip(tasks, answers, verdicts))
+        verdicts = list(pool.map(lambda ta: benchmark.check(ta[0], ta[1].text), zip(tasks, answers, strict=False)))
+    results = tuple(TaskResult(t.task_id, bool(v), a.cost) for t, a, v in zip(tasks, answers, verdicts, strict=False))
     return EvalReport(
         benchmark=benchmark.name,
         metric=benchmark.metric,

@@ -16,7 +16,7 @@ def _qa_task(
     letters = string.ascii_uppercase[: len(options)]
     if answer not in letters:
         raise ValueError(f"{benchmark} {task_id}: answer {answer!r} is not one of the {len(options)} options")
-    listed = "\n".join(f"{letter}. {text}" for letter, text in zip(letters, options))
+    listed = "\n".join(f"{letter}. {text}" for letter, text in zip(letters, options, strict=False))
     return BenchmarkTask(
         benchmark=benchmark,
         task_id=task_id,

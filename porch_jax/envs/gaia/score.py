@@ -32,7 +32,7 @@ def exact_match(answer: str, truth: str) -> bool:
         gt, pred = re.split(r"[,;]", truth), re.split(r"[,;]", answer)
         return len(gt) == len(pred) and all(
             _number(p) == _number(g) if _number(g) is not None else _normalize(p) == _normalize(g)
-            for p, g in zip(pred, gt)
+            for p, g in zip(pred, gt, strict=False)
         )
     return _normalize(answer) == _normalize(truth)
 

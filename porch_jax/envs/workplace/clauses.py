@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Blocked:
     left: int
 
 
-Step = Union[Call, Done, Blocked]
+Step = Call | Done | Blocked
 Program = Callable[[Mapping[str, str], Mapping[str, str], Sequence[ToolObs]], Step]
 
 

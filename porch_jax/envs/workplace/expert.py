@@ -245,7 +245,7 @@ class ScriptedExpert:
     def _set_clause(self, st: _State, c: _Clause, text: str) -> None:
         """The user now wants ``text`` for clause ``c``; clauses that depend on it follow."""
         texts = apply_change([x.text for x in st.clauses], st.clauses.index(c), text)
-        for x, new in zip(st.clauses, texts):
+        for x, new in zip(st.clauses, texts, strict=False):
             if x.text != new:
                 x.text = new
                 x.stale.add("subgoal")

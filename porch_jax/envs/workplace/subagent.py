@@ -77,7 +77,7 @@ class Change:
 
 def read_notice(text: str, clauses: list[Clause], misread: bool) -> Change | None:
     """The change ``text`` makes to these clauses; an unrelated notice counts only when ``misread``."""
-    for form, pattern in _FORMS.items():
+    for form, pattern in _FORMS.items():  # noqa: B007 (form is read after the break)
         m = pattern.fullmatch(text)
         if m:
             break
@@ -324,5 +324,5 @@ class ScriptedSubagent:
             a, _, b = args["expr"].partition(" - ")
             args["expr"] = f"{b} - {a}"
         else:
-            return '<tool_call>{"name": "%s", "arguments": {"op": ' % s.name  # a malformed action
+            return f'<tool_call>{{"name": "{s.name}", "arguments": {{"op": '  # a malformed action
         return render_action(ToolCall(s.name, args))

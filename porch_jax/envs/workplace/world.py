@@ -70,10 +70,12 @@ def make_world(rng: random.Random, *, n_pages: int = 6) -> World:
     firsts = rng.sample(FIRST, 5)
     names = [f"{f} {s}" for f in firsts for s in rng.sample(LAST, 2)]
     phones = rng.sample(range(100, 1000), len(names))
-    contacts = tuple(Contact(f"c{i + 1}", n, f"+1-555-0{p}") for i, (n, p) in enumerate(zip(names, phones)))
+    contacts = tuple(
+        Contact(f"c{i + 1}", n, f"+1-555-0{p}") for i, (n, p) in enumerate(zip(names, phones, strict=False))
+    )
     events = tuple(
         Event(f"ev{i + 1}", t, p, random_time(rng))
-        for i, (t, p) in enumerate(zip(rng.sample(EVENTS, 6), rng.sample(PLACES, 6)))
+        for i, (t, p) in enumerate(zip(rng.sample(EVENTS, 6), rng.sample(PLACES, 6), strict=False))
     )
     mails = []
     for item in ITEMS:
