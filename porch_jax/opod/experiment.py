@@ -289,7 +289,7 @@ def run_pipeline(cfg: ConfigDict) -> None:
 
     teacher_check = run / "hint_following.json"
     if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
-        from porch_jax.eval.diagnostics import hint_following
+        from porch_jax.opod.diagnostics import hint_following
 
         teacher_check.write_text(
             json.dumps(
