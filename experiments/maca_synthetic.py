@@ -50,9 +50,8 @@ def get_config() -> ConfigDict:
             "gamma": 0.4,  # paper, Sec. 3.6
             "edge_threshold": 0.05,  # H allows j after i iff z_j > 0 and P_prior[i, j] > this
             # True: the threshold applies to P_prior's row normalised over the retained agents (policy.structural_mask).
-            # Measured with the out-degree-1 prior of session 3: it lifted the mask's cap (reward oracle 0.913 against
-            # 0.894) but GRPO did not find the longer paths (validation reward 0.845 against 0.852); the adopted
-            # out-degree-3 prior lifts the cap with the absolute rule instead (docs/results/maca_synthetic.md).
+            # False: the out-degree-3 prior lifts the mask's cap with the absolute rule, and GRPO finds those paths;
+            # the normalised rule's trade-off is measured in docs/results/maca_synthetic.md.
             "conditional_edges": False,
             "stop_floor": 0.05,
             "temperature": {"base": 0.25, "reference": 2000.0, "exponent": 0.5},
