@@ -22,6 +22,7 @@ from porch_jax.models import LlamaForCausalLM, ModelConfig, Qwen2ForCausalLM, in
 from porch_jax.train import data as D  # noqa: E402
 from porch_jax.train import mesh as mesh_lib  # noqa: E402
 from porch_jax.train import step as S  # noqa: E402
+from porch_jax.train.methods import MethodConfig  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 T, K = 128, 32
@@ -43,7 +44,10 @@ def _batch(exs, views):
 def _setup(method, model, cfg, tx):
     mesh = mesh_lib.make_mesh((1, 1, 1))
     graphdef, state, shardings = S.init_train_state(model, tx, mesh)
-    return S.TrainStep(method, graphdef, tx, lambda s: 1.0, cfg, mesh=mesh, state_shardings=shardings), state, shardings
+    step = S.TrainStep(
+        tiny_data.method_of(method, cfg), graphdef, tx, lambda s: 1.0, mesh=mesh, state_shardings=shardings
+    )
+    return step, state, shardings
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +62,7 @@ def eps(tok):
 
 @pytest.mark.parametrize("model_type", list(CLASSES))
 def test_sft_steps_lower_the_loss(model_type, tok, eps):
-    step, state, _ = _setup("sft", _model(model_type), S.LossConfig(), optax.adamw(3e-3))
+    step, state, _ = _setup("sft", _model(model_type), MethodConfig(), optax.adamw(3e-3))
     batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
     losses = []
     for _ in range(5):
@@ -71,7 +75,7 @@ def test_sft_steps_lower_the_loss(model_type, tok, eps):
 def test_opod_step_has_finite_loss_and_gradients_in_every_layer(model_type, tok, eps):
     exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
     step, state, shardings = _setup(
-        "opod", _model(model_type), S.LossConfig(aggregation="decision", opd_weight=0.7), optax.sgd(1.0)
+        "opod", _model(model_type), MethodConfig(aggregation="decision", opd_weight=0.7), optax.sgd(1.0)
     )
     frozen = jax.device_put(nnx.state(_model(model_type, seed=1), nnx.Param), shardings["params"], may_alias=False)
     before = jax.tree.map(np.asarray, state["params"])
