@@ -102,6 +102,13 @@ def packed_rows(
     return rows
 
 
+def _hinted_row(tokenizer: Any, context: Any, hint: str, action: Mapping[str, Any], view: str) -> SeqRow:
+    """One SFT row: the teacher prompt for ``context`` ⊕ ``hint`` -> ``action``'s tokens."""
+    prompt = teacher_prompt(tokenizer, context, hint, view)
+    target = action_tokens(tokenizer, action, context, view)
+    return SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),))
+
+
 def hint_following_rows(
     episodes: Iterable[EpisodeRecord],
     hints: Mapping[Key, str],
@@ -122,9 +129,7 @@ def hint_following_rows(
             corrected = follow(d.action, hint) if hint and _valid(d) else None
             if corrected is None:
                 continue
-            prompt = teacher_prompt(tokenizer, d.context, hint, view)
-            target = action_tokens(tokenizer, corrected, d.context, view)
-            rows.append(SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),)))
+            rows.append(_hinted_row(tokenizer, d.context, hint, corrected, view))
     return rows
 
 
@@ -145,9 +150,7 @@ def empty_hint_rows(
             hint = hints.get((ep.episode_id, d.index))
             if not hint or not _valid(d) or follow(d.action, hint) is None:
                 continue
-            prompt = teacher_prompt(tokenizer, d.context, "", view)
-            target = action_tokens(tokenizer, d.action, d.context, view)
-            rows.append(SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),)))
+            rows.append(_hinted_row(tokenizer, d.context, "", d.action, view))
     return rows
 
 
