@@ -125,12 +125,19 @@ def test_recorded_splits_have_table4_sizes_and_are_disjoint():
 
 
 @needs_shared_data
-def test_recorded_splits_regenerate_from_the_data():
+def test_recorded_splits_regenerate_from_the_data(tmp_path, monkeypatch, capsys):
     import json
 
+    from porch_jax.envs.benchmarks import check_splits
     from porch_jax.envs.benchmarks.splits import SPLITS_FILE
 
     assert make_splits(SHARED) == json.loads(SPLITS_FILE.read_text())
+    assert check_splits.main(["--data-dir", str(SHARED)]) == 0
+    altered = tmp_path / "maca_table4.json"  # the command notices a recorded file that differs
+    altered.write_text(SPLITS_FILE.read_text().replace('"seed": 0', '"seed": 1'))
+    monkeypatch.setattr(check_splits, "SPLITS_FILE", altered)
+    assert check_splits.main(["--data-dir", str(SHARED)]) == 1
+    assert "differs" in capsys.readouterr().err
 
 
 @needs_shared_data

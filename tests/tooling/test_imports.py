@@ -51,14 +51,6 @@ ONLY: dict[str, frozenset[str]] = {
     "porch_jax.serving": frozenset({"porch_jax.models"}),
 }
 
-# Cycles the code still has, each with why it is not broken here. An entry that no longer matches a
-# cycle fails the test, so the list only shrinks.
-KNOWN_CYCLES: dict[frozenset[str], str] = {
-    frozenset({"porch_jax.envs.benchmarks", "porch_jax.envs.benchmarks.splits"}): (
-        "load_tasks reads the recorded splits, and splits.make_splits regenerates them with load_all_tasks"
-    ),
-}
-
 
 @dataclass(frozen=True)
 class Import:
@@ -205,12 +197,10 @@ def test_the_walk_sees_the_package():
 
 def test_no_import_cycles():
     circles = _cycles(IMPORTS)
-    known = {frozenset(i.source for i in c) for c in circles} & set(KNOWN_CYCLES)
-    new = [c for c in circles if frozenset(i.source for i in c) not in KNOWN_CYCLES]
-    if new:
-        pytest.fail("import cycles (move the shared code below both modules):\n" + "\n\n".join(map(_circle_text, new)))
-    stale = set(KNOWN_CYCLES) - known
-    assert not stale, f"KNOWN_CYCLES lists cycles the code no longer has; delete them: {sorted(map(sorted, stale))}"
+    if circles:
+        pytest.fail(
+            "import cycles (move the shared code below both modules):\n" + "\n\n".join(map(_circle_text, circles))
+        )
 
 
 def test_every_module_is_on_the_map():

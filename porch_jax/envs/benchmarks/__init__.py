@@ -17,29 +17,8 @@ from porch_jax.envs.benchmarks.base import (
     default_data_dir,
     evaluate,
 )
-from porch_jax.envs.benchmarks.code_tasks import HUMANEVAL, MBPP
-from porch_jax.envs.benchmarks.math_tasks import GSM_HARD, SVAMP
-from porch_jax.envs.benchmarks.qa_tasks import ARC_CHALLENGE, MMLU_PRO
-
-BENCHMARKS: dict[str, Benchmark] = {b.name: b for b in (HUMANEVAL, MBPP, GSM_HARD, SVAMP, MMLU_PRO, ARC_CHALLENGE)}
-
-
-def load_all_tasks(
-    name: str, *, data_dir: pathlib.Path | str | None = None, source: str = "local"
-) -> list[BenchmarkTask]:
-    """Every item of a benchmark, in file order. source="hub" reads the same data with `datasets`."""
-    benchmark = _get(name)
-    if source == "local":
-        rows = benchmark.read_local(pathlib.Path(data_dir) if data_dir is not None else default_data_dir())
-    elif source == "hub":
-        rows = _hub_rows(benchmark)
-    else:
-        raise ValueError(f"source must be 'local' or 'hub', got {source!r}")
-    tasks = [benchmark.to_task(row, i) for i, row in enumerate(rows)]
-    ids = [t.task_id for t in tasks]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"{name}: duplicate task ids in the data")
-    return tasks
+from porch_jax.envs.benchmarks.catalog import BENCHMARKS, load_all_tasks
+from porch_jax.envs.benchmarks.splits import load_splits
 
 
 def load_tasks(
@@ -53,33 +32,12 @@ def load_tasks(
     tasks = load_all_tasks(name, data_dir=data_dir, source=source)
     if split is None:
         return tasks
-    from porch_jax.envs.benchmarks.splits import load_splits  # lazy: `python -m ...splits` imports us
-
     wanted = load_splits()[name][split]
     by_id = {t.task_id: t for t in tasks}
     missing = [i for i in wanted if i not in by_id]
     if missing:
         raise ValueError(f"{name} {split}: {len(missing)} split ids are not in the data (first: {missing[:3]})")
     return [by_id[i] for i in wanted]
-
-
-def _get(name: str) -> Benchmark:
-    if name not in BENCHMARKS:
-        raise KeyError(f"unknown benchmark {name!r}; known: {sorted(BENCHMARKS)}")
-    return BENCHMARKS[name]
-
-
-def _hub_rows(benchmark: Benchmark) -> list[dict]:
-    if benchmark.hub is None:
-        raise ValueError(f"{benchmark.name} has no hub source")
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("source='hub' needs the `datasets` package") from None
-    rows: list[dict] = []
-    for split in benchmark.hub.splits:
-        rows.extend(dict(r) for r in datasets.load_dataset(benchmark.hub.path, benchmark.hub.name, split=split))
-    return [benchmark.hub_row(r) for r in rows]
 
 
 __all__ = [

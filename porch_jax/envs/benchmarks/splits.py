@@ -4,19 +4,19 @@ The paper gives only the sizes. Each split is a seeded sample (random.Random wit
 across Python versions) of the benchmark's items: where train + test equals the file's size (HumanEval,
 MBPP, SVAMP, ARC-C) it partitions the whole file; for GSM-Hard (1,000 of 1,319) and MMLU-Pro (1,218 of
 12,032) it is a subset. MBPP's 587 + 387 covers all 974 problems, so its test split is not the standard
-test ids 11-510. The file records each source file's sha256; `python -m porch_jax.envs.benchmarks.splits
---check` regenerates the splits from the data and compares.
+test ids 11-510. The file records each source file's sha256; `python -m porch_jax.envs.benchmarks.check_splits`
+regenerates the splits from the data and compares.
 """
 
 from __future__ import annotations
 
-import argparse
 import functools
 import hashlib
 import json
 import pathlib
 import random
-import sys
+
+from porch_jax.envs.benchmarks.catalog import load_all_tasks
 
 SPLITS_FILE = pathlib.Path(__file__).resolve().parent / "splits" / "maca_table4.json"
 SEED = 0
@@ -40,8 +40,6 @@ SOURCE_FILES = {
 
 
 def make_splits(data_dir: pathlib.Path, seed: int = SEED) -> dict:
-    from porch_jax.envs.benchmarks import load_all_tasks
-
     out: dict = {"seed": seed, "table4_sizes": {k: list(v) for k, v in TABLE4.items()}, "benchmarks": {}}
     for name, (n_train, n_test) in TABLE4.items():
         ids = [t.task_id for t in load_all_tasks(name, data_dir=data_dir)]
@@ -66,24 +64,3 @@ def _load(path: pathlib.Path) -> dict:
 def load_splits(path: pathlib.Path = SPLITS_FILE) -> dict[str, dict]:
     """{benchmark: {"train": [ids], "test": [ids], "source_sha256": ..., ...}} from the recorded file."""
     return _load(path)["benchmarks"]
-
-
-def main(argv: list[str] | None = None) -> int:
-    from porch_jax.envs.benchmarks.base import default_data_dir
-
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--data-dir", type=pathlib.Path, default=default_data_dir())
-    parser.add_argument("--check", action="store_true", help="exit 1 if the recorded file differs")
-    args = parser.parse_args(argv)
-    text = json.dumps(make_splits(args.data_dir), indent=1) + "\n"
-    if args.check:
-        if SPLITS_FILE.read_text(encoding="utf-8") != text:
-            print(f"{SPLITS_FILE} differs from the splits regenerated from {args.data_dir}", file=sys.stderr)
-            return 1
-        return 0
-    SPLITS_FILE.write_text(text, encoding="utf-8")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
