@@ -18,6 +18,7 @@ from typing import Any
 
 from porch_jax.backends.base import BackendError, ChatRequest, ChatResult, check_single
 from porch_jax.models.sampler import SamplingParams
+from porch_jax.protocol.render import prompt_ids
 
 
 @dataclass
@@ -50,16 +51,9 @@ class EmbeddedBackend:
         self.batch_sizes: list[int] = []  # one entry per sampler call: shows batching works
 
     def encode(self, request: ChatRequest) -> list[int]:
-        """The prompt token ids: the tokenizer's chat template with tools and the generation prompt."""
-        enc = self.sampler.tokenizer.apply_chat_template(
-            request.messages,
-            tools=request.tools,
-            add_generation_prompt=True,
-            tokenize=True,
-            **self.chat_template_kwargs,
-        )
-        ids = enc["input_ids"] if isinstance(enc, Mapping) else enc
-        return list(map(int, ids))
+        """The prompt token ids: the tokenizer's chat template with the generation prompt and the tools (in the
+        system message when the template does not render tools: ``protocol.render.prompt_ids``)."""
+        return prompt_ids(self.sampler.tokenizer, request.messages, request.tools, **self.chat_template_kwargs)
 
     def _params(self, sampling: Any) -> SamplingParams:
         seed = sampling.seed

@@ -10,6 +10,9 @@
   never appears in an error, a record or a log line: server messages that echo it are redacted.
 - Tools: sent with ``tool_choice="none"`` so the server returns the raw text (Hermes
   ``<tool_call>`` markup) that ``porch_jax.protocol`` parses, exactly as the embedded backend does.
+  A served model whose chat template does not render tools (SmolLM2's ChatML) would never see them:
+  with ``tools_in_prompt`` the schemas go into the system message instead (``protocol.render.chat_inputs``,
+  the rendering the embedded backend and training use for such templates).
 - Several servers: each attempt goes to the server with the fewest requests in flight (ties
   rotate), skipping servers that failed recently, so an executor pool spreads its load and a dead
   server stops receiving traffic until its cooldown ends.
@@ -37,6 +40,7 @@ import httpx2 as httpx
 from porch_jax.backends.base import BackendError, ChatRequest, ChatResult, check_single
 from porch_jax.backends.providers import Provider, provider
 from porch_jax.backends.resilient import RetryingBackend
+from porch_jax.protocol.render import chat_inputs
 
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 AUTH_STATUS = frozenset({401, 403})
@@ -74,6 +78,8 @@ class OpenAIChatBackend:
     ``max_retries`` more attempts follow a retryable failure. ``cooldown_s`` keeps a server that
     refused a connection or failed with 5xx out of the rotation for that long (unless every server
     is cooling down). ``extra_body`` is merged into every request (provider-specific knobs).
+    ``tools_in_prompt``: the served model's chat template does not render tools, so the schemas are
+    written into the system message and no ``tools`` field is sent (``VLLMServer.renders_tools`` tells).
     """
 
     def __init__(
@@ -93,8 +99,10 @@ class OpenAIChatBackend:
         max_connections: int = 256,
         seed: int | None = None,
         extra_body: dict[str, Any] | None = None,
+        tools_in_prompt: bool = False,
     ):
         self.provider = _provider(provider)
+        self.tools_in_prompt = tools_in_prompt
         if base_urls is None:
             base_urls = self.provider.base_url
         urls = [base_urls] if isinstance(base_urls, str) else list(base_urls or ())
@@ -133,7 +141,8 @@ class OpenAIChatBackend:
     def payload(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON body of a chat completion for ``request``, as this provider takes it."""
         s, p = request.sampling, self.provider
-        body: dict[str, Any] = {"model": self.model, "messages": request.messages, "n": 1}
+        messages, tools = chat_inputs(request.messages, request.tools, template_tools=not self.tools_in_prompt)
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "n": 1}
         body[p.max_tokens_field] = s.max_tokens
         if p.sampling_controls:
             body["temperature"], body["top_p"] = s.temperature, s.top_p
@@ -149,8 +158,8 @@ class OpenAIChatBackend:
             body["stop"] = list(s.stop)
         if p.seed and s.seed is not None:
             body["seed"] = s.seed
-        if request.tools and p.send_tools:
-            body["tools"], body["tool_choice"] = request.tools, "none"
+        if tools:
+            body["tools"], body["tool_choice"] = tools, "none"
         return body | self.extra_body
 
     def client(self) -> httpx.AsyncClient:

@@ -41,7 +41,6 @@ class Provider:
     top_k: bool = False
     seed: bool = True
     stop: bool = True
-    send_tools: bool = True
     reasoning_fields: tuple[str, ...] = ()
 
     def replace(self, **changes) -> Provider:

@@ -30,6 +30,7 @@ class EndpointSpec:
     max_retries: int = 3
     backoff_s: float = 0.5
     cooldown_s: float = 5.0
+    tools_in_prompt: bool = False  # the model's chat template does not render tools (e.g. SmolLM2)
 
     def __post_init__(self) -> None:
         if self.provider not in PROVIDERS:
@@ -57,6 +58,7 @@ class EndpointSpec:
             backoff_s=self.backoff_s,
             cooldown_s=self.cooldown_s,
             seed=seed,
+            tools_in_prompt=self.tools_in_prompt,
         )
 
     def flags(self, role: str) -> list[str]:
@@ -78,8 +80,18 @@ def add_endpoint_flags(parser, role: str) -> None:
         default = getattr(defaults, name)
         if isinstance(default, tuple):
             parser.add_argument(f"--{role}_{name}", type=str, default=",".join(default))
+        elif isinstance(default, bool):  # type=bool would read "False" as True
+            parser.add_argument(f"--{role}_{name}", type=_flag_bool, default=default)
         else:
             parser.add_argument(f"--{role}_{name}", type=type(default), default=default)
+
+
+def _flag_bool(text: str) -> bool:
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ValueError(f"not a boolean: {text!r} (true or false)")
 
 
 def endpoint_from_flags(args: dict, role: str) -> EndpointSpec:

@@ -34,6 +34,7 @@ from porch_jax.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from porch_jax.models.qwen3 import Qwen3ForCausalLM
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from porch_jax.models.sharding import RULES, Rules, shard_model, variable_sharding
+from porch_jax.protocol.render import template_renders_tools
 
 
 class CheckpointError(ValueError):
@@ -363,3 +364,20 @@ def save_pretrained(model: nnx.Module, path: str | Path, tokenizer=None) -> Path
     if tokenizer is not None:
         tokenizer.save_pretrained(str(path))
     return path
+
+
+def folder_chat_template(path: str | Path) -> str | None:
+    """The chat template a Hugging Face folder ships (chat_template.jinja, else tokenizer_config.json's), as
+    transformers and vLLM read it; None when it has none."""
+    path = Path(path)
+    if (path / "chat_template.jinja").is_file():
+        return (path / "chat_template.jinja").read_text()
+    config = path / "tokenizer_config.json"
+    template = json.loads(config.read_text()).get("chat_template") if config.is_file() else None
+    return template if isinstance(template, str) else None
+
+
+def folder_renders_tools(path: str | Path) -> bool:
+    """Whether the folder's chat template renders tool schemas (clients of a server that does not set
+    ``tools_in_prompt``)."""
+    return template_renders_tools(folder_chat_template(path))

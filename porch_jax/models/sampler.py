@@ -29,6 +29,7 @@ import numpy as np
 from flax import nnx
 
 from porch_jax.models.cache import KVCache
+from porch_jax.protocol.render import prompt_ids
 
 FinishReason = Literal["stop", "length"]
 
@@ -169,12 +170,9 @@ class Sampler:
         params: SamplingParams | Sequence[SamplingParams],
         tools: Sequence[dict[str, Any]] | None = None,
     ) -> list[Completion]:
-        """Renders each conversation with the tokenizer's chat template (same `tools` for all) and
-        generates the assistant's next turn."""
-        prompts = [
-            self.tokenizer.apply_chat_template(list(messages), tools=tools, add_generation_prompt=True)["input_ids"]
-            for messages in conversations
-        ]
+        """Renders each conversation with the tokenizer's chat template (same `tools` for all; in the system
+        message when the template does not render tools) and generates the assistant's next turn."""
+        prompts = [prompt_ids(self.tokenizer, messages, tools) for messages in conversations]
         return self.generate(prompts, params)
 
     # ----------------------------------------------------------------------------- host side

@@ -18,7 +18,8 @@ from porch_jax.attribution.grm import teacher_context
 from porch_jax.envs.views import policy_view
 from porch_jax.envs.workplace import codec
 from porch_jax.protocol import render_call
-from porch_jax.train.data import decision_target, render_prompt
+from porch_jax.protocol.render import prompt_ids
+from porch_jax.train.data import decision_target
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 def policy_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], view: str) -> list[int]:
-    return render_prompt(tokenizer, policy_view(context, view))
+    return prompt_ids(tokenizer, policy_view(context, view))
 
 
 def action_tokens(
@@ -48,7 +49,7 @@ def policy_target(tokenizer: Any, decision: DecisionRecord, view: str) -> list[i
 
 def teacher_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], hint: str, view: str) -> list[int]:
     """The self-teacher's prompt: the policy's view of s ⊕ H (the hint turn in the view's language)."""
-    return render_prompt(tokenizer, policy_view(teacher_context(context, hint), view))
+    return prompt_ids(tokenizer, policy_view(teacher_context(context, hint), view))
 
 
 def _valid(decision: DecisionRecord) -> bool:

@@ -9,6 +9,7 @@ vLLM's hermes parser reads.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -220,3 +221,60 @@ def orchestrator_system_prompt(
 
 def task_message(task: str) -> dict[str, str]:
     return {"role": "user", "content": f"Task: {task}"}
+
+
+# ---- tool schemas for templates without tool support ------------------------------------------
+
+TOOLS_PREAMBLE = (
+    "You may call the tools below. Reply with exactly one call, written as\n"
+    '<tool_call>\n{"name": <tool name>, "arguments": <JSON object>}\n</tool_call>'
+)
+
+
+def template_renders_tools(chat_template: str | None) -> bool:
+    """Whether a Jinja chat template reads the ``tools`` variable. Qwen's and Llama 3's do; SmolLM2's ChatML
+    template does not, and ``apply_chat_template`` (or a server) then drops the schemas without a word."""
+    return bool(chat_template) and re.search(r"\btools\b", chat_template) is not None
+
+
+def tools_in_system(messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``messages`` with the tool schemas (one JSON object a line, inside <tools>) and the call format appended to
+    the system message, or in a new first system message when there is none."""
+    block = TOOLS_PREAMBLE + "\n<tools>\n" + "\n".join(json.dumps(t, ensure_ascii=False) for t in tools) + "\n</tools>"
+    out = [dict(m) for m in messages]
+    if out and out[0].get("role") == "system":
+        out[0]["content"] = f"{out[0]['content']}\n\n{block}"
+    else:
+        out.insert(0, {"role": "system", "content": block})
+    return out
+
+
+def chat_inputs(
+    messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, *, template_tools: bool
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The (messages, tools) to render: unchanged for a template that renders tools; otherwise the schemas move
+    into the system message and no ``tools`` are passed, so the model sees them either way."""
+    if not tools:
+        return [dict(m) for m in messages], None
+    if template_tools:
+        return [dict(m) for m in messages], [dict(t) for t in tools]
+    return tools_in_system(messages, tools), None
+
+
+def prompt_ids(
+    tokenizer: Any,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None = None,
+    **template_kwargs: Any,
+) -> list[int]:
+    """The prompt's token ids through ``tokenizer``'s chat template, ending with the assistant generation prompt;
+    tool schemas go where the template can show them (``chat_inputs``). Every place that renders a context
+    (the embedded backend, the sampler, training rows) calls this, so training sees the prompt the model saw."""
+    messages, tools = chat_inputs(
+        messages, tools, template_tools=template_renders_tools(getattr(tokenizer, "chat_template", None))
+    )
+    encoded = tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, **template_kwargs
+    )
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # a BatchEncoding in transformers 5
+    return [int(t) for t in ids]

@@ -151,6 +151,14 @@ class VLLMServer:
         return self.config.served_model_name
 
     @property
+    def renders_tools(self) -> bool:
+        """Whether the served folder's chat template renders tools; a client sets ``tools_in_prompt`` when not
+        (the server would drop the schemas silently)."""
+        from porch_jax.models.io import folder_renders_tools  # here: starting a server needs no JAX
+
+        return folder_renders_tools(self.model_dir)
+
+    @property
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 

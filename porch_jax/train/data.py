@@ -28,6 +28,7 @@ import jax
 import numpy as np
 
 from porch_jax.attribution.grm import teacher_context
+from porch_jax.protocol.render import prompt_ids
 
 # Hints come from the attribution step, keyed by decision: (episode_id, decision index).
 DecisionKey = tuple[str, int]
@@ -76,17 +77,6 @@ class Example:
     scalars: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
 
-def render_prompt(
-    tokenizer, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping] | None = None
-) -> list[int]:
-    """The orchestrator's context as token ids, ending with the assistant generation prompt."""
-    encoded = tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, add_generation_prompt=True, tokenize=True
-    )
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded  # BatchEncoding in transformers 5
-    return [int(t) for t in ids]
-
-
 def decision_target(tokenizer, decision) -> list[int]:
     """The decision's tokens plus eos: stored action_token_ids when present, else tokenized action_text."""
     ids = list(decision.action_token_ids or ())
@@ -115,7 +105,7 @@ def sft_examples(episodes: Iterable, tokenizer, *, tools: Sequence[Mapping] | No
     return [
         Example(
             decision_key(ep.episode_id, d.index),
-            {"policy": View(tuple(render_prompt(tokenizer, d.context, tools)), tuple(decision_target(tokenizer, d)))},
+            {"policy": View(tuple(prompt_ids(tokenizer, d.context, tools)), tuple(decision_target(tokenizer, d)))},
         )
         for ep, d in _valid_decisions(episodes)
     ]
@@ -144,13 +134,13 @@ def opod_examples(
         hint = hints.get((ep.episode_id, d.index))
         if not ep.outcome.success and not hint:
             continue
-        prompt = tuple(render_prompt(tokenizer, d.context, tools))
+        prompt = tuple(prompt_ids(tokenizer, d.context, tools))
         target = tuple(decision_target(tokenizer, d))
         views = {}
         if ep.outcome.success:
             views["rwr"] = View(prompt, target)
         if hint:
-            teacher = tuple(render_prompt(tokenizer, teacher_context(d.context, hint), tools))
+            teacher = tuple(prompt_ids(tokenizer, teacher_context(d.context, hint), tools))
             views["student"] = View(prompt, target)
             views["teacher"] = View(teacher, target)
         examples.append(Example(decision_key(ep.episode_id, d.index), views))
@@ -172,7 +162,7 @@ def grpo_examples(
         samples = g["samples"]
         if len(samples) < 2:
             raise DataError(f"GRPO group {g['key']!r} has {len(samples)} sample(s); advantages need at least 2")
-        prompt = tuple(render_prompt(tokenizer, g["context"], tools))
+        prompt = tuple(prompt_ids(tokenizer, g["context"], tools))
         rewards = np.asarray([[float(s["reward"]) for s in samples]], np.float32)
         advantages = np.asarray(group_advantages(rewards))[0]
         for i, (s, adv) in enumerate(zip(samples, advantages, strict=False)):

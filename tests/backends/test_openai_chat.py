@@ -135,6 +135,31 @@ def test_tools_are_rendered_without_a_server_side_parser(fake):
     assert body["tools"] == [tool] and body["tool_choice"] == "none"
 
 
+def test_tools_in_prompt_moves_the_schemas_into_the_system_message(fake):
+    tool = {"type": "function", "function": {"name": "lookup", "description": "find a page", "parameters": {}}}
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    asyncio.run(chat(backend(fake.url, tools_in_prompt=True), ChatRequest(messages=messages, tools=[tool])))
+    body = fake.requests[0][1]
+    assert "tools" not in body and "tool_choice" not in body
+    system = body["messages"][0]
+    assert system["role"] == "system" and system["content"].startswith("Be brief.\n\n")
+    assert json.dumps(tool) in system["content"] and "<tool_call>" in system["content"]
+    assert body["messages"][1:] == messages[1:] and messages[0]["content"] == "Be brief."  # the request is not mutated
+
+
+def test_endpoint_flags_round_trip_booleans():
+    import argparse
+
+    from porch_jax.backends.spec import EndpointSpec, add_endpoint_flags, endpoint_from_flags
+
+    for value in (True, False):
+        spec = EndpointSpec("m", ("http://h:1",), tools_in_prompt=value)
+        parser = argparse.ArgumentParser()
+        add_endpoint_flags(parser, "executor")
+        assert endpoint_from_flags(vars(parser.parse_args(spec.flags("executor"))), "executor") == spec
+    assert EndpointSpec("m", ("http://h:1",), tools_in_prompt=True).backend().tools_in_prompt
+
+
 def test_n_above_one_and_malformed_replies_are_errors():
     with pytest.raises(BackendError, match="n=2"):
         asyncio.run(backend("http://127.0.0.1:9").chat(req(n=2)))

@@ -10,6 +10,7 @@ import pytest
 import tiny_data
 
 from porch_jax.attribution.grm import teacher_context
+from porch_jax.protocol.render import prompt_ids
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 
@@ -74,9 +75,9 @@ def test_teacher_view_is_context_plus_hint_with_the_same_target(tok, eps):
             if hint:
                 teacher_ctx = teacher_context(d.context, hint)
                 assert teacher_ctx[-1] == {"role": "user", "content": "Hint: " + hint} and teacher_ctx[:-1] == d.context
-                assert list(views["teacher"].prompt) == D.render_prompt(tok, teacher_ctx)
+                assert list(views["teacher"].prompt) == prompt_ids(tok, teacher_ctx)
                 assert views["teacher"].target == views["student"].target
-                assert views["student"].prompt == tuple(D.render_prompt(tok, d.context))
+                assert views["student"].prompt == tuple(prompt_ids(tok, d.context))
     # Student and teacher score the same target tokens, position by position.
     ex = next(e for e in exs.values() if "teacher" in e.views)
     b = D.collate([ex], ("student", "teacher"), (), 128, 32, pad_id=0)
