@@ -65,6 +65,14 @@ def build_examples(config: records.RecordsConfig, tokenizer):
     if method == "grpo":
         return data.grpo_examples(_jsonl(config.data.groups), tokenizer)
     episodes = TrajectoryStore(config.data.trajectories).read()
+    sources = data.token_sources(episodes)
+    if sources["none"]:
+        logging.warning(
+            "%d of %d decisions carry no sampled token ids (a text-only provider or a scripted policy): their targets "
+            "are re-tokenized from the action text",
+            sources["none"],
+            sum(sources.values()),
+        )
     if method == "sft":
         return data.sft_examples(episodes, tokenizer)
     if method == "rwr":

@@ -228,6 +228,8 @@ class Engine:
                     segment=segment,
                     parse_error=error,
                     meta={"clock": clock, "event": fb.event},
+                    token_source="none" if isinstance(result, str) else result.token_source,
+                    prompt_token_ids=[] if isinstance(result, str) else list(result.prompt_token_ids),
                 )
             )
             if isinstance(action, Finish):

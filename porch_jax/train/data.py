@@ -100,12 +100,45 @@ def _valid_decisions(episodes: Iterable) -> Iterable[tuple[Any, Any]]:
                 yield episode, decision
 
 
+class PromptMismatch(DataError):
+    """Our rendering of a recorded context differs from the prompt the server tokenized: training would drift from
+    what the model saw (a different chat template, tokenizer or transformers version on the server)."""
+
+
+def decision_prompt(tokenizer, episode_id: str, decision, tools: Sequence[Mapping] | None = None) -> list[int]:
+    """The decision's prompt ids as we render its context, checked against the server's ``prompt_token_ids`` when
+    the record holds them; a mismatch raises ``PromptMismatch`` naming the decision and the first differing token."""
+    ours = prompt_ids(tokenizer, decision.context, tools)
+    theirs = [int(t) for t in decision.prompt_token_ids]
+    if theirs and theirs != ours:
+        i = next((k for k, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
+        raise PromptMismatch(
+            f"episode {episode_id!r} decision {decision.index}: our rendering of the recorded context ({len(ours)} "
+            f"tokens) differs from the server's prompt ({len(theirs)} tokens) from token {i}: ours "
+            f"{tokenizer.decode(ours[i : i + 12])!r}, the server's {tokenizer.decode(theirs[i : i + 12])!r}"
+        )
+    return ours
+
+
+def token_sources(episodes: Iterable) -> dict[str, int]:
+    """How many trainable (valid) decisions have their action ids from each source; "none" rows are re-tokenized
+    from the action text, which a provider without token ids gives (launchers log the count)."""
+    counts = {"sampler": 0, "server": 0, "none": 0}
+    for _, d in _valid_decisions(episodes):
+        counts[d.token_source] += 1
+    return counts
+
+
 def sft_examples(episodes: Iterable, tokenizer, *, tools: Sequence[Mapping] | None = None) -> list[Example]:
     """Valid decisions of all episodes, successful or not (expert imitation)."""
     return [
         Example(
             decision_key(ep.episode_id, d.index),
-            {"policy": View(tuple(prompt_ids(tokenizer, d.context, tools)), tuple(decision_target(tokenizer, d)))},
+            {
+                "policy": View(
+                    tuple(decision_prompt(tokenizer, ep.episode_id, d, tools)), tuple(decision_target(tokenizer, d))
+                )
+            },
         )
         for ep, d in _valid_decisions(episodes)
     ]
@@ -134,7 +167,7 @@ def opod_examples(
         hint = hints.get((ep.episode_id, d.index))
         if not ep.outcome.success and not hint:
             continue
-        prompt = tuple(prompt_ids(tokenizer, d.context, tools))
+        prompt = tuple(decision_prompt(tokenizer, ep.episode_id, d, tools))
         target = tuple(decision_target(tokenizer, d))
         views = {}
         if ep.outcome.success:

@@ -13,7 +13,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# Version 1 lacks the decisions' token provenance; it reads with token_source inferred (ids present: "sampler").
+READABLE_VERSIONS = (1, 2)
+TokenSource = Literal["sampler", "server", "none"]  # backends.base.TOKEN_SOURCES
 DecisionKey = tuple[str, int]  # (episode_id, decision index): how attribution rows and training rows name a decision
 
 ROLES = ("orchestrator", "subagent")
@@ -69,7 +72,11 @@ class DecisionRecord:
     """One orchestration decision: state (exact context), action, feedback, and the segment between.
 
     ``action_token_ids``/``action_logprobs`` are what the policy sampled (empty when the action
-    was not sampled by a model, e.g. a scripted expert); ``action`` is the parsed call
+    was not sampled by a model, e.g. a scripted expert, or when the provider returns text only);
+    ``token_source`` says which: "sampler" (our embedded sampler), "server" (the serving engine's
+    own ids) or "none" (training tokenizes ``action_text`` and counts the row as re-tokenized).
+    ``prompt_token_ids`` is the prompt as the server tokenized it, where it says (vLLM); training
+    checks its own rendering of ``context`` against it. ``action`` is the parsed call
     ``{"name", "arguments"}`` or None with ``parse_error`` set.
     """
 
@@ -84,6 +91,8 @@ class DecisionRecord:
     segment: list[SubStep] = field(default_factory=list)
     parse_error: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    token_source: TokenSource = "none"
+    prompt_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -111,11 +120,22 @@ class EpisodeRecord:
         if not isinstance(d, dict):
             raise RecordError(f"expected a JSON object, got {type(d).__name__}")
         version = d.get("schema_version")
-        if version != SCHEMA_VERSION:
+        if version not in READABLE_VERSIONS:
             raise RecordError(
-                f"unsupported schema_version {version!r} (this code reads {SCHEMA_VERSION})", field="schema_version"
+                f"unsupported schema_version {version!r} (this code reads {', '.join(map(str, READABLE_VERSIONS))})",
+                field="schema_version",
             )
-        return _build(cls, d, "")
+        if version == 1:
+            for i, decision in enumerate(d.get("decisions") or ()):
+                for name in ("token_source", "prompt_token_ids"):
+                    if isinstance(decision, dict) and name in decision:
+                        raise RecordError("not a field of schema_version 1", field=f"decisions[{i}].{name}")
+        record = _build(cls, d, "")
+        if version == 1:
+            for decision in record.decisions:
+                decision.token_source = "sampler" if decision.action_token_ids else "none"
+            record.schema_version = SCHEMA_VERSION
+        return record
 
 
 # ---- generic typed construction --------------------------------------------------------------------

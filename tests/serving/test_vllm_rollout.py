@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from transformers import AutoTokenizer
 
 from porch_jax.backends import Sampling
 from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.envs.workplace import TOOLS, WorkplaceEnv, make_tasks
 from porch_jax.protocol import Delegate, Harness, Message, Submit, render_action
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config
+from porch_jax.train import data
 from porch_jax.trajectories import TrajectoryStore
 
 pytestmark = pytest.mark.slow
@@ -70,3 +72,11 @@ def test_sixteen_workplace_episodes_on_vllm(vllm_server, tmp_path):
             assert all(lp <= 0.0 for lp in decision.action_logprobs)
             assert [s.kind for s in decision.segment] == ["comm"] and decision.segment[0].text == SUBMIT
     assert orchestrator.retries == subagent.retries == 0
+    # The records carry the server's own ids, and our rendering of each context is the prompt vLLM tokenized
+    # (its venv has another transformers): decision_prompt raises PromptMismatch otherwise.
+    tokenizer = AutoTokenizer.from_pretrained(vllm_server.model_dir)
+    assert data.token_sources(records) == {"sampler": 0, "server": 32, "none": 0}
+    for record in records:
+        for decision in record.decisions:
+            assert decision.prompt_token_ids
+            assert data.decision_prompt(tokenizer, record.episode_id, decision) == decision.prompt_token_ids

@@ -190,3 +190,24 @@ def test_grpo_examples_carry_group_advantages_and_sampler_logprobs(tok):
     assert adv[0] > 0 > adv[1] and abs(adv[0] + adv[1]) < 1e-6
     b = D.collate(exs, ("policy",), ("advantage",), 64, 8, pad_id=0)
     assert b["policy"]["sampled"].sum() == 3 and b["advantage"].tolist() == pytest.approx(adv)
+
+
+def test_server_prompt_ids_are_checked_against_our_rendering(tok, eps):
+    ep = eps[0]
+    d = ep.decisions[0]
+    ours = prompt_ids(tok, d.context)
+    same = dataclasses.replace(d, prompt_token_ids=list(ours), token_source="server")
+    assert D.decision_prompt(tok, ep.episode_id, same) == ours
+    drifted = list(ours)
+    drifted[3] = (drifted[3] + 1) % len(tok)
+    bad = dataclasses.replace(d, prompt_token_ids=drifted)
+    with pytest.raises(D.PromptMismatch, match=rf"episode '{ep.episode_id}' decision {d.index}: .* from token 3"):
+        D.sft_examples([dataclasses.replace(ep, decisions=[bad])], tok)
+
+
+def test_token_sources_count_the_retokenized_rows(tok, eps):
+    ep = eps[0]
+    marked = [dataclasses.replace(d, token_source="server" if i else "none") for i, d in enumerate(ep.decisions)]
+    counts = D.token_sources([dataclasses.replace(ep, decisions=marked)])
+    valid = sum(d.action is not None for d in ep.decisions)
+    assert counts["none"] == int(ep.decisions[0].action is not None) and sum(counts.values()) == valid

@@ -165,3 +165,23 @@ def test_one_writer_per_file(tmp_path):
 def test_keyword_only_episode_record():
     with pytest.raises(TypeError):
         EpisodeRecord(1, "ep", "t", "env", "sys", "hash", 0, Outcome(True, 1.0, ""))  # type: ignore[misc]
+
+
+def test_version_1_records_read_with_inferred_token_sources():
+    d = make_record().to_dict()
+    d["schema_version"] = 1
+    for decision in d["decisions"]:
+        del decision["token_source"], decision["prompt_token_ids"]
+    record = EpisodeRecord.from_dict(d)
+    assert record.schema_version == SCHEMA_VERSION == 2
+    assert [x.token_source for x in record.decisions] == ["sampler", "none"]  # ids present: our sampler's
+    d["decisions"][0]["token_source"] = "server"
+    with pytest.raises(RecordError, match=r"decisions\[0\]\.token_source.*not a field of schema_version 1"):
+        EpisodeRecord.from_dict(d)
+
+
+def test_token_source_is_checked():
+    d = make_record().to_dict()
+    d["decisions"][0]["token_source"] = "guessed"
+    with pytest.raises(RecordError, match=r"decisions\[0\]\.token_source.*must be one of"):
+        EpisodeRecord.from_dict(d)
