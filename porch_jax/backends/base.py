@@ -8,6 +8,7 @@ seeds (the embedded backend batches them into one sampler call anyway).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,15 +68,43 @@ class Backend(Protocol):
     async def chat(self, request: ChatRequest) -> ChatResult: ...
 
 
+# What went wrong, as runs count it: a prompt over the model's context, overload (429), a server fault (5xx or a
+# malformed reply), no answer in time, no connection, a refused key, another request error, anything else.
+ERROR_KINDS = ("context_length", "rate_limit", "server", "timeout", "connection", "auth", "bad_request", "other")
+_CONTEXT_LENGTH = re.compile(
+    r"maximum context length|max_model_len|maximum model length|context_length_exceeded|context window|"
+    r"prompt is too long|longer than the maximum|the sampler takes at most",
+    re.IGNORECASE,
+)
+
+
 class BackendError(RuntimeError):
     """A failed call. ``retryable`` says whether trying again may succeed (overload, timeout,
     connection reset) or not (prompt too long, bad request). ``retry_after_s`` is the wait the
-    server asked for (HTTP Retry-After), which the retry loop honours."""
+    server asked for (HTTP Retry-After), which the retry loop honours. ``kind`` (one of
+    ``ERROR_KINDS``) is what the engine counts; by default it is read from the message."""
 
-    def __init__(self, message: str, *, retryable: bool = False, retry_after_s: float | None = None):
+    def __init__(
+        self, message: str, *, retryable: bool = False, retry_after_s: float | None = None, kind: str | None = None
+    ):
         super().__init__(message)
         self.retryable = retryable
         self.retry_after_s = retry_after_s
+        kind = kind or ("context_length" if _CONTEXT_LENGTH.search(message) else "other")
+        if kind not in ERROR_KINDS:
+            raise ValueError(f"BackendError kind {kind!r} is not one of {ERROR_KINDS}")
+        self.kind = kind
+
+
+def error_kind(error: BaseException) -> str:
+    """The ``ERROR_KINDS`` entry of any failure a backend raised (timeouts and dropped connections included)."""
+    if isinstance(error, BackendError):
+        return error.kind
+    if isinstance(error, TimeoutError):
+        return "timeout"
+    if isinstance(error, ConnectionError):
+        return "connection"
+    return "context_length" if _CONTEXT_LENGTH.search(str(error)) else "other"
 
 
 def check_single(sampling: Sampling) -> None:

@@ -117,7 +117,9 @@ class EmbeddedBackend:
                 outcomes[i] = BackendError(f"chat template failed: {e!r}")
                 continue
             if len(ids) > limit:
-                outcomes[i] = BackendError(f"prompt has {len(ids)} tokens; the sampler takes at most {limit}")
+                outcomes[i] = BackendError(
+                    f"prompt has {len(ids)} tokens; the sampler takes at most {limit}", kind="context_length"
+                )
             else:
                 prompts[i] = ids
         if prompts:

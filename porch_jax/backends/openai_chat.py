@@ -188,7 +188,9 @@ class OpenAIChatBackend:
         """``error`` with every occurrence of the key removed from its message (and its causes')."""
         if not self.api_key or self.api_key not in str(error):
             return error
-        return BackendError(self.redact(str(error)), retryable=error.retryable, retry_after_s=error.retry_after_s)
+        return BackendError(
+            self.redact(str(error)), retryable=error.retryable, retry_after_s=error.retry_after_s, kind=error.kind
+        )
 
     async def aclose(self) -> None:
         if self._client is not None and self._loop is asyncio.get_running_loop():
@@ -234,7 +236,10 @@ class _Attempt:
             response = await owner.client().post(url, json=owner.payload(request))
         except httpx.TransportError as e:  # connect/read errors, dropped connections and httpx timeouts
             _mark_down(server, owner.cooldown_s)
-            raise BackendError(f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True) from None
+            kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
+            raise BackendError(
+                f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True, kind=kind
+            ) from None
         finally:
             server.inflight -= 1
         if response.status_code != 200:
@@ -242,7 +247,9 @@ class _Attempt:
         try:
             data = response.json()
         except ValueError:
-            raise BackendError(f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}") from None
+            raise BackendError(
+                f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}", kind="server"
+            ) from None
         return parse_chat_response(data, latency_s=time.perf_counter() - t0, url=server.url, provider=owner.provider)
 
 
@@ -253,11 +260,18 @@ def _status_error(owner: OpenAIChatBackend, server: ServerStats, response: httpx
         _mark_down(server, owner.cooldown_s)
     if status in AUTH_STATUS:
         where = f"the key in ${owner.api_key_env}" if owner.api_key_env else "the API key"
-        return BackendError(f"{server.url}: HTTP {status}: authentication failed, check {where}: {message}")
+        return BackendError(
+            f"{server.url}: HTTP {status}: authentication failed, check {where}: {message}", kind="auth"
+        )
+    text = f"{server.url}: HTTP {status}: {message}"
+    kind = "rate_limit" if status == 429 else "server" if status >= 500 else None
+    if kind is None:  # a 4xx: a prompt over the context (vLLM says so in a 400), else a bad request
+        kind = "context_length" if BackendError(text).kind == "context_length" else "bad_request"
     return BackendError(
-        f"{server.url}: HTTP {status}: {message}",
+        text,
         retryable=status in RETRYABLE_STATUS,
         retry_after_s=retry_after_seconds(response.headers.get("retry-after")),
+        kind=kind,
     )
 
 
@@ -313,9 +327,9 @@ def parse_chat_response(
         reasoning = next((message[f] for f in p.reasoning_fields if message.get(f)), None)
         prompt_ids = [int(t) for t in data.get("prompt_token_ids") or ()]
     except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
-        raise BackendError(f"{url}: malformed chat completion ({e!r}): {str(data)[:300]}") from None
+        raise BackendError(f"{url}: malformed chat completion ({e!r}): {str(data)[:300]}", kind="server") from None
     if logprobs and token_ids and len(logprobs) != len(token_ids):
-        raise BackendError(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs")
+        raise BackendError(f"{url}: {len(token_ids)} token ids but {len(logprobs)} logprobs", kind="server")
     return ChatResult(
         text=text,
         token_ids=token_ids,

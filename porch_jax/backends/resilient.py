@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 
-from porch_jax.backends.base import Backend, BackendError, ChatRequest, ChatResult
+from porch_jax.backends.base import Backend, BackendError, ChatRequest, ChatResult, error_kind
 
 log = logging.getLogger(__name__)
 
@@ -68,4 +68,5 @@ class RetryingBackend:
         raise BackendError(
             f"{request.role} call {kind} on all {self.max_retries + 1} attempts (timeout {self.timeout_s}s)",
             retryable=False,
+            kind=error_kind(last),
         ) from last

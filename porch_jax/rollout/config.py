@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
+from typing import Literal
 
 from porch_jax.backends import Sampling
 from porch_jax.protocol import COMM_ACTIONS, FULL_VIEW, REVISABLE_FIELDS, SUBMIT, FeedbackView
@@ -43,10 +44,16 @@ class EngineConfig:
     max_evidence_chars: int | None = 160
     orchestrator_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
     subagent_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
+    # An orchestrator context over the model's length: "observe" records the failed call as an invalid decision
+    # (counted as backend_error_kinds.context_length); "drop_oldest" removes the oldest decision and its feedback
+    # and asks again (counted as context_compactions), keeping the instructions and the task.
+    context_overflow: Literal["observe", "drop_oldest"] = "observe"
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:
             raise ValueError(f"system must be one of {SYSTEMS}, got {self.system!r}")
+        if self.context_overflow not in ("observe", "drop_oldest"):
+            raise ValueError(f"context_overflow must be 'observe' or 'drop_oldest', got {self.context_overflow!r}")
         unknown = set(self.revisable) - set(REVISABLE_FIELDS)
         if unknown:
             raise ValueError(f"revisable has unknown fields {sorted(unknown)}; allowed {REVISABLE_FIELDS}")

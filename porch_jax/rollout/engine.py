@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from porch_jax.backends import Backend, ChatRequest, ChatResult, CostMeter, MeteredBackend
+from porch_jax.backends.base import error_kind
 from porch_jax.envs.base import Environment, Feedback, MemoryItem, OrchestratorView, SubagentView, Turn
 from porch_jax.protocol import (
     Delegate,
@@ -72,6 +73,14 @@ class _Episode:
     agents: dict[int, _Agent] = field(default_factory=dict)
     invalid: dict[str, int] = field(default_factory=lambda: {"orchestrator": 0, "subagent": 0})
     backend_errors: dict[str, int] = field(default_factory=lambda: {"orchestrator": 0, "subagent": 0})
+    # By kind: backend failures (backends.ERROR_KINDS) and unparseable replies (the ProtocolError's class).
+    error_kinds: dict[str, dict[str, int]] = field(default_factory=lambda: {"orchestrator": {}, "subagent": {}})
+    invalid_kinds: dict[str, dict[str, int]] = field(default_factory=lambda: {"orchestrator": {}, "subagent": {}})
+    compactions: int = 0  # orchestrator contexts shortened to fit the model (EngineConfig.context_overflow)
+    last_error_kind: str | None = None
+
+    def count(self, table: dict[str, dict[str, int]], role: str, kind: str) -> None:
+        table[role][kind] = table[role].get(kind, 0) + 1
 
     @property
     def steps_left(self) -> int:
@@ -129,6 +138,9 @@ class Engine:
             "agents": len(ep.agents),
             "invalid": ep.invalid,
             "backend_errors": ep.backend_errors,
+            "backend_error_kinds": ep.error_kinds,
+            "invalid_kinds": ep.invalid_kinds,
+            "context_compactions": ep.compactions,
             "ended": ended,
             "answer": answer,
             "decision_clock": [d.meta["clock"] for d in decisions],
@@ -153,10 +165,13 @@ class Engine:
     # ---- backend calls -----------------------------------------------------------------------
     async def _chat(self, ep: _Episode, backend: Backend, request: ChatRequest) -> ChatResult | str:
         """The result, or an error string when the backend failed (after its own retries)."""
+        ep.last_error_kind = None
         try:
             return await backend.chat(request)
         except Exception as e:  # a failed call is an observation, not a crash
             ep.backend_errors[request.role] += 1
+            ep.last_error_kind = error_kind(e)
+            ep.count(ep.error_kinds, request.role, ep.last_error_kind)
             return f"Error (backend): {type(e).__name__}: {str(e)[:120]}"
 
     # ---- orchestrated systems ----------------------------------------------------------------
@@ -195,6 +210,17 @@ class Engine:
             result = await self._chat(
                 ep, ep.orchestrator, ChatRequest(context, None, cfg.orchestrator_sampling, "orchestrator", view)
             )
+            # Over the model's context: drop the oldest decision and its feedback (never the instructions or the
+            # task) and ask again, while there is one to drop.
+            while (
+                ep.last_error_kind == "context_length" and cfg.context_overflow == "drop_oldest" and len(messages) > 2
+            ):
+                _drop_oldest_turn(messages)
+                ep.compactions += 1
+                context = list(messages)
+                result = await self._chat(
+                    ep, ep.orchestrator, ChatRequest(context, None, cfg.orchestrator_sampling, "orchestrator", view)
+                )
             text = "" if isinstance(result, str) else result.text  # a failed call produced no text
             action, error = None, None
             if isinstance(result, str):
@@ -206,6 +232,7 @@ class Engine:
                     )
                 except ProtocolError as e:
                     error = e.observation
+                    ep.count(ep.invalid_kinds, "orchestrator", type(e).__name__)
             segment: list[SubStep] = []
             if action is None:
                 ep.invalid["orchestrator"] += 1
@@ -310,6 +337,8 @@ class Engine:
                 action = parse_subagent_action(text, h.tools, cfg.comm)
             except (ProtocolError, _BackendFailure) as e:
                 ep.invalid["subagent"] += isinstance(e, ProtocolError)
+                if isinstance(e, ProtocolError):
+                    ep.count(ep.invalid_kinds, "subagent", type(e).__name__)
                 obs = e.observation if isinstance(e, ProtocolError) else str(e)
                 agent.memory.append(MemoryItem("error", obs))
                 agent.chat += ([{"role": "assistant", "content": text}] if text else []) + [observation_message(obs)]
@@ -391,3 +420,10 @@ class Engine:
 
 class _BackendFailure(Exception):
     pass
+
+
+def _drop_oldest_turn(messages: list[dict[str, Any]]) -> None:
+    """Remove the oldest decision (its reply, if any) and its feedback, which ends the turn, after the system message
+    and the task."""
+    end = next(i for i in range(2, len(messages)) if messages[i]["role"] == "user")
+    del messages[2 : end + 1]

@@ -126,6 +126,8 @@ def test_parse_failures_are_observations_and_counted():
     assert rec.decisions[0].action is None and rec.decisions[0].parse_error.startswith("Error (no_tool_call)")
     assert rec.decisions[1].context[-1]["content"] == rec.decisions[0].feedback  # the model sees the error
     assert rec.meta["invalid"]["orchestrator"] == 1 and rec.meta["invalid"]["subagent"] >= 1
+    assert rec.meta["invalid_kinds"]["orchestrator"] == {"NoToolCall": 1}
+    assert rec.meta["invalid_kinds"]["subagent"].get("MalformedJSON", 0) >= 1
     assert rec.decisions[1].segment[0].kind == "error"
     assert rec.outcome.success
 
@@ -138,6 +140,49 @@ def test_backend_exceptions_never_escape():
     rec = run(Engine(WorkplaceEnv, Broken(), Broken(), EngineConfig(max_decisions=3)), quiet("cab"))
     assert not rec.outcome.success and rec.outcome.reason.startswith("decision_limit")
     assert rec.meta["backend_errors"]["orchestrator"] == 3
+
+
+class ShortContext:
+    """A test backend that plays a server with a short context (vLLM's 400 text) in front of the scripted expert:
+    a request with more than `limit` messages fails as over-long."""
+
+    def __init__(self, limit: int):
+        self.inner, self.limit, self.sizes = ScriptedBackend(ScriptedExpert(CLEAN_EXPERT)), limit, []
+
+    async def chat(self, request: ChatRequest):
+        self.sizes.append(len(request.messages))
+        if len(request.messages) > self.limit:
+            raise BackendError(
+                "HTTP 400: This model's maximum context length is 512 tokens. However, you requested 700 tokens"
+            )
+        return await self.inner.chat(request)
+
+
+@pytest.mark.parametrize("rule", ["observe", "drop_oldest"])
+def test_an_over_long_context_is_counted_and_compacted_by_the_configured_rule(rule):
+    short = ShortContext(limit=4)
+    config = system_config("proactive", EngineConfig(max_decisions=12, context_overflow=rule))
+    rec = run(Engine(WorkplaceEnv, short, ScriptedBackend(ScriptedSubagent(NO_SLIPS)), config), quiet("cab"))
+    kinds = rec.meta["backend_error_kinds"]["orchestrator"]
+    assert kinds.get("context_length", 0) == rec.meta["backend_errors"]["orchestrator"] > 0
+    if rule == "observe":  # every call past the limit fails: no finish, the decision limit ends the episode
+        assert rec.meta["context_compactions"] == 0 and rec.meta["ended"] == "decision_limit"
+    else:  # each overflow drops the oldest turn, keeping the instructions and the task
+        assert rec.meta["context_compactions"] == kinds["context_length"]
+        assert all(d.context[:2] == rec.decisions[0].context[:2] for d in rec.decisions)
+        assert max(len(d.context) for d in rec.decisions) <= 4 and rec.meta["ended"] == "finish"
+
+
+def test_backend_error_kinds_come_from_the_failure():
+    from porch_jax.backends.base import error_kind
+
+    assert BackendError("The decoder prompt (length 900) is longer than the maximum model length of 512").kind == (
+        "context_length"
+    )
+    assert BackendError("down").kind == "other" and BackendError("x", kind="rate_limit").kind == "rate_limit"
+    assert (error_kind(TimeoutError()), error_kind(ConnectionResetError())) == ("timeout", "connection")
+    with pytest.raises(ValueError, match="not one of"):
+        BackendError("x", kind="cosmic_ray")
 
 
 def test_sub_agent_budget_ends_with_a_structured_report():
