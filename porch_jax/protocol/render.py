@@ -21,6 +21,8 @@ from porch_jax.protocol.actions import (
     STOP,
     SUBMIT,
     Action,
+    Delegate,
+    Finish,
     ReviseRequest,
     StopRequest,
     Submit,
@@ -217,6 +219,33 @@ def orchestrator_system_prompt(
         docs = tool_docs.items() if isinstance(tool_docs, Mapping) else ((t, "") for t in tool_docs)
         lines.append("Tools to grant: " + "; ".join(f"{k}: {v}" if v else k for k, v in docs))
     return "\n".join(lines)
+
+
+def orchestrator_example(tool: str) -> str:
+    """A worked exchange for the orchestrator's system message (few-shot): a delegation, the sub-agent's report as
+    the orchestrator sees it, and the final answer, each in the exact markup the parser reads."""
+    delegate = render_action(Delegate(Harness("Find the status of order 17.", (), (tool,), 3)))
+    report = render_feedback(0, SUBMIT, message=Message(status="done"), result="order 17: shipped")
+    finish = render_action(Finish("shipped"))
+    return (
+        f"Example.\nTask: Is order 17 shipped? Answer with its status.\nYou: {delegate}\nFeedback: {report}\n"
+        f"You: {finish}"
+    )
+
+
+def subagent_example(tool: str, argument: str = "query") -> str:
+    """A worked exchange for a sub-agent's system message (few-shot): a call of ``tool`` with its ``argument``, the
+    output, the submission."""
+    call = render_call({"name": tool, "arguments": {argument: "order 17"}})
+    submit = render_action(Submit("order 17: shipped", Message(status="done", evidence=("order 17 status=shipped",))))
+    return f"Example.\nYou: {call}\nObservation: order 17 status=shipped\nYou: {submit}"
+
+
+def with_example(messages: Sequence[Mapping[str, Any]], example: str) -> list[dict[str, Any]]:
+    """``messages`` with ``example`` appended to the first (system) message."""
+    out = [dict(m) for m in messages]
+    out[0]["content"] = f"{out[0]['content']}\n\n{example}"
+    return out
 
 
 def task_message(task: str) -> dict[str, str]:

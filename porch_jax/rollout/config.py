@@ -48,6 +48,9 @@ class EngineConfig:
     # (counted as backend_error_kinds.context_length); "drop_oldest" removes the oldest decision and its feedback
     # and asks again (counted as context_compactions), keeping the instructions and the task.
     context_overflow: Literal["observe", "drop_oldest"] = "observe"
+    # Few-shot: a worked protocol exchange in each role's system message (a delegation and a finish; a tool call
+    # and a submission), for pretrained models that have never seen the protocol; off: zero-shot.
+    few_shot: bool = False
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:

@@ -37,14 +37,17 @@ from porch_jax.protocol import (
     comm_feedback,
     harness_update_text,
     observation_message,
+    orchestrator_example,
     orchestrator_system_prompt,
     parse_orchestrator_action,
     parse_subagent_action,
     render_feedback,
+    subagent_example,
     subagent_messages,
     subagent_tool_schemas,
     task_message,
     to_call,
+    with_example,
 )
 from porch_jax.rollout.config import EngineConfig
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome, RoleCost, SubStep
@@ -189,6 +192,8 @@ class Engine:
             },
             task_message(f"{ep.task.text} ({limits})"),
         ]
+        if cfg.few_shot and env.tool_names():
+            messages = with_example(messages, orchestrator_example(env.tool_names()[0]))
         decisions: list[DecisionRecord] = []
         turns: list[Turn] = []
         grace = 1  # decisions allowed once the total budget is spent (to finish)
@@ -320,8 +325,11 @@ class Engine:
                 agent.chat.append(observation_message(f"[notification] {text}"))
                 segment.append(SubStep(agent.id, h.version, "notification", text))
             view = SubagentView(agent.id, h, agent.steps_used, tuple(agent.memory), cfg.comm, solo, ep.seed)
+            messages = subagent_messages(h, agent.chat, comm=cfg.comm)
+            if cfg.few_shot and h.tools:
+                messages = with_example(messages, subagent_example(*_first_argument(env, h.tools[0])))
             request = ChatRequest(
-                subagent_messages(h, agent.chat, comm=cfg.comm),
+                messages,
                 self._tool_schemas(env, h.tools),
                 cfg.subagent_sampling,
                 "subagent",
@@ -427,3 +435,10 @@ def _drop_oldest_turn(messages: list[dict[str, Any]]) -> None:
     and the task."""
     end = next(i for i in range(2, len(messages)) if messages[i]["role"] == "user")
     del messages[2 : end + 1]
+
+
+def _first_argument(env: Environment, tool: str) -> tuple[str, str]:
+    """(tool, the name of its first parameter) for the few-shot example; "query" when the schema names none."""
+    schema = env.tool_schemas((tool,))[0]
+    properties = schema.get("function", schema).get("parameters", {}).get("properties", {})
+    return tool, next(iter(properties), "query")

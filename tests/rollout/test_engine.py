@@ -173,6 +173,25 @@ def test_an_over_long_context_is_counted_and_compacted_by_the_configured_rule(ru
         assert max(len(d.context) for d in rec.decisions) <= 4 and rec.meta["ended"] == "finish"
 
 
+def test_few_shot_puts_a_worked_exchange_the_parser_reads_in_each_system_message():
+    import re
+
+    from porch_jax.protocol import extract_call
+
+    orch, sub = Spy(ScriptedExpert(CLEAN_EXPERT)), Spy(ScriptedSubagent(NO_SLIPS))
+    config = system_config("proactive", EngineConfig(few_shot=True))
+    rec = run(Engine(WorkplaceEnv, orch, sub, config), quiet("cab"))
+    assert rec.outcome.success
+    orch_system = orch.requests[0].messages[0]["content"]
+    sub_system = sub.requests[0].messages[0]["content"]
+    examples = orch_system.split("Example.")[1] + sub_system.split("Example.")[1]
+    calls = [extract_call(m) for m in re.findall(r"<tool_call>.*?</tool_call>", examples, re.S)]
+    assert [c["name"] for c in calls] == ["delegate", "finish", sub.requests[0].tools[0]["function"]["name"], "submit"]
+    zero = Spy(ScriptedExpert(CLEAN_EXPERT))
+    run(Engine(WorkplaceEnv, zero, ScriptedBackend(ScriptedSubagent(NO_SLIPS))), quiet("cab"))
+    assert "Example." not in zero.requests[0].messages[0]["content"]
+
+
 def test_backend_error_kinds_come_from_the_failure():
     from porch_jax.backends.base import error_kind
 
