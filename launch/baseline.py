@@ -16,6 +16,7 @@ import secrets
 from absl import app
 
 from porch_jax.rollout.served import ServedBaselineConfig, format_table, run
+from porch_jax.serving.server import interrupt_on_sigterm
 from porch_jax.typed_config import define_config_flag
 
 _CONFIG = define_config_flag(
@@ -26,6 +27,7 @@ _CONFIG = define_config_flag(
 def main(argv: list[str]) -> None:
     del argv
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # not one INFO line per request
+    interrupt_on_sigterm()  # a killed run stops its vLLM server
     rows = run(_CONFIG.value, api_key=os.environ.get("VLLM_API_KEY") or secrets.token_hex(16))
     print(format_table(rows))
 

@@ -303,6 +303,18 @@ class VLLMServer:
         self.stop()
 
 
+def interrupt_on_sigterm() -> None:
+    """Make SIGTERM raise KeyboardInterrupt in the main thread, so a `with VLLMServer(...)` block of a killed job
+    stops its server (the default action would exit at once and leave the server running). A repeated SIGTERM is
+    ignored while the stop runs."""
+
+    def terminate(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+
+
 def _killpg(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
