@@ -1,4 +1,8 @@
-"""Train-step throughput: our JAX Qwen3 against transformers' PyTorch Qwen3ForCausalLM on CPU.
+"""Train-step throughput: our JAX model against transformers' PyTorch model on CPU.
+
+``--model qwen3-small`` (default): a random Qwen3 (hidden 256, 4 layers). ``--model smollm2``: the real
+SmolLM2-135M-Instruct weights (porch_jax.models.smollm2, a Llama: 30 layers, hidden 576, vocabulary 49,152),
+loaded by both frameworks from the same folder.
 
 Same config, same batch, next-token cross-entropy, AdamW, forward + backward + update. The two
 run in one process, in alternating rounds, so that load from other processes on a shared
@@ -14,6 +18,7 @@ analytic FLOPs; the second is a floor no implementation of the step can beat on 
 so PyTorch's step time / that floor bounds the speed-up any implementation could show over PyTorch.
 
     python benchmarks/bench_train_step.py [--steps 10] [--rounds 3] [--threads 2] [--json OUT]
+    python benchmarks/bench_train_step.py --model smollm2 --dtype bf16 --loss fused --steps 3 --rounds 3
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from benchmarks.flops import (
     qwen3_matmul_shapes,
     qwen3_step_flops,
 )
-from porch_jax.models import ModelConfig, init_model
+from porch_jax.models import ModelConfig, from_pretrained, init_model
 from porch_jax.runtime import tune_malloc
 from porch_jax.train.losses import token_cross_entropy, token_cross_entropy_from_hidden
 
@@ -59,12 +64,29 @@ CONFIG = ModelConfig(
 LR, WEIGHT_DECAY = 1e-4, 0.01
 
 
-def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "logits"):
+def model_setup(name: str) -> tuple[ModelConfig, Path | None]:
+    """The benchmark's model config, and the folder its weights come from (None: random initialisation)."""
+    if name == "qwen3-small":
+        return CONFIG, None
+    from porch_jax.models.smollm2 import smollm2_folder
+
+    folder = smollm2_folder()
+    return ModelConfig.from_hf(json.loads((folder / "config.json").read_text())), folder
+
+
+def jax_stepper(
+    ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "logits", config=CONFIG, folder: Path | None = None
+):
     """A closure running one jitted train step (buffers donated); returns a blocking callable.
     dtype bf16: mixed precision, bf16 matmul operands with f32 parameters, accumulation, norms and softmax.
     loss "logits": log_softmax over the full [B, T, V] logits, as transformers computes it; "fused": our
     trainers' chunked LM-head cross-entropy (losses.token_cross_entropy_from_hidden), which never holds them."""
-    graphdef, params = nnx.split(init_model(CONFIG, seed=0, remat=remat, dtype=jnp.dtype(DTYPES[dtype])))
+    compute = jnp.dtype(DTYPES[dtype])
+    if folder is None:
+        model = init_model(config, seed=0, remat=remat, dtype=compute)
+    else:
+        model = from_pretrained(folder, dtype=compute, param_dtype=jnp.float32, remat=remat)
+    graphdef, params = nnx.split(model)
     tx = optax.adamw(LR, weight_decay=WEIGHT_DECAY)
     state = [params, tx.init(params)]
     tokens = jnp.asarray(ids, jnp.int32)
@@ -98,15 +120,18 @@ def jax_stepper(ids: np.ndarray, remat: bool, dtype: str = "f32", loss: str = "l
     return run
 
 
-def torch_stepper(ids: np.ndarray, threads: int, dtype: str = "f32"):
+def torch_stepper(ids: np.ndarray, threads: int, dtype: str = "f32", config=CONFIG, folder: Path | None = None):
     """dtype bf16: torch.autocast(cpu, bfloat16) over forward and loss, f32 parameters (PyTorch's mixed precision)."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    hf = {k: v for k, v in CONFIG.to_hf().items() if k != "architectures"}
-    model = Qwen3ForCausalLM(Qwen3Config(**hf)).train()
+    if folder is None:
+        hf = {k: v for k, v in config.to_hf().items() if k != "architectures"}
+        model = Qwen3ForCausalLM(Qwen3Config(**hf)).train()
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     tokens = torch.tensor(ids, dtype=torch.long)
 
@@ -133,6 +158,7 @@ def timed(run, steps: int) -> list[tuple[float, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=("qwen3-small", "smollm2"), default="qwen3-small")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=512)
     parser.add_argument("--warmup", type=int, default=2)
@@ -167,14 +193,17 @@ def main() -> None:
             " --xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
         )
 
-    ids = np.random.RandomState(0).randint(0, CONFIG.vocab_size, (args.batch, args.seq))
-    runners = {"jax": jax_stepper(ids, args.remat, args.dtype, args.loss)}
+    config, folder = model_setup(args.model)
+    ids = np.random.RandomState(0).randint(0, config.vocab_size, (args.batch, args.seq))
+    runners = {"jax": jax_stepper(ids, args.remat, args.dtype, args.loss, config, folder)}
     if not args.skip_torch:
-        runners["torch"] = torch_stepper(ids, args.threads, args.dtype)
+        runners["torch"] = torch_stepper(ids, args.threads, args.dtype, config, folder)
+        if args.dtype == "bf16":  # the goal compares our mixed precision with torch's f32 step too
+            runners["torch_f32"] = torch_stepper(ids, args.threads, "f32", config, folder)
     for run in runners.values():
         timed(run, args.warmup)
     matmul, matmul_flops = matmul_runner(dtype=args.dtype)
-    floor, floor_flops = matmul_floor_runner(qwen3_matmul_shapes(CONFIG.to_hf(), args.batch, args.seq), args.dtype)
+    floor, floor_flops = matmul_floor_runner(qwen3_matmul_shapes(config.to_hf(), args.batch, args.seq), args.dtype)
     matmul_s: list[float] = []
     floor_s: list[float] = []
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in runners}
@@ -185,7 +214,7 @@ def main() -> None:
             times[name] += timed(run, args.steps)
 
     tokens = args.batch * args.seq
-    _, flops = qwen3_step_flops(CONFIG.to_hf(), args.batch, args.seq)
+    _, flops = qwen3_step_flops(config.to_hf(), args.batch, args.seq)
     peak = matmul_flops / statistics.median(matmul_s)
     floor_time = statistics.median(floor_s)
     results = {
@@ -222,6 +251,9 @@ def main() -> None:
         results["cpu_ratio"] = results["torch"]["median_cpu_s"] / results["jax"]["median_cpu_s"]
         results["ceiling_at_peak"] = 1 / results["torch"]["fraction_of_matmul_peak"]
         results["ceiling_at_floor"] = results["torch"]["median_step_s"] / floor_time
+        if "torch_f32" in results:
+            results["ratio_vs_torch_f32"] = results["jax"]["tokens_per_s"] / results["torch_f32"]["tokens_per_s"]
+            print(f"ratio jax ({args.dtype}) / torch f32: {results['ratio_vs_torch_f32']:.2f}x wall")
         print(
             f"ratio jax/torch: {results['ratio']:.2f}x wall, {results['cpu_ratio']:.2f}x CPU time; "
             f"upper bounds on any ratio: {results['ceiling_at_peak']:.2f}x (all FLOPs at the 2048^3 peak), "
