@@ -3,8 +3,8 @@ experiments/maca_*.py ConfigDict (porch_jax.typed_config); porch_jax/maca/experi
 
 The paper is MACA (GraphSpec prior learning, token-aware GRPO, Table 3 ablations). Two configs fill this tree:
 
-    python -m launch.maca --config=experiments/maca_synthetic.py          # synthetic pool, CPU, ~minutes per seed
-    python -m launch.maca --config=experiments/maca_gsm_hard.py[:humaneval]  # served agents, hours on a GPU host
+    python -m launch.maca --config=experiments/maca_synthetic.py             # simulated agents, on a CPU
+    python -m launch.maca --config=experiments/maca_gsm_hard.py[:humaneval]  # agents served by vLLM
 
 Each knob's trade-off is written where the experiments/ files set it; the sections here say what each one is.
 An unknown key, a wrong type or a failed check below is a flags error naming the dotted key.

@@ -107,8 +107,8 @@ def format_table(rows: Sequence[Summary]) -> str:
 class ComparisonConfig:
     """Systems compared on the same seeded workplace tasks (paired), with the scripted expert and sub-agents.
 
-    python -m launch.rollout --config=experiments/workplace_compare.py: 500 tasks x 10 systems in ~minutes on 2
-    CPU processes. More tasks narrow the intervals (Wilson half-width ~ 1 / sqrt(num_tasks)) at linear time.
+    python -m launch.rollout --config=experiments/workplace_compare.py (500 tasks x 10 systems). More tasks
+    narrow the intervals (Wilson half-width ~ 1 / sqrt(num_tasks)) at a time linear in num_tasks x systems.
 
     Attributes:
     systems: proactive, lifecycle, react or ablations of proactive (rollout/config.py ABLATIONS).
