@@ -14,15 +14,17 @@ from ml_collections import ConfigDict
 
 from experiments.maca_synthetic import get_config as synthetic_config
 from porch_jax.maca.baselines import BASELINES
+from porch_jax.typed_config import ConfigError, parse_arg
 
 
-def get_config(benchmark: str = "gsm_hard") -> ConfigDict:
-    """`benchmark` picks another of the paper's six (`--config=experiments/maca_gsm_hard.py:humaneval`): the pool
-    is then that benchmark's family (code, math or QA) plus the auxiliary roles."""
+def get_config(arg: str | None = None) -> ConfigDict:
+    """`arg` picks another of the paper's six benchmarks (`--config=experiments/maca_gsm_hard.py:humaneval`, or
+    `:benchmark=humaneval`): the pool is then that benchmark's family (code, math or QA) plus the auxiliary roles."""
     from porch_jax.envs.benchmarks import BENCHMARKS
 
+    benchmark = parse_arg(arg, benchmark="gsm_hard").benchmark
     if benchmark not in BENCHMARKS:
-        raise ValueError(f"unknown benchmark {benchmark!r}; choose from {sorted(BENCHMARKS)}")
+        raise ConfigError(f"config argument benchmark: unknown {benchmark!r}; choose from {sorted(BENCHMARKS)}")
     c = synthetic_config()
     c.run_dir = f"runs/maca_{benchmark}"
     c.seeds = c.sweep_seeds = (0,)

@@ -9,18 +9,19 @@ benchmark world, the oracle ceilings and (synthetic config) the LM-policy check.
 Writes RUN_DIR/results.json, RUN_DIR/tables.md and PNG figures; RUN_DIR/checkpoints holds the learned prior and
 an Orbax checkpoint of every training run (system x seed, lambda-selection and sweep points), so the same command
 after a crash resumes where the run stopped (RUN_DIR/config.json: another config there is refused).
+The config's schema is porch_jax/maca/config.py `MacaConfig`; an unknown key or a bad value is a flags error
+naming it.
 """
 
 from __future__ import annotations
 
 from absl import app, flags
-from ml_collections import config_flags
 
+from porch_jax.maca.config import MacaConfig
 from porch_jax.maca.experiment import gate_report, run, tables
+from porch_jax.typed_config import define_config_flag
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file (experiments/maca_*.py).", lock_config=True
-)
+_CONFIG = define_config_flag("config", MacaConfig, "Experiment config file (experiments/maca_*.py).", required=True)
 _GATE_ONLY = flags.DEFINE_bool(
     "gate_only",
     False,
@@ -32,8 +33,6 @@ _GATE_ONLY = flags.DEFINE_bool(
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
-    if cfg is None:
-        raise app.UsageError("--config=experiments/maca_*.py is required")
     if _GATE_ONLY.value:
         gate_report(cfg)
         return

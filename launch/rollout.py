@@ -4,7 +4,8 @@
 
 Writes RUN_DIR/<system>.jsonl (one episode per line; rerun to resume), RUN_DIR/settings.json and
 RUN_DIR/results.json (success with Wilson 95% intervals, paired deltas vs proactive, tokens and
-steps per task, invalid-action rate).
+steps per task, invalid-action rate). The config's schema is porch_jax/rollout/compare.py `ComparisonConfig`;
+an unknown key or a bad value is a flags error naming it.
 """
 
 from __future__ import annotations
@@ -13,36 +14,20 @@ import time
 from pathlib import Path
 
 from absl import app
-from ml_collections import config_flags
 
-from porch_jax.rollout.compare import format_table, run_comparison, write_results
+from porch_jax.rollout.compare import ComparisonConfig, format_table, run_comparison, write_results
+from porch_jax.typed_config import define_config_flag
 
-_CONFIG = config_flags.DEFINE_config_file(
-    "config", None, "Experiment config file (experiments/<name>.py).", lock_config=True
+_CONFIG = define_config_flag(
+    "config", ComparisonConfig, "Experiment config file (experiments/<name>.py).", required=True
 )
 
 
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
-    if cfg is None:
-        raise app.UsageError("--config=experiments/<name>.py is required")
-    settings = {
-        k: cfg[k].to_dict() if hasattr(cfg[k], "to_dict") else cfg[k]
-        for k in (
-            "num_tasks",
-            "seed_start",
-            "concurrency",
-            "episode_timeout_s",
-            "max_decisions",
-            "budgets",
-            "mixture",
-            "expert",
-            "subagent",
-        )
-    }
     start = time.perf_counter()
-    rows = run_comparison(list(cfg.systems), settings, cfg.run_dir, processes=cfg.processes)
+    rows = run_comparison(cfg)
     table = format_table(rows)
     print(table)
     print(f"({cfg.num_tasks} tasks per system, {time.perf_counter() - start:.0f} s; records in {cfg.run_dir})")

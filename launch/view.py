@@ -30,6 +30,21 @@ def _prices(specs: list[str]) -> dict[str, tuple[float, float]]:
     return out
 
 
+def _valid_prices(specs: list[str]) -> bool:
+    for spec in specs:
+        parts = spec.split(":")
+        try:
+            ok = len(parts) == 3 and all(float(p) >= 0 for p in parts[1:])
+        except ValueError:
+            ok = False
+        if not ok:
+            raise flags.ValidationError(f"--price must be role:prompt_per_1k:completion_per_1k, got {spec!r}")
+    return True
+
+
+flags.register_validator("price", _valid_prices)
+
+
 def main(argv: list[str]) -> None:
     del argv
     records = TrajectoryStore(_STORE.value).read()

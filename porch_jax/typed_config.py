@@ -344,13 +344,15 @@ def define_config_flag(
     *,
     required: bool = False,
     select: Callable[[Any], Any] | None = None,
+    section: str | None = None,
     flag_values: flags.FlagValues = flags.FLAGS,
 ) -> ConfigFlag[T]:
     """An ml_collections config-file flag (`--NAME=file.py[:arg]`, `--NAME.key=value` overrides) whose value is
-    converted to `cls` once absl has applied every override. An unknown override key (accepted into the ConfigDict,
-    so ml_collections does not fail on it with a traceback), a bad value or a missing required flag is a
-    `ConfigError`: absl reports it as a flags error naming the key. `select` picks the part of the ConfigDict that
-    `cls` describes (default: all of it)."""
+        converted to `cls` once absl has applied every override. An unknown override key (accepted into the ConfigDict,
+        so ml_collections does not fail on it with a traceback), a bad value or a missing required flag is a
+        `ConfigError`: absl reports it as a flags error naming the key. `select` picks the part of the ConfigDict that
+        `cls` describes (default: all of it); `section` names a key whose value `cls` describes where the config has it
+    (the whole config where it does not), and errors then name `NAME.section.key`."""
     from ml_collections import config_flags
 
     config_flags.DEFINE_config_file(
@@ -365,7 +367,12 @@ def define_config_flag(
                 raise ConfigError(f"--{name} is required ({help_string})")
             holder._value = None
             return True
-        holder._value = from_dict(cls, select(config) if select else config, path=name)
+        path = name
+        if select is not None:
+            config = select(config)
+        if section is not None and section in config:
+            config, path = config[section], f"{name}.{section}"
+        holder._value = from_dict(cls, config, path=path)
         return True
 
     flags.register_validator(name, validate, flag_values=flag_values)

@@ -23,11 +23,11 @@ from typing import Any
 
 import numpy as np
 from absl import logging
-from ml_collections import ConfigDict
 
 from porch_jax.backends import Backend, Sampling
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines
+from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
 from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
 from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
@@ -53,10 +53,9 @@ from porch_jax.maca.prior import (
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import VARIANTS, GRPOConfig, Variant
 from porch_jax.train.mesh import make_mesh
+from porch_jax.typed_config import to_dict
 
-# Fig. 8's grid (the gate's precision / recall on the held-out tasks; no training, so every point is cheap);
-# a config's `gate_gammas` replaces it
-GATE_GAMMAS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+__all__ = ["GATE_GAMMAS", "gate_report", "run", "tables"]  # GATE_GAMMAS: Fig. 8's default grid (maca/config.py)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -64,16 +63,16 @@ GATE_GAMMAS = (0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 # ---------------------------------------------------------------------------------------------------
 
 
-def build_backend(cfg: ConfigDict) -> Backend:
+def build_backend(cfg: BackendConfig) -> Backend:
     """The agents' backend for a benchmark world (the synthetic world brings its own)."""
     if cfg.kind == "vllm":
         from porch_jax.backends import VLLMBackend
 
-        return VLLMBackend(tuple(cfg.urls), cfg.model, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
+        return VLLMBackend(cfg.urls, cfg.model, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
     raise ValueError(f"backend.kind must be 'vllm' for a benchmark world (or pass a backend), got {cfg.kind!r}")
 
 
-def build_tasks(cfg: ConfigDict) -> tuple[list[OrchestrationTask], list[OrchestrationTask]]:
+def build_tasks(cfg: MacaConfig) -> tuple[list[OrchestrationTask], list[OrchestrationTask]]:
     """The configured world's train and held-out eval tasks (no agent is involved)."""
     w = cfg.world
     if w.kind == "synthetic":
@@ -87,17 +86,17 @@ def build_tasks(cfg: ConfigDict) -> tuple[list[OrchestrationTask], list[Orchestr
     raise ValueError(f"world.kind must be 'synthetic' or 'benchmark', got {w.kind!r}")
 
 
-def _synthetic_split(w: ConfigDict, n: int, seed: int) -> list[OrchestrationTask]:
+def _synthetic_split(w: WorldConfig, n: int, seed: int) -> list[OrchestrationTask]:
     return synthetic_tasks(
-        make_tasks(n, families=tuple(w.families), hard_fraction=w.hard_fraction, budget=w.budget, seed=seed)
+        make_tasks(n, families=w.families, hard_fraction=w.hard_fraction, budget=w.budget, seed=seed)
     )
 
 
 def build_world(
-    cfg: ConfigDict, backend: Backend | None = None
+    cfg: MacaConfig, backend: Backend | None = None
 ) -> tuple[AgentWorld, list[OrchestrationTask], list[OrchestrationTask], SyntheticPool | None]:
     """(world, train tasks, eval tasks, the synthetic pool when the world is synthetic)."""
-    pool = load_pool(tuple(cfg.pool_families))
+    pool = load_pool(cfg.pool_families)
     train, evals = build_tasks(cfg)
     if cfg.world.kind == "synthetic":
         spool = SyntheticPool(pool)
@@ -125,25 +124,24 @@ def contexts(encoder: SentenceEncoder, tasks: Sequence[OrchestrationTask]) -> np
     return encoder.encode([context_text(t.prompt, t.budget) for t in tasks])
 
 
-def prior_config(cfg: ConfigDict) -> PriorConfig:
+def prior_config(cfg: MacaConfig) -> PriorConfig:
     t = cfg.graphspec.temperature
-    return PriorConfig(
-        gamma=cfg.graphspec.gamma, temperature=BudgetTemperature(t.base, t.reference, t.exponent), **cfg.prior.to_dict()
+    return dataclasses.replace(
+        cfg.prior, gamma=cfg.graphspec.gamma, temperature=BudgetTemperature(t.base, t.reference, t.exponent)
     )
 
 
-def grpo_config(cfg: ConfigDict, **overrides: Any) -> GRPOConfig:
-    g = {k: v for k, v in cfg.grpo.to_dict().items() if k != "prior_kl_weight"} | overrides
-    constraint = Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.get("conditional_edges", False))
-    return GRPOConfig(
+def grpo_config(cfg: MacaConfig, **overrides: Any) -> GRPOConfig:
+    constraint = Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.conditional_edges)
+    return cfg.grpo.grpo(
         stop_floor=cfg.graphspec.stop_floor,
         rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint),
-        **g,
+        **overrides,
     )
 
 
 def policy_factory(
-    cfg: ConfigDict, names: Sequence[str], embeddings: dict[str, np.ndarray]
+    cfg: MacaConfig, names: Sequence[str], embeddings: dict[str, np.ndarray]
 ) -> Callable[[int], ActionPolicy]:
     p = cfg.policy
     if p.kind == "head":
@@ -153,10 +151,10 @@ def policy_factory(
     raise ValueError(f"policy.kind must be 'head' or 'lm', got {p.kind!r}")
 
 
-def lm_factory(cfg: ConfigDict, names: Sequence[str]) -> Callable[[int], ActionPolicy]:
+def lm_factory(cfg: LMConfig, names: Sequence[str]) -> Callable[[int], ActionPolicy]:
     """LM policies: a Hugging Face folder (model_path) or a tiny Qwen3 built in-process; `mesh` (data, fsdp,
     tensor) splits the policy over devices as the trainers do (one device when absent or (1, 1, 1))."""
-    shape = tuple(cfg.get("mesh") or (1, 1, 1))
+    shape = cfg.mesh
     mesh = make_mesh(shape) if int(np.prod(shape)) > 1 else None
     if cfg.model_path:
         from transformers import AutoTokenizer
@@ -172,9 +170,9 @@ def lm_factory(cfg: ConfigDict, names: Sequence[str]) -> Callable[[int], ActionP
             max_task_words=cfg.max_task_words or None,
             uniform_offset=False,
         )
-    _, tokenizer = tiny_lm(0, **cfg.overrides.to_dict())  # the tokenizer is the same for every seed
+    _, tokenizer = tiny_lm(0, **cfg.overrides)  # the tokenizer is the same for every seed
     return lambda seed: lm_policy(
-        tiny_lm(seed, **cfg.overrides.to_dict())[0],
+        tiny_lm(seed, **cfg.overrides)[0],
         tokenizer,
         names,
         mesh=mesh,
@@ -193,7 +191,7 @@ class Setup:
     validation: analysis.Study | None = None  # the study with a validation split as its eval tasks (lambda selection)
 
 
-def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
+def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
     claim_run_dir(Path(cfg.run_dir), cfg)  # the prior and the training runs resume from what it holds
     timings: dict[str, float] = {}
@@ -231,7 +229,7 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     eval_rollout = RolloutConfig(
         max_steps=cfg.rollout.max_steps,
         greedy=True,
-        constraint=Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.get("conditional_edges", False)),
+        constraint=Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.conditional_edges),
     )
     p_train = edge_probs(mlp, agent_embs, ctx_train, with_start=pcfg.with_start)
     p_eval = edge_probs(mlp, agent_embs, ctx_eval, with_start=pcfg.with_start)
@@ -247,7 +245,7 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
         grpo_config(cfg),
         cfg.graphspec.gamma,
         eval_rollout,
-        cfg.get("no_policy_structure", "greedy"),
+        cfg.no_policy_structure,
     )
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     validation = None
@@ -261,17 +259,14 @@ def build_setup(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[
     return Setup(study, spool, best, timings, prior_stats, validation)
 
 
-def validation_tasks(cfg: ConfigDict) -> list[OrchestrationTask]:
+def validation_tasks(cfg: MacaConfig) -> list[OrchestrationTask]:
     """The lambda-selection split: tasks from the training distribution (the world's families, hard fraction
     and budget) on a seed of their own, so disjoint from the held-out eval tasks. [] when selection is off,
     and for a benchmark world: no validation split is drawn there (each grid point would train the policy
     against live agents), so it keeps the configured lambda (`run` records the selection as skipped)."""
-    sel = cfg.get("lambda_selection")
-    w = cfg.world
-    if sel is None or not sel.enabled or w.kind != "synthetic":
-        return []
-    if sel.task_seed in (w.train_seed, w.eval_seed):
-        raise ValueError(f"lambda_selection.task_seed {sel.task_seed} must differ from the train and eval seeds")
+    sel, w = cfg.lambda_selection, cfg.world
+    if not sel.enabled or w.kind != "synthetic":
+        return []  # MacaConfig checks that task_seed differs from the train and eval seeds
     return _synthetic_split(w, sel.num_tasks, sel.task_seed)
 
 
@@ -280,7 +275,7 @@ def validation_tasks(cfg: ConfigDict) -> list[OrchestrationTask]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def variant(cfg: ConfigDict, name: str, **changes: Any) -> Variant:
+def variant(cfg: MacaConfig, name: str, **changes: Any) -> Variant:
     """A Table 3 variant with the config's lambda (unconstrained GRPO keeps lambda = 0)."""
     v = VARIANTS[name]
     if name != "grpo":
@@ -296,19 +291,19 @@ def _row(name: str, evals: Sequence[analysis.Evaluation], best: float | None, **
     return row
 
 
-def _resumable(cfg: ConfigDict, run: str, seed: int) -> dict[str, Any]:
+def _resumable(cfg: MacaConfig, run: str, seed: int) -> dict[str, Any]:
     """run_variant's checkpoint arguments for one training run of the experiment: its own directory under
     RUN_DIR/checkpoints, saved every `checkpoint_every` iterations (0: at the end only) and resumed from there;
     training's progress lines go to the log (absl's, so they carry time stamps)."""
     return {
         "checkpoint_dir": Path(cfg.run_dir) / "checkpoints" / run / f"seed_{seed}",
-        "checkpoint_every": cfg.get("checkpoint_every", 0),
+        "checkpoint_every": cfg.checkpoint_every,
         "progress": lambda line: logging.info("%s: %s", run, line),
     }
 
 
 def run_systems(
-    cfg: ConfigDict, setup: Setup, run_dir: Path, log: Callable[[str], None]
+    cfg: MacaConfig, setup: Setup, run_dir: Path, log: Callable[[str], None]
 ) -> tuple[list[dict[str, Any]], dict[str, list[analysis.Evaluation]], dict[str, list]]:
     """Every configured system over every seed: table rows, the evaluations per system (in seed order) and
     the first seed's training history per system."""
@@ -321,7 +316,7 @@ def run_systems(
                 setup.study,
                 variant(cfg, name),
                 seed=seed,
-                curve_every=cfg.get("curve_every", 0),
+                curve_every=cfg.curve_every,
                 **_resumable(cfg, name, seed),
             )
             evals.append(evaluation)
@@ -374,7 +369,7 @@ def iterations_to(
 
 
 def run_sweep(
-    cfg: ConfigDict, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]
+    cfg: MacaConfig, setup: Setup, param: str, values: Sequence[float], log: Callable[[str], None]
 ) -> list[dict]:
     """MACA with one parameter varied (gamma: the relevance gate; prior_kl_weight: lambda)."""
     best = float(setup.best.mean()) if setup.best is not None else None
@@ -403,7 +398,7 @@ def run_sweep(
     return rows
 
 
-def run_baselines(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> list[dict[str, Any]]:
+def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """The comparison systems (`baselines.BASELINES`: Table 1's single-model ones and Table 11's LLM routers,
     which route under MACA's GraphSpec) on the held-out tasks through the agents' backend: accuracy by the
     benchmark's checker, cost = every call's prompt + completion tokens, and the routers' invalid-action rate."""
@@ -458,7 +453,7 @@ def _brief(row: dict[str, Any]) -> str:
     return ", ".join(f"{k} {row[k]:.3f}" for k in keys if k in row)
 
 
-def select_lambda(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
+def select_lambda(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
     """Chooses lambda (the prior-KL weight of Eq. 12) once, for MACA, on the validation split: MACA is trained
     on the training tasks with each value of the grid and each selection seed, evaluated greedily on the
     validation tasks, and the value with the highest mean validation reward (expected accuracy - beta *
@@ -493,14 +488,14 @@ def select_lambda(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> 
     }
 
 
-def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
+def run_lm_check(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> dict[str, Any]:
     """MACA with the LM policy on the reduced setting: held-out accuracy before and after training, and the
     measured seconds per iteration (the full sweep uses the head)."""
     lc = cfg.lm_check
     study = setup.study
 
     def keep(tasks):
-        return [i for i, t in enumerate(tasks) if t.family in tuple(lc.families)]
+        return [i for i, t in enumerate(tasks) if t.family in lc.families]
 
     tr, ev = keep(study.train_tasks)[: lc.num_train], keep(study.eval_tasks)[: lc.num_eval]
     grpo = grpo_config(
@@ -559,12 +554,12 @@ def run_lm_check(cfg: ConfigDict, setup: Setup, log: Callable[[str], None]) -> d
 RESUME_MAY_CHANGE = frozenset({"backend.urls", "backend.timeout_s", "backend.max_retries", "baselines.concurrency"})
 
 
-def claim_run_dir(run_dir: Path, cfg: ConfigDict) -> None:
+def claim_run_dir(run_dir: Path, cfg: MacaConfig) -> None:
     """Makes RUN_DIR this config's: records the config there, or, where a run already recorded one, checks that it
     is the same, so a rerun after a crash resumes (every training run from its checkpoint, the prior from its
     cache) and a changed config never resumes another run's state."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    path, current = run_dir / "config.json", json.loads(cfg.to_json())
+    path, current = run_dir / "config.json", to_dict(cfg)
     if not path.exists():
         partial = path.with_suffix(".json.partial")
         analysis.write_json(partial, current)
@@ -599,17 +594,9 @@ def _differences(before: Any, after: Any, *, ignore: frozenset[str] = frozenset(
     return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
 
 
-def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
+def run(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:
     """The whole experiment; returns what results.json holds."""
-    baseline_names = tuple(cfg.baselines.systems) if cfg.get("baselines") is not None else ()
-    if baseline_names and cfg.world.kind != "benchmark":
-        raise ValueError(
-            f"baselines.systems {baseline_names} need a benchmark world, where a served LLM answers and "
-            f"routes; world.kind is {cfg.world.kind!r} (its agents are simulated): set baselines.systems=()"
-        )
-    unknown = set(baseline_names) - set(baselines.BASELINES)
-    if unknown:
-        raise ValueError(f"baselines.systems: unknown {sorted(unknown)}; choose from {baselines.BASELINES}")
+    baseline_names = cfg.baselines.systems  # MacaConfig checks them and that the world is a benchmark
     run_dir = Path(cfg.run_dir)
     start = time.perf_counter()
     setup = build_setup(cfg, backend, log)
@@ -619,15 +606,14 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
         t0 = time.perf_counter()
         selection = select_lambda(cfg, setup, log)
         setup.timings["lambda_selection_s"] = time.perf_counter() - t0
-        cfg = cfg.copy_and_resolve_references()
-        cfg.grpo.prior_kl_weight = selection["chosen"]
-    elif cfg.get("lambda_selection") is not None and cfg.lambda_selection.enabled:
+        cfg = dataclasses.replace(cfg, grpo=dataclasses.replace(cfg.grpo, prior_kl_weight=selection["chosen"]))
+    elif cfg.lambda_selection.enabled:
         selection = {
             "skipped": f"no validation split for a {cfg.world.kind} world; configured lambda kept",
             "chosen": cfg.grpo.prior_kl_weight,
         }
         log(f"lambda selection skipped: {selection['skipped']} ({cfg.grpo.prior_kl_weight})")
-    results: dict[str, Any] = {"config": json.loads(cfg.to_json()), "prior": setup.prior_stats}
+    results: dict[str, Any] = {"config": to_dict(cfg), "prior": setup.prior_stats}
     if selection is not None:
         results["lambda_selection"] = selection
     if setup.best is not None:
@@ -656,9 +642,9 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
             best=results.get("best_achievable"),
         )
     results["sweeps"] = {}
-    main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ()), strict=False) if s in tuple(cfg.sweep_seeds)]
+    main = [e for s, e in zip(cfg.seeds, evaluations.get("maca", ()), strict=False) if s in cfg.sweep_seeds]
     best = results.get("best_achievable")
-    for param, values in cfg.sweeps.items():
+    for param, values in to_dict(cfg.sweeps).items():
         if values:
             value = cfg.graphspec.gamma if param == "gamma" else cfg.grpo.prior_kl_weight
             reuse = len(main) == len(cfg.sweep_seeds)  # the main runs on the sweep's seeds are its configured point
@@ -668,9 +654,8 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
             sweep.sort(key=lambda r: r[param])
             results["sweeps"][param] = sweep
             analysis.plot_sweep(sweep, param, run_dir / f"sweep_{param}.png", best=best)
-    gammas = tuple(cfg.get("gate_gammas", GATE_GAMMAS))
     results["gate_sparsity"] = analysis.gate_sparsity(
-        setup.study.q_eval, setup.study.eval_tasks, setup.study.world.pool, gammas
+        setup.study.q_eval, setup.study.eval_tasks, setup.study.world.pool, cfg.gate_gammas
     )
     analysis.plot_gate_sparsity(results["gate_sparsity"], run_dir / "gate_sparsity.png", gamma=cfg.graphspec.gamma)
     if cfg.lm_check.enabled:
@@ -681,11 +666,11 @@ def run(cfg: ConfigDict, backend: Backend | None = None, log: Callable[[str], No
     return results
 
 
-def gate_report(cfg: ConfigDict, log: Callable[[str], None] = print) -> list[dict[str, float]]:
+def gate_report(cfg: MacaConfig, log: Callable[[str], None] = print) -> list[dict[str, float]]:
     """Fig. 8 alone, before any agent call: the gate's precision / recall against gamma on the configured world's
     held-out tasks, for choosing gamma (and judging the encoder) on a new pool or benchmark without a served model.
     Writes gate_sparsity.json / .png / .md into the run directory."""
-    pool = load_pool(tuple(cfg.pool_families))
+    pool = load_pool(cfg.pool_families)
     _, evals = build_tasks(cfg)
     encoder = build_encoder(cfg.encoder)
     q = relevance_scores(
@@ -694,7 +679,7 @@ def gate_report(cfg: ConfigDict, log: Callable[[str], None] = print) -> list[dic
         [t.budget for t in evals],
         prior_config(cfg).temperature,
     )
-    rows = analysis.gate_sparsity(q, evals, pool, tuple(cfg.get("gate_gammas", GATE_GAMMAS)))
+    rows = analysis.gate_sparsity(q, evals, pool, cfg.gate_gammas)
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     analysis.write_json(run_dir / "gate_sparsity.json", rows)
@@ -709,7 +694,7 @@ def _gate_table(rows: Sequence[dict[str, float]]) -> str:
     return analysis.markdown_table(rows, ["gamma", "precision", "recall", "full_recall", "retained"])
 
 
-def ceilings(cfg: ConfigDict, setup: Setup) -> list[dict[str, Any]]:
+def ceilings(cfg: MacaConfig, setup: Setup) -> list[dict[str, Any]]:
     """What an oracle scores (synthetic pool, exact): the best expected accuracy knowing each eval task's hidden
     difficulty, the path maximising Eq. 12's reward without the KL (accuracy - beta * tokens), both again within
     Eq. 11's mask H of MACA's GraphSpec (the space MACA's policy acts in), and both for one structure committed

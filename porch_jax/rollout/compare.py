@@ -12,7 +12,7 @@ import asyncio
 import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,10 +28,11 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_tasks,
 )
-from porch_jax.rollout.config import Budgets, EngineConfig, system_config
+from porch_jax.rollout.config import ABLATIONS, SYSTEMS, Budgets, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
+from porch_jax.typed_config import check, to_dict
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -102,72 +103,103 @@ def format_table(rows: Sequence[Summary]) -> str:
 # ---- running ---------------------------------------------------------------------------------------
 
 
-def workplace_engine(system: str, settings: Mapping[str, Any]) -> Engine:
-    """The engine for ``system`` with the scripted expert and sub-agents configured by ``settings``
-    (keys ``expert``, ``subagent``, ``budgets``, ``max_decisions``; plain dicts)."""
-    expert = ScriptedExpert(ExpertConfig(**_tuples(settings.get("expert", {}))))
-    subagent = ScriptedSubagent(SubagentConfig(**settings.get("subagent", {})))
-    base = EngineConfig(
-        budgets=Budgets(**settings.get("budgets", {})),
-        max_decisions=settings.get("max_decisions", EngineConfig.max_decisions),
-    )
+@dataclass(frozen=True)
+class ComparisonConfig:
+    """Systems compared on the same seeded workplace tasks (paired), with the scripted expert and sub-agents.
+
+    python -m launch.rollout --config=experiments/workplace_compare.py (500 tasks x 10 systems). More tasks
+    narrow the intervals (Wilson half-width ~ 1 / sqrt(num_tasks)) at a time linear in num_tasks x systems.
+
+    Attributes:
+    systems: proactive, lifecycle, react or ablations of proactive (rollout/config.py ABLATIONS).
+    run_dir: RUN_DIR/<system>.jsonl (resumable), settings.json, results.json.
+    processes: systems run in parallel processes (episodes are CPU-bound); 1: in this process.
+    concurrency: episodes in flight per system (the runner's workers).
+    episode_timeout_s: an episode past it is recorded as an error (None: no limit).
+    max_decisions: orchestrator calls per episode, invalid ones included (a loop guard).
+    budgets: the suite-wide budgets; every task carries tighter ones of its own (the engine takes the smaller).
+    mixture, expert, subagent: the suite's calibration (porch_jax/envs/workplace says what each knob does).
+    """
+
+    run_dir: str
+    systems: tuple[str, ...] = SYSTEMS
+    num_tasks: int = 500
+    seed_start: int = 0
+    processes: int = 2
+    concurrency: int = 16
+    episode_timeout_s: float | None = 60.0
+    max_decisions: int = EngineConfig.max_decisions
+    budgets: Budgets = Budgets()
+    mixture: TaskMixture = TaskMixture()
+    expert: ExpertConfig = ExpertConfig()
+    subagent: SubagentConfig = SubagentConfig()
+
+    def __post_init__(self):
+        unknown = [s for s in self.systems if s not in SYSTEMS + ABLATIONS]
+        check(not unknown, "systems", f"unknown {unknown}; choose from {', '.join(SYSTEMS + ABLATIONS)}")
+        check(bool(self.systems), "systems", "must name at least one system")
+        check(self.num_tasks > 0, "num_tasks", f"must be > 0, got {self.num_tasks}")
+        check(self.seed_start >= 0, "seed_start", f"must be >= 0, got {self.seed_start}")
+        check(self.processes > 0, "processes", f"must be > 0, got {self.processes}")
+        check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
+        check(self.max_decisions > 0, "max_decisions", f"must be > 0, got {self.max_decisions}")
+        timeout = self.episode_timeout_s
+        check(timeout is None or timeout > 0, "episode_timeout_s", f"must be > 0 or None, got {timeout}")
+
+
+def workplace_engine(system: str, cfg: ComparisonConfig | None = None) -> Engine:
+    """The engine for ``system`` with the scripted expert and sub-agents, budgets and loop guard of ``cfg``
+    (None: the defaults)."""
+    cfg = cfg or ComparisonConfig(run_dir="-")
+    base = EngineConfig(budgets=cfg.budgets, max_decisions=cfg.max_decisions)
     return Engine(
         WorkplaceEnv,
-        ScriptedBackend(expert),
-        ScriptedBackend(subagent),
+        ScriptedBackend(ScriptedExpert(cfg.expert)),
+        ScriptedBackend(ScriptedSubagent(cfg.subagent)),
         system_config(system, base),
         system_name=system,
     )
 
 
-def _tuples(d: Mapping[str, Any]) -> dict[str, Any]:
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
-
-
-def mixture(settings: Mapping[str, Any]) -> TaskMixture:
-    m = dict(settings.get("mixture", {}))
-    if "slack" in m:
-        m["slack"] = tuple(m["slack"])
-    return TaskMixture(**m)
-
-
-def _run_system(system: str, settings: dict[str, Any], run_dir: str) -> None:
-    tasks = make_tasks(settings["num_tasks"], mixture(settings), start=settings.get("seed_start", 0))
-    engine = workplace_engine(system, settings)
+def _run_system(system: str, cfg: ComparisonConfig) -> None:
+    tasks = make_tasks(cfg.num_tasks, cfg.mixture, start=cfg.seed_start)
+    engine = workplace_engine(system, cfg)
 
     async def episode(task: Any) -> EpisodeRecord:
         return await engine.run(task, episode_id=task.task_id)
 
-    with TrajectoryStore(Path(run_dir) / f"{system}.jsonl") as store:
+    with TrajectoryStore(Path(cfg.run_dir) / f"{system}.jsonl") as store:
         asyncio.run(
             run_episodes(
-                tasks,
-                episode,
-                store,
-                settings.get("concurrency", 16),
-                progress=False,
-                episode_timeout_s=settings.get("episode_timeout_s"),
+                tasks, episode, store, cfg.concurrency, progress=False, episode_timeout_s=cfg.episode_timeout_s
             )
         )
 
 
-def run_comparison(
-    systems: Sequence[str], settings: dict[str, Any], run_dir: str | Path, processes: int = 2
-) -> list[Summary]:
-    """Run (or resume) every system into ``run_dir``, then summarize against ``proactive`` if present."""
-    run_dir = Path(run_dir)
+def settings(cfg: ComparisonConfig) -> dict[str, Any]:
+    """What RUN_DIR/settings.json records: the systems and every knob the episodes depend on (not where they are
+    written nor how many processes write them)."""
+    out = to_dict(cfg)
+    for key in ("run_dir", "processes"):
+        out.pop(key)
+    return out
+
+
+def run_comparison(cfg: ComparisonConfig) -> list[Summary]:
+    """Run (or resume) every system into ``cfg.run_dir``, then summarize against ``proactive`` if present."""
+    run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "settings.json").write_text(json.dumps({"systems": list(systems), **settings}, indent=1))
-    if processes > 1:
-        with ProcessPoolExecutor(processes) as pool:
-            for f in [pool.submit(_run_system, s, settings, str(run_dir)) for s in systems]:
+    (run_dir / "settings.json").write_text(json.dumps(settings(cfg), indent=1))
+    if cfg.processes > 1:
+        with ProcessPoolExecutor(cfg.processes) as pool:
+            for f in [pool.submit(_run_system, s, cfg) for s in cfg.systems]:
                 f.result()
     else:
-        for s in systems:
-            _run_system(s, settings, str(run_dir))
-    records = {s: TrajectoryStore(run_dir / f"{s}.jsonl").read() for s in systems}
+        for s in cfg.systems:
+            _run_system(s, cfg)
+    records = {s: TrajectoryStore(run_dir / f"{s}.jsonl").read() for s in cfg.systems}
     ref = records.get("proactive")
-    return [summarize(s, records[s], ref if s != "proactive" else None) for s in systems]
+    return [summarize(s, records[s], ref if s != "proactive" else None) for s in cfg.systems]
 
 
 def write_results(rows: Sequence[Summary], path: str | Path) -> None:

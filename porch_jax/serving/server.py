@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import httpx2 as httpx
 from ml_collections import ConfigDict, config_dict
@@ -52,7 +52,7 @@ class ServerConfig:
     profile CPU memory); ``gpu_memory_utilization`` does on GPU. ``enforce_eager`` None: eager on
     CPU (no compilation, fast start), CUDA graphs on GPU."""
 
-    device: str = "auto"
+    device: Literal["auto", "cpu", "gpu"] = "auto"
     tensor_parallel_size: int = 1
     dtype: str = "auto"
     max_model_len: int = 2048
@@ -88,6 +88,14 @@ class ServerConfig:
         if values["enforce_eager"] is None:  # a typed None, so --config.serve.enforce_eager=false parses
             values["enforce_eager"] = config_dict.placeholder(bool)
         return ConfigDict(values)
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+        if self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
     def resolved_device(self) -> str:
         if self.device not in ("auto", "cpu", "gpu"):

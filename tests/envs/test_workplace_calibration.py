@@ -24,7 +24,7 @@ def test_protocol_beats_baselines_and_every_ablation_costs_success():
     tasks = make_tasks(200)
 
     async def run(system):
-        engine = workplace_engine(system, {})
+        engine = workplace_engine(system)
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
 
     records = {s: asyncio.run(run(s)) for s in ("proactive", "lifecycle", "react", *ABLATIONS)}

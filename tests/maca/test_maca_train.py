@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from porch_jax.maca.analysis import Study, evaluate, learning_curve, run_variant
+from porch_jax.maca.config import MacaConfig
 from porch_jax.maca.encoder import HashingEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, GraphSpec, context_text
 from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
@@ -50,6 +51,7 @@ from porch_jax.maca.train import (
     train_grpo,
 )
 from porch_jax.train.checkpoint import Checkpointer
+from porch_jax.typed_config import ConfigError, from_dict, to_dict
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -542,6 +544,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
 
     cfg = smoke_config(run_dir=str(tmp_path / "run"), iterations=2, mlp_steps=20)
     cfg.grpo.learning_rate = 1e-3
+    cfg = from_dict(MacaConfig, cfg)
     results = experiment.run(cfg, backend=ScriptedBackend(agent), log=lambda s: None)
     (row,) = results["systems"]
     assert row["system"] == "maca" and row["invalid_action_rate"] == 0.0 and row["avg_cost"] > 0
@@ -584,10 +587,8 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     )
     assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the hint is in the router's prompt
     assert "## Baselines" in (tmp_path / "run" / "tables.md").read_text()
-    bad = cfg.copy_and_resolve_references()
-    bad.baselines.systems = ("vanilla", "debate")
-    with pytest.raises(ValueError, match="debate"):
-        experiment.run(bad, backend=ScriptedBackend(agent), log=lambda s: None)
+    with pytest.raises(ConfigError, match="debate"):
+        from_dict(MacaConfig, to_dict(cfg) | {"baselines": {"systems": ("vanilla", "debate")}})
     assert "skipped" in results["lambda_selection"]  # no validation split for a benchmark world
     assert results["config"]["grpo"]["prior_kl_weight"] == cfg.grpo.prior_kl_weight
 
@@ -623,7 +624,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
         prompt = request.messages[-1]["content"].split("\n\nWork so far:")[0].removesuffix(COT_SUFFIX)
         return reference[prompt]
 
-    cfg = smoke_config(name, run_dir=str(tmp_path / "run"))
+    cfg = from_dict(MacaConfig, smoke_config(name, run_dir=str(tmp_path / "run")))
     assert cfg.pool_families == (BENCHMARKS[name].family, "auxiliary") and cfg.world.benchmark == name
     results = experiment.run(cfg, backend=ScriptedBackend(model), log=lambda s: None)
     assert results["prior"]["buffer"] > 0 and "fallback" not in results["prior"]
@@ -638,7 +639,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
         "router_hint": 0.0,
         "router_mask": 0.0,
     }
-    with pytest.raises(ValueError, match="unknown benchmark"):
+    with pytest.raises(ConfigError, match="unknown 'gsm8k'"):
         get_config("gsm8k")
 
 
@@ -660,6 +661,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     cfg.curve_every = 1
     cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
     cfg.lm_check.enabled = False
+    cfg = from_dict(MacaConfig, cfg)
     _, train, evals, _ = experiment.build_world(cfg)
     val = experiment.validation_tasks(cfg)
     assert len(val) == 6 and not {t.task_id for t in val} & {t.task_id for t in train + evals}
@@ -697,8 +699,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     )
     assert (tmp_path / "run" / "gate_sparsity.png").stat().st_size > 0
     # --gate_only: the same figures from the tasks and the encoder alone, before any agent call
-    alone = cfg.copy_and_resolve_references()
-    alone.run_dir = str(tmp_path / "gate")
+    gate_dir = str(tmp_path / "gate")
     proc = subprocess.run(
         [
             sys.executable,
@@ -708,7 +709,7 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
             "--config=experiments/maca_synthetic.py",
             "--config.encoder=hashing",
             "--config.world.num_eval=12",
-            f"--config.run_dir={alone.run_dir}",
+            f"--config.run_dir={gate_dir}",
         ],
         cwd=REPO,
         capture_output=True,
@@ -720,10 +721,8 @@ def test_synthetic_launcher_selects_lambda_on_a_validation_split(tmp_path):
     assert json.dumps(written, sort_keys=True) == json.dumps(sparsity, sort_keys=True)  # NaN-safe equality
     assert "| gamma | precision |" in (tmp_path / "gate" / "gate_sparsity.md").read_text()
     assert not (tmp_path / "gate" / "results.json").exists()
-    bad = cfg.copy_and_resolve_references()
-    bad.lambda_selection.task_seed = bad.world.eval_seed
-    with pytest.raises(ValueError):
-        experiment.validation_tasks(bad)
+    with pytest.raises(ConfigError, match="lambda_selection.task_seed"):
+        dataclasses.replace(cfg, lambda_selection=dataclasses.replace(cfg.lambda_selection, task_seed=1000))
 
 
 def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
@@ -799,7 +798,7 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
         cfg.seeds, cfg.systems, cfg.curve_every, cfg.checkpoint_every = (0,), ("maca", "grpo", "no_policy"), 1, 2
         cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
         cfg.lm_check.enabled = False
-        return cfg
+        return from_dict(MacaConfig, cfg)
 
     def comparable(results):
         rows = [{k: v for k, v in r.items() if k != "seconds"} for r in results["systems"]]
@@ -825,11 +824,11 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-2 checkpoint
     assert any(line.startswith("prior restored from") for line in logs)
     assert comparable(resumed) == comparable(clean)
-    moved = config(tmp_path / "run")
-    moved.backend = {"kind": "synthetic", "urls": ("http://elsewhere:8000",)}  # a restarted server may move
+    moved = config(tmp_path / "run")  # a restarted server may move
+    moved = dataclasses.replace(moved, backend=dataclasses.replace(moved.backend, urls=("http://elsewhere:8000",)))
     assert comparable(experiment.run(moved, log=lambda s: None)) == comparable(clean)
     changed = config(tmp_path / "run")
-    changed.grpo.learning_rate = 1e-2
+    changed = dataclasses.replace(changed, grpo=dataclasses.replace(changed.grpo, learning_rate=1e-2))
     with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
         experiment.run(changed, log=lambda s: None)
     (tmp_path / "run" / "config.json").write_text('{"run_dir": ')  # a torn write

@@ -17,6 +17,8 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     from experiments.maca_gsm_hard import smoke_config
     from porch_jax.envs.benchmarks import load_tasks
     from porch_jax.maca import experiment
+    from porch_jax.maca.config import MacaConfig
+    from porch_jax.typed_config import from_dict
 
     try:
         load_tasks("gsm_hard", "test")
@@ -24,6 +26,7 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
         pytest.skip(f"GSM-Hard data is not available: {e}")
     cfg = smoke_config(run_dir=str(tmp_path / "run"), tasks=2)
     cfg.backend.max_tokens = 8
+    cfg = from_dict(MacaConfig, cfg)
     backend = VLLMBackend(
         vllm_server.base_url,
         vllm_server.model,
