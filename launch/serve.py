@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 
 from absl import app, flags
@@ -38,17 +37,14 @@ _CONFIG = define_config_flag(
 def main(argv: list[str]) -> None:
     del argv
     from porch_jax.serving import ServerError, VLLMServer
+    from porch_jax.serving.server import interrupt_on_sigterm
 
     if not FLAGS.api_key:
         raise app.UsageError("--api_key (or $VLLM_API_KEY) is required")
     config = _CONFIG.value or ServerConfig()
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # not one INFO line per readiness poll
 
-    def terminate(signum: int, frame: object) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a repeated SIGTERM must not interrupt the stop
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, terminate)
+    interrupt_on_sigterm()  # SIGTERM stops the server cleanly, as Ctrl-C does
 
     server = VLLMServer(FLAGS.model_dir, FLAGS.run_dir, api_key=FLAGS.api_key, port=FLAGS.port, config=config)
     with server:

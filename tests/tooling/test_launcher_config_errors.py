@@ -91,6 +91,19 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
             ("bad", [*serve, "--config.serve.tensor_parallel_size=0"], "tensor_parallel_size"),
             ("bad_flag", [*serve, "--port=-1"], "--port"),
         ],
+        "baseline": [
+            (
+                "unknown",
+                ["--config=experiments/smollm2_baseline.py", run, "--config.serve.nonexistent_key=3"],
+                "config.serve.nonexistent_key",
+            ),
+            ("bad", ["--config=experiments/smollm2_baseline.py", run, "--config.max_tokens=0"], "config.max_tokens"),
+            (
+                "bad_choice",
+                ["--config=experiments/smollm2_baseline.py", run, "--config.readings=('zero_shot','ten_shot')"],
+                "config.readings",
+            ),
+        ],
         "sample": [
             ("unknown", [f"--out_dir={tmp}", "--nonexistent_flag=3"], "nonexistent_flag"),
             ("bad", [f"--out_dir={tmp}", "--top_p=2"], "--top_p"),
