@@ -6,8 +6,9 @@ RWR + lambda * OPD) in miniature on a CPU.
     python -m launch.pipeline --config=experiments/quickstart.py:seed_sets=8   # sets 0-7 and their report
 
 ~17 minutes on 2 shared CPU cores (one seed set, with the learning-rate grid; the grid is about half of
-it); `seed_sets=N` takes N times that (~100 min on 2 cores for 8 sets with the grid, ~50 min without). porch_jax/opod (rows) and launch/pipeline.py (stages) run it; measured
-results and how the settings were chosen are in docs/results/opod_quickstart.md.
+it); `seed_sets=N` takes N times that (~100 min on 2 cores for 8 sets with the grid, ~50 min without).
+porch_jax/opod (rows, stages) and launch/pipeline.py (flags) run it; measured results and how the settings
+were chosen are in docs/results/opod_quickstart.md.
 
 What each part sets and what it trades off:
 - suite: three-clause workplace tasks whose success hinges on the first delegation's harness; budgets leave
@@ -45,8 +46,8 @@ What each part sets and what it trades off:
   resumed, not redone) and runs/quickstart_seeds/seed_sets.{md,json,png}: each method's mean held-out success
   and spread over the sets and the paired differences (OPOD - RWR, ...) with 95% t-intervals over sets
   (porch_jax/eval/seed_sets.py). Single runs move with float-level rounding; the mean over sets is the claim
-  to check. Four sets left OPOD - RWR's interval including zero; eight exclude it (README). More sets narrow
-  the intervals, linearly in time.
+  to check. Four sets left OPOD - RWR's interval including zero; eight exclude it (README). Each extra set
+  narrows the intervals and costs one more quickstart run.
 """
 
 from ml_collections import ConfigDict

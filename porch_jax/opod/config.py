@@ -14,7 +14,8 @@ from typing import Any, Literal
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
 from porch_jax.typed_config import check
 
-# Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds + ROLLOUT_SEED_STRIDE * k.
+# Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds
+# + ROLLOUT_SEED_STRIDE * k.
 SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
 
 

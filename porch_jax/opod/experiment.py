@@ -6,17 +6,17 @@ expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orches
 (expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
 hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights and at each
 rate of its ``lr_grid`` -> selection of rate and checkpoint on validation tasks (config ``selection``: the
-same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
-table and plots.
+same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out
+seeded tasks -> results table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
 their newest checkpoint). Rerunning a finished run only rebuilds the report.
 
-`cfg` is the typed ExperimentConfig (porch_jax/opod/config.py) that launch/pipeline.py builds and checks once;
-nothing here reads a ConfigDict. With `seed_sets` (`--config=experiments/quickstart.py:seed_sets=8`, or
-`--config.seed_sets="(0, 1, 2, 3)"`) the loop runs once per seed set in RUN_DIR/seed_set_k (`opod.config.with_seed_set`), and
-RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
+`cfg` is the typed ExperimentConfig (porch_jax/opod/config.py) that launch/pipeline.py builds and checks
+once; nothing here reads a ConfigDict. With `seed_sets` (`--config=experiments/quickstart.py:seed_sets=8`,
+or `--config.seed_sets="(0, 1, 2, 3)"`) the loop runs once per seed set in RUN_DIR/seed_set_k
+(`opod.config.with_seed_set`), and RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
 differences with t-intervals over sets.
 """
 
