@@ -133,6 +133,23 @@ class ExperimentConfig:
     def __post_init__(self):
         check(len(set(self.seed_sets)) == len(self.seed_sets), "seed_sets", f"repeats a set: {self.seed_sets}")
         check(all(k >= 0 for k in self.seed_sets), "seed_sets", f"are numbered from 0, got {self.seed_sets}")
+        for name in self.methods:
+            sec = self.method(name)
+            grid = sec.lr_grid or (sec.learning_rate,)
+            check(
+                sec.learning_rate in grid,
+                f"{name}.lr_grid",
+                f"{grid} must include its learning_rate {sec.learning_rate}",
+            )
+            check(
+                len(grid) == 1 or self.selection.enabled,
+                f"{name}.lr_grid",
+                "more than one rate needs checkpoint selection (selection.enabled) to choose among them",
+            )
+            if name in ("opod", "opd_empty"):
+                check(sec.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
+            if name == "dagrpo":
+                check(sec.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
 
     def method(self, name: str) -> MethodSection:
         """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo)."""

@@ -16,8 +16,8 @@ their newest checkpoint). Rerunning a finished run only rebuilds the report.
 `cfg` is the typed ExperimentConfig (porch_jax/opod/config.py) that launch/pipeline.py builds and checks
 once; nothing here reads a ConfigDict. With `seed_sets` (`--config=experiments/quickstart.py:seed_sets=8`,
 or `--config.seed_sets="(0, 1, 2, 3)"`) the loop runs once per seed set in RUN_DIR/seed_set_k
-(`opod.config.with_seed_set`), and RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
-differences with t-intervals over sets.
+(`opod.config.with_seed_set`), and RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method
+mean and spread, paired differences with t-intervals over sets.
 """
 
 from __future__ import annotations
@@ -186,17 +186,9 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
 
 def learning_rates(cfg: ExperimentConfig, name: str) -> tuple[float, ...]:
     """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
-    picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
-    configured = cfg.method(name).learning_rate
-    grid = cfg.method(name).lr_grid or (configured,)
-    if configured not in grid:
-        raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
-    if len(grid) > 1 and not cfg.selection.enabled:
-        raise ValueError(
-            f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
-            "choose among its rates"
-        )
-    return grid
+    picks the rate and the step on validation tasks, the same rule for every method), else the one configured.
+    ExperimentConfig checks at launch that the grid holds the configured rate and that selection is on."""
+    return cfg.method(name).lr_grid or (cfg.method(name).learning_rate,)
 
 
 def run_name(cfg: ExperimentConfig, name: str, learning_rate: float | None) -> str:
@@ -297,16 +289,12 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         return [sources.PackedSource(rwr_rows, sec.batch, buckets, sec.seed, mesh, view)] if rwr_rows else []
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
-        o = cfg.method(section).opd
-        if o is None:
-            raise ValueError(f"config section '{section}' needs an opd section (its on-policy OPD batch)")
+        o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed)
         return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh)] if rows else []
 
     def group(tok: Any, mesh: Any) -> Any:
-        g = cfg.dagrpo.group
-        if g is None:
-            raise ValueError("config section 'dagrpo' needs a group section (its contexts and group size)")
+        g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
         contexts = od.expert_contexts(expert, tok, view)
         return sources.GroupSource(contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh)
