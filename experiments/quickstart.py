@@ -2,11 +2,13 @@
 RWR + lambda * OPD) in miniature on a CPU.
 
     python -m launch.pipeline --config=experiments/quickstart.py [--config.run_dir=runs/qs2]
-    python -m launch.pipeline --config=experiments/quickstart_seeds.py   # eight seed sets, ~8x the time
+    python -m launch.pipeline --config=experiments/quickstart.py:seed_set=3    # seed set 3 alone
+    python -m launch.pipeline --config=experiments/quickstart.py:seed_sets=8   # sets 0-7 and their report
 
 ~17 minutes on 2 shared CPU cores (one seed set, with the learning-rate grid; the grid is about half of
-it); seed sets multiply that. porch_jax/opod (rows) and launch/pipeline.py (stages) run it; measured
-results and how the settings were chosen are in docs/results/opod_quickstart.md.
+it); `seed_sets=N` takes N times that (~100 min on 2 cores for 8 sets with the grid, ~50 min without).
+porch_jax/opod (rows, stages) and launch/pipeline.py (flags) run it; measured results and how the settings
+were chosen are in docs/results/opod_quickstart.md.
 
 What each part sets and what it trades off:
 - suite: three-clause workplace tasks whose success hinges on the first delegation's harness; budgets leave
@@ -36,11 +38,22 @@ What each part sets and what it trades off:
   method. It adds ~10-15% to the run and guards against mid-run drift.
 - eval: 200 held-out tasks with new seeds (names, values, pages, years) under a reweighted mixture (1.5x
   history tasks); greedy.
-- seed_sets (experiments/quickstart_seeds.py): run the whole loop once per seed set (porch_jax/eval/seed_sets.py) and report the sets' mean
-  and paired differences with t-intervals over sets (RUN_DIR/seed_sets.md).
+- the argument (`get_config(arg)`, typed_config.parse_arg): no argument is the quickstart as written, in
+  runs/quickstart. `seed_set=k`: seed set k, in runs/quickstart_seeds/seed_set_k: every seed + 10k (initial
+  weights, batch order, OPD and GRPO samples, rollout and evaluation sampling) and the SFT rollouts' task seeds
+  + 1,000k; expert data, validation and held-out tasks stay, so sets are compared on the same tasks.
+  `seed_sets=N`: sets 0..N-1 in runs/quickstart_seeds/seed_set_k (the same folders, so a single set's run is
+  resumed, not redone) and runs/quickstart_seeds/seed_sets.{md,json,png}: each method's mean held-out success
+  and spread over the sets and the paired differences (OPOD - RWR, ...) with 95% t-intervals over sets
+  (porch_jax/eval/seed_sets.py). Single runs move with float-level rounding; the mean over sets is the claim
+  to check. Four sets left OPOD - RWR's interval including zero; eight exclude it (README). Each extra set
+  narrows the intervals and costs one more quickstart run.
 """
 
 from ml_collections import ConfigDict
+
+from porch_jax.opod.config import ROLLOUT_SEED_STRIDE, SEED_SET_STRIDE
+from porch_jax.typed_config import ConfigError, parse_arg
 
 BLIND_SPOTS = ("handover_2back", "archive", "long_file")
 # The share of relevant delegations on which each blind spot acts (docstring: "Expert").
@@ -58,10 +71,18 @@ def _opd(batch: int, seed: int) -> ConfigDict:
     return ConfigDict({"batch": batch, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": seed})
 
 
-def get_config() -> ConfigDict:
+def get_config(arg: str | None = None) -> ConfigDict:
+    a = parse_arg(arg, seed_set=-1, seed_sets=0)
+    if a.seed_set < -1 or a.seed_sets < 0 or (a.seed_sets and a.seed_set >= 0):
+        raise ConfigError(f"config argument {arg!r}: seed_set=k (k >= 0) or seed_sets=N (N >= 1), not both")
+    k = max(a.seed_set, 0)
+    s = SEED_SET_STRIDE * k  # every seed of set k is its set-0 seed + s (porch_jax/opod/config.py with_seed_set)
     c = ConfigDict()
-    c.run_dir = "runs/quickstart"
-    c.seed = 0
+    c.run_dir = "runs/quickstart" if a.seed_set < 0 and not a.seed_sets else "runs/quickstart_seeds"
+    if a.seed_set >= 0:
+        c.run_dir += f"/seed_set_{k}"
+    c.seed_sets = tuple(range(a.seed_sets))
+    c.seed = 0 + s
     c.methods = ("sft", "rwr", "opod", "opd_empty", "dagrpo")
 
     c.suite = ConfigDict(
@@ -91,7 +112,9 @@ def get_config() -> ConfigDict:
         }
     )
     c.expert_rollouts = ConfigDict({"num_tasks": 400, "seed_start": 0, "prefix": "train"})
-    c.rollouts = ConfigDict({"num_tasks": 300, "seed_start": 20_000, "prefix": "roll", "temperature": 1.0})
+    c.rollouts = ConfigDict(
+        {"num_tasks": 300, "seed_start": 20_000 + ROLLOUT_SEED_STRIDE * k, "prefix": "roll", "temperature": 1.0}
+    )
     c.eval = ConfigDict(
         {
             "tasks": {
@@ -109,7 +132,7 @@ def get_config() -> ConfigDict:
             "temperature": 0.0,
             "max_tokens": 24,
             "concurrency": 64,
-            "seed": 0,
+            "seed": 0 + s,
         }
     )
 
@@ -120,7 +143,7 @@ def get_config() -> ConfigDict:
 
     c.model = ConfigDict(
         {
-            "seed": 0,
+            "seed": 0 + s,
             "vocab_size": 512,
             "hf": {
                 "hidden_size": 128,
@@ -153,26 +176,33 @@ def get_config() -> ConfigDict:
         }
     )
     # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
-    c.sft = _trainer(1000, 4, 3e-3, 30, 1, hint_rows=0.3, empty_hint_rows=True)
+    c.sft = _trainer(1000, 4, 3e-3, 30, 1 + s, hint_rows=0.3, empty_hint_rows=True)
     # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
     # only by λ·OPD.
     # lr_grid: each method is also trained at these rates, and checkpoint selection picks rate and step on the
     # validation tasks (the configured rate wins ties; porch_jax/opod/experiment.py `learning_rates`).
     grid = (1e-4, 3e-4, 1e-3)
-    c.rwr = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid)
-    c.opod = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
-    c.opd_empty = _trainer(100, 8, 3e-4, 5, 2, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3))
+    c.rwr = _trainer(100, 8, 3e-4, 5, 2 + s, export_every=25, lr_grid=grid)
+    c.opod = _trainer(100, 8, 3e-4, 5, 2 + s, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3 + s))
+    c.opd_empty = _trainer(100, 8, 3e-4, 5, 2 + s, export_every=25, lr_grid=grid, opd_weight=1.0, opd=_opd(16, 3 + s))
     c.dagrpo = _trainer(
         40,
         0,
         1e-3,
         5,
-        4,
+        4 + s,
         export_every=10,
         lr_grid=(3e-4, 1e-3, 3e-3),
         clip_eps=0.2,
         group=ConfigDict(
-            {"contexts_per_step": 4, "group_size": 4, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4}
+            {
+                "contexts_per_step": 4,
+                "group_size": 4,
+                "max_new_tokens": 24,
+                "temperature": 1.0,
+                "top_p": 1.0,
+                "seed": 4 + s,
+            }
         ),
     )
     return c

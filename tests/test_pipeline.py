@@ -129,17 +129,26 @@ def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
 
 
 def test_learning_rate_grid_needs_the_configured_rate_and_selection():
-    from experiments.quickstart import get_config
-    from porch_jax.opod.experiment import learning_rates, run_name
+    from dataclasses import replace
 
-    cfg = get_config()
+    from experiments.quickstart import get_config
+    from porch_jax.opod.config import ExperimentConfig
+    from porch_jax.opod.experiment import learning_rates, run_name
+    from porch_jax.typed_config import ConfigError, from_dict
+
+    config = get_config()
+    cfg = from_dict(ExperimentConfig, config)
     assert learning_rates(cfg, "rwr") == (1e-4, 3e-4, 1e-3) and learning_rates(cfg, "sft") == (3e-3,)
     assert run_name(cfg, "rwr", 3e-4) == "rwr" and run_name(cfg, "rwr", 1e-3) == "rwr_lr0.001"
-    cfg.rwr.lr_grid = (1e-4, 1e-3)
-    with pytest.raises(ValueError, match="'rwr': lr_grid .* must include its learning_rate 0.0003"):
-        learning_rates(cfg, "rwr")
-    cfg.rwr.lr_grid = None
-    assert learning_rates(cfg, "rwr") == (3e-4,)
-    cfg.selection.enabled = False
-    with pytest.raises(ValueError, match="'opod': an lr_grid needs checkpoint selection"):
-        learning_rates(cfg, "opod")
+    assert learning_rates(replace(cfg, rwr=replace(cfg.rwr, lr_grid=None)), "rwr") == (3e-4,)
+    config.rwr.lr_grid = (1e-4, 1e-3)  # checked when the launcher builds the typed config
+    with pytest.raises(ConfigError, match=r"config.rwr.lr_grid: \(0.0001, 0.001\) must include its learning_rate"):
+        from_dict(ExperimentConfig, config)
+    config.rwr.lr_grid, config.selection.enabled = None, False
+    with pytest.raises(ConfigError, match="config.opod.lr_grid: more than one rate needs checkpoint selection"):
+        from_dict(ExperimentConfig, config)
+    config.opod.lr_grid = config.opd_empty.lr_grid = config.dagrpo.lr_grid = None
+    assert not from_dict(ExperimentConfig, config).selection.enabled
+    config.opod.opd = None
+    with pytest.raises(ConfigError, match="config.opod.opd: missing"):
+        from_dict(ExperimentConfig, config)

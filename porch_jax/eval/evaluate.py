@@ -13,22 +13,24 @@ from __future__ import annotations
 import argparse
 import asyncio
 import runpy
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from porch_jax.backends import Sampling
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.policy import Policy, load_policy
+from porch_jax.eval.suite import EvalConfig, SuiteConfig
 from porch_jax.rollout import RunSummary, run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
+from porch_jax.typed_config import from_dict
 
 
 async def run_policy(
     policy: Policy,
     tasks: Sequence[Any],
     store: TrajectoryStore,
-    suite: Mapping[str, Any],
+    suite: SuiteConfig,
     *,
     name: str,
     temperature: float,
@@ -52,8 +54,8 @@ def evaluate(
     policy: Policy,
     tasks: Sequence[Any],
     out: str | Path,
-    suite: Mapping[str, Any],
-    eval_cfg: Mapping[str, Any],
+    suite: SuiteConfig,
+    eval_cfg: EvalConfig,
     name: str,
 ) -> list[EpisodeRecord]:
     """Greedy (or ``eval_cfg.temperature``) rollouts of ``policy`` on ``tasks``, stored in ``out``."""
@@ -65,17 +67,17 @@ def evaluate(
                 store,
                 suite,
                 name=name,
-                temperature=float(eval_cfg["temperature"]),
-                max_tokens=int(eval_cfg["max_tokens"]),
-                concurrency=int(eval_cfg["concurrency"]),
-                seed=int(eval_cfg.get("seed", 0)),
+                temperature=eval_cfg.temperature,
+                max_tokens=eval_cfg.max_tokens,
+                concurrency=eval_cfg.concurrency,
+                seed=eval_cfg.seed,
             )
         )
     return TrajectoryStore(out).read()
 
 
 def load_config(path: str | Path) -> Any:
-    """``get_config()`` of an experiment file."""
+    """``get_config()`` of an experiment file (a ConfigDict: this module's ``main`` types the sections it reads)."""
     return runpy.run_path(str(path))["get_config"]()
 
 
@@ -87,8 +89,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--name", default="eval", help="episode id prefix")
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
+    suite = from_dict(SuiteConfig, cfg.suite, path="config.suite")
+    eval_cfg = from_dict(EvalConfig, cfg.eval, path="config.eval")
     policy = load_policy(args.policy, max_len=int(cfg.policy.max_len), prompt_buckets=tuple(cfg.policy.buckets))
-    records = evaluate(policy, suite_lib.task_set(cfg.eval.tasks, cfg.suite), args.out, cfg.suite, cfg.eval, args.name)
+    records = evaluate(policy, suite_lib.task_set(eval_cfg.tasks, suite), args.out, suite, eval_cfg, args.name)
     print(f"{sum(r.outcome.success for r in records)}/{len(records)} succeeded; records in {args.out}")
 
 

@@ -3,53 +3,17 @@
 One pipeline run draws every source of training randomness once (initial weights, batch order, rollouts,
 OPD and GRPO samples); on the quickstart single runs moved with float-level rounding (README). Running the
 loop once per seed set and reporting the sets' mean and spread, with paired differences whose intervals are
-taken over sets, is the claim that survives that.
+taken over sets, is the claim that survives that. Each set's config is `porch_jax.opod.config.with_seed_set`
+(or `--config=experiments/quickstart.py:seed_set=k`); this module aggregates the sets' results.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-from ml_collections import ConfigDict
 from scipy import stats
-
-SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
-
-
-def with_seed_set(cfg: ConfigDict, k: int) -> ConfigDict:
-    """The config of seed set `k`, run in RUN_DIR/seed_set_k: every `seed` field + 10k (initial weights, batch
-    order, OPD and GRPO samples, rollout sampling) and the SFT rollouts' task seeds + 1,000k. The expert data,
-    validation and held-out tasks stay the same, so every set is compared on the same tasks; set 0 is the
-    config as written."""
-    if k < 0:
-        raise ValueError(f"seed sets are numbered from 0, got {k}")
-    start = cfg.rollouts.seed_start + ROLLOUT_SEED_STRIDE * k
-    others = {"expert_rollouts": cfg.expert_rollouts, "eval.tasks": cfg.eval.tasks}
-    if cfg.get("selection"):
-        others["selection.tasks"] = cfg.selection.tasks
-    for name, tasks in others.items():
-        if start < tasks.seed_start + tasks.num_tasks and tasks.seed_start < start + cfg.rollouts.num_tasks:
-            raise ValueError(
-                f"seed set {k}: the SFT rollouts' task seeds {start}-{start + cfg.rollouts.num_tasks - 1} "
-                f"overlap {name} ({tasks.seed_start}-{tasks.seed_start + tasks.num_tasks - 1})"
-            )
-    out = ConfigDict(cfg.to_dict())
-
-    def shift(node: ConfigDict) -> None:
-        for key, value in node.items():
-            if isinstance(value, ConfigDict):
-                shift(value)
-            elif key == "seed" and isinstance(value, int):
-                node[key] = value + SEED_SET_STRIDE * k
-
-    shift(out)
-    out.rollouts.seed_start = start
-    out.run_dir = str(Path(cfg.run_dir) / f"seed_set_{k}")
-    out.seed_sets = ()
-    return out
 
 
 def aggregate(results: Mapping[int, Mapping[str, Any]]) -> dict[str, Any]:

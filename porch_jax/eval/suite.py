@@ -1,14 +1,14 @@
-"""The synthetic workplace suite as an experiment configures it: task sets and engines.
+"""The synthetic workplace suite as an experiment configures it: typed task sets and engines.
 
-``suite`` config: ``mixture`` (TaskMixture fields), ``expert`` (ExpertConfig fields), ``subagent``
-(SubagentConfig fields), ``max_decisions``, ``max_evidence_chars``. A task set: ``num_tasks``,
-``seed_start``, ``prefix`` and optionally its own ``mixture`` (held-out mixtures for evaluation).
+``SuiteConfig``: ``mixture`` (TaskMixture), ``expert`` (ExpertConfig), ``subagent`` (SubagentConfig),
+``max_decisions``, ``max_evidence_chars``. ``TaskSet``: ``num_tasks``, ``seed_start``, ``prefix`` and optionally its
+own ``mixture`` (held-out mixtures for evaluation). ``EvalConfig``: the held-out tasks and how the policy samples on
+them. A launcher builds them from a config file with ``typed_config.from_dict``, which names a mistyped key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import dataclasses
 
 from porch_jax.backends import Backend, Sampling, ScriptedBackend
 from porch_jax.envs.workplace import (
@@ -22,39 +22,68 @@ from porch_jax.envs.workplace import (
     make_tasks,
 )
 from porch_jax.rollout import Budgets, Engine, EngineConfig, system_config
+from porch_jax.typed_config import check
 
 
-def _plain(d: Any) -> dict[str, Any]:
-    d = d.to_dict() if hasattr(d, "to_dict") else dict(d)
-    return {k: tuple(v) if isinstance(v, list) else v for k, v in d.items()}
+@dataclasses.dataclass(frozen=True)
+class SuiteConfig:
+    """The task mixture, the scripted expert and sub-agents, and the engine's limits."""
+
+    max_decisions: int
+    max_evidence_chars: int
+    mixture: TaskMixture = dataclasses.field(default_factory=TaskMixture)
+    expert: ExpertConfig = dataclasses.field(default_factory=ExpertConfig)
+    subagent: SubagentConfig = dataclasses.field(default_factory=SubagentConfig)
 
 
-def mixture(cfg: Mapping[str, Any]) -> TaskMixture:
-    return TaskMixture(**_plain(cfg))
+@dataclasses.dataclass(frozen=True)
+class TaskSet:
+    """Seeded tasks ``seed_start .. seed_start + num_tasks`` named ``prefix``-..., under ``mixture`` (None: the
+    suite's)."""
+
+    num_tasks: int
+    seed_start: int
+    prefix: str = "wp"
+    mixture: TaskMixture | None = None
+
+    def __post_init__(self):
+        check(self.num_tasks > 0, "num_tasks", f"must be > 0, got {self.num_tasks}")
+
+    @property
+    def seeds(self) -> range:
+        return range(self.seed_start, self.seed_start + self.num_tasks)
 
 
-def task_set(tasks_cfg: Mapping[str, Any], suite: Mapping[str, Any]) -> list[WorkplaceTask]:
-    """Seeded tasks ``seed_start .. seed_start + num_tasks``; the set's own mixture overrides the suite's."""
-    mix = mixture(tasks_cfg.get("mixture") or suite["mixture"])
-    return make_tasks(
-        int(tasks_cfg["num_tasks"]), mix, start=int(tasks_cfg["seed_start"]), prefix=str(tasks_cfg.get("prefix", "wp"))
-    )
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation: its tasks and the policy's sampling on them (temperature 0: greedy)."""
+
+    tasks: TaskSet
+    temperature: float
+    max_tokens: int
+    concurrency: int
+    seed: int = 0
+
+
+def task_set(tasks: TaskSet, suite: SuiteConfig) -> list[WorkplaceTask]:
+    """The seeded tasks of ``tasks``; the set's own mixture overrides the suite's."""
+    return make_tasks(tasks.num_tasks, tasks.mixture or suite.mixture, start=tasks.seed_start, prefix=tasks.prefix)
 
 
 def engine(
-    orchestrator: Backend, suite: Mapping[str, Any], *, name: str, sampling: Sampling = Sampling(max_tokens=256)
+    orchestrator: Backend, suite: SuiteConfig, *, name: str, sampling: Sampling = Sampling(max_tokens=256)
 ) -> Engine:
     """The proactive engine with scripted sub-agents and ``orchestrator`` deciding."""
     cfg = EngineConfig(
         budgets=Budgets(),
-        max_decisions=int(suite["max_decisions"]),
-        max_evidence_chars=int(suite["max_evidence_chars"]),
+        max_decisions=suite.max_decisions,
+        max_evidence_chars=suite.max_evidence_chars,
         orchestrator_sampling=sampling,
     )
-    subagent = ScriptedBackend(ScriptedSubagent(SubagentConfig(**_plain(suite["subagent"]))))
+    subagent = ScriptedBackend(ScriptedSubagent(suite.subagent))
     return Engine(WorkplaceEnv, orchestrator, subagent, system_config("proactive", cfg), system_name=name)
 
 
-def expert_engine(suite: Mapping[str, Any]) -> Engine:
+def expert_engine(suite: SuiteConfig) -> Engine:
     """The scripted expert (with its blind spots) as the orchestrator."""
-    return engine(ScriptedBackend(ScriptedExpert(ExpertConfig(**_plain(suite["expert"])))), suite, name="expert")
+    return engine(ScriptedBackend(ScriptedExpert(suite.expert)), suite, name="expert")

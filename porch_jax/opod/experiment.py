@@ -6,17 +6,18 @@ expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orches
 (expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
 hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights and at each
 rate of its ``lr_grid`` -> selection of rate and checkpoint on validation tasks (config ``selection``: the
-same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks -> results
-table and plots.
+same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out
+seeded tasks -> results table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
 their newest checkpoint). Rerunning a finished run only rebuilds the report.
 
-With `seed_sets` (e.g. `--config.seed_sets="(0, 1, 2, 3)"`, or experiments/quickstart_seeds.py) the loop
-runs once per seed set in RUN_DIR/seed_set_k (`eval.seed_sets.with_seed_set`), and
-RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method mean and spread, paired
-differences with t-intervals over sets.
+`cfg` is the typed ExperimentConfig (porch_jax/opod/config.py) that launch/pipeline.py builds and checks
+once; nothing here reads a ConfigDict. With `seed_sets` (`--config=experiments/quickstart.py:seed_sets=8`,
+or `--config.seed_sets="(0, 1, 2, 3)"`) the loop runs once per seed set in RUN_DIR/seed_set_k
+(`opod.config.with_seed_set`), and RUN_DIR/seed_sets.{md,json,png} report the sets as the unit: per-method
+mean and spread, paired differences with t-intervals over sets.
 """
 
 from __future__ import annotations
@@ -24,16 +25,53 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ml_collections import ConfigDict
+import jax
+from transformers import AutoTokenizer
+
+from porch_jax import runtime
+from porch_jax.attribution.job import AttributionStore, attribute_store
+from porch_jax.attribution.judge import ScriptedJudge, follow_hint
+from porch_jax.backends import ScriptedBackend
+from porch_jax.envs.views import POLICY_FILE, folder_view
+from porch_jax.envs.workplace import TOOLS
+from porch_jax.envs.workplace.codec import corpus as dsl_corpus
+from porch_jax.eval import plots, report
+from porch_jax.eval import seed_sets as seed_sets_lib
+from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.evaluate import evaluate, run_policy
+from porch_jax.eval.policy import load_policy
+from porch_jax.eval.suite import TaskSet
+from porch_jax.models import from_pretrained
+from porch_jax.models.tiny import make_tiny_model
+from porch_jax.opod import rows as od
+from porch_jax.opod.config import ExperimentConfig, with_seed_set
+from porch_jax.opod.diagnostics import hint_following
+from porch_jax.rollout import run_episodes
+from porch_jax.train import mesh as mesh_lib
+from porch_jax.train import sources
+from porch_jax.train.config import (
+    CheckpointConfig,
+    LogConfig,
+    MethodConfig,
+    OptimizerConfig,
+    SamplingConfig,
+    TrainConfig,
+)
+from porch_jax.train.data import hint_table
+from porch_jax.train.methods import make_method
+from porch_jax.train.trainer import Trainer, selection_candidates
+from porch_jax.trajectories import TrajectoryStore
+from porch_jax.typed_config import to_dict
 
 
 class Run:
     """Paths and the stage log of one run directory."""
 
-    def __init__(self, cfg: ConfigDict):
+    def __init__(self, cfg: ExperimentConfig):
         self.cfg, self.dir, self.t0 = cfg, Path(cfg.run_dir), time.monotonic()
         self.dir.mkdir(parents=True, exist_ok=True)
 
@@ -48,13 +86,8 @@ class Run:
 
 
 def rollouts(
-    run: Run, store_name: str, policy_or_none: Any, tasks_cfg: ConfigDict, *, name: str, temperature: float
+    run: Run, store_name: str, policy_or_none: Any, tasks_cfg: TaskSet, *, name: str, temperature: float
 ) -> list[Any]:
-    from porch_jax.eval import suite as suite_lib
-    from porch_jax.eval.evaluate import run_policy
-    from porch_jax.rollout import run_episodes
-    from porch_jax.trajectories import TrajectoryStore
-
     cfg = run.cfg
     tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
     with TrajectoryStore(run / store_name) as store:
@@ -70,9 +103,9 @@ def rollouts(
                     cfg.suite,
                     name=name,
                     temperature=temperature,
-                    max_tokens=int(cfg.policy.max_new_tokens),
-                    concurrency=int(cfg.eval.concurrency),
-                    seed=int(cfg.seed),
+                    max_tokens=cfg.policy.max_new_tokens,
+                    concurrency=cfg.eval.concurrency,
+                    seed=cfg.seed,
                 )
             )
     return TrajectoryStore(run / store_name).read()
@@ -80,12 +113,6 @@ def rollouts(
 
 def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], str]:
     """Runs (or resumes) the attribution job with the scripted judge; returns the hints (FLAG=true)."""
-    from porch_jax.attribution.job import AttributionStore, attribute_store
-    from porch_jax.attribution.judge import ScriptedJudge
-    from porch_jax.backends import ScriptedBackend
-    from porch_jax.train.data import hint_table
-    from porch_jax.trajectories import TrajectoryStore
-
     with AttributionStore(run / out) as store:
         summary = asyncio.run(
             attribute_store(
@@ -102,33 +129,22 @@ def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], st
 
 
 def init_model(run: Run) -> Path:
-    from porch_jax.envs.views import POLICY_FILE
-    from porch_jax.models.tiny import make_tiny_model
-
+    """RUN/init: the tiny model of config `model` from scratch (its tokenizer over the compact language in the
+    "dsl" view), unless it exists."""
     folder = run / "init"
     if not (folder / POLICY_FILE).is_file():
         m = run.cfg.model
-        corpus = None
-        if run.cfg.policy.view == "dsl":  # a tokenizer built over the compact language
-            from porch_jax.envs.workplace.codec import corpus as dsl_corpus
-
-            corpus = dsl_corpus()
-        make_tiny_model(folder, seed=int(m.seed), vocab_size=int(m.vocab_size), corpus=corpus, **m.hf.to_dict())
+        corpus = dsl_corpus() if run.cfg.policy.view == "dsl" else None
+        make_tiny_model(folder, seed=m.seed, vocab_size=m.vocab_size, corpus=corpus, **m.hf)
         (folder / POLICY_FILE).write_text(json.dumps({"view": run.cfg.policy.view}))
     return folder
 
 
-def train(run: Run, name: str, init: Path, source_of: Any, *, learning_rate: float | None = None) -> Path:
+def train(
+    run: Run, name: str, init: Path, source_of: Callable[[Any, Any], Any], *, learning_rate: float | None = None
+) -> Path:
     """A Trainer run of config section `name` in RUN/<run_name(name, learning_rate)> from the policy in `init`,
     unless its export exists; `source_of(tokenizer, mesh)` builds its batch source. Returns the export folder."""
-    from transformers import AutoTokenizer
-
-    from porch_jax.envs.views import POLICY_FILE, folder_view
-    from porch_jax.models import from_pretrained
-    from porch_jax.train import mesh as mesh_lib
-    from porch_jax.train.methods import make_method
-    from porch_jax.train.trainer import Trainer
-
     folder = run_name(run.cfg, name, learning_rate)
     export = run / folder / "export"
     if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
@@ -146,78 +162,54 @@ def train(run: Run, name: str, init: Path, source_of: Any, *, learning_rate: flo
 METHOD_OF = {"sft": "sft", "rwr": "rwr", "opod": "opod", "opd_empty": "opod", "dagrpo": "dagrpo"}
 
 
-def train_config(cfg: ConfigDict, name: str, learning_rate: float | None = None) -> Any:
-    """The typed TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
-    from porch_jax.train.config import CheckpointConfig, LogConfig, MethodConfig, OptimizerConfig, TrainConfig
-
-    opt, sec = cfg.optimizer, cfg[name]
-    lr = float(sec.learning_rate if learning_rate is None else learning_rate)
+def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None = None) -> TrainConfig:
+    """The TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
+    opt, sec = cfg.optimizer, cfg.method(name)
     return TrainConfig(
-        steps=int(sec.steps),
+        steps=sec.steps,
         optimizer=OptimizerConfig(
-            learning_rate=lr,
-            warmup_steps=int(sec.warmup_steps),
-            final_lr_ratio=float(opt.final_lr_ratio),
-            weight_decay=float(opt.weight_decay),
-            b1=float(opt.b1),
-            b2=float(opt.b2),
-            eps=float(opt.eps),
-            max_grad_norm=float(opt.max_grad_norm),
+            learning_rate=sec.learning_rate if learning_rate is None else float(learning_rate),
+            warmup_steps=sec.warmup_steps,
+            final_lr_ratio=opt.final_lr_ratio,
+            weight_decay=opt.weight_decay,
+            b1=opt.b1,
+            b2=opt.b2,
+            eps=opt.eps,
+            max_grad_norm=opt.max_grad_norm,
         ),
-        method=MethodConfig(
-            name=METHOD_OF[name],
-            layout="packed",
-            opd_weight=float(sec.opd_weight) if "opd_weight" in sec else 1.0,
-            clip_eps=float(sec.clip_eps) if "clip_eps" in sec else 0.2,
-        ),
-        checkpoint=CheckpointConfig(every=int(opt.checkpoint_every), keep=1, async_save=False),
-        log=LogConfig(every=int(opt.log_every)),
-        export_every=int(sec.export_every) if "export_every" in sec else 0,
+        method=MethodConfig(name=METHOD_OF[name], layout="packed", opd_weight=sec.opd_weight, clip_eps=sec.clip_eps),
+        checkpoint=CheckpointConfig(every=opt.checkpoint_every, keep=1, async_save=False),
+        log=LogConfig(every=opt.log_every),
+        export_every=sec.export_every,
     )
 
 
-def learning_rates(cfg: ConfigDict, name: str) -> tuple[float, ...]:
+def learning_rates(cfg: ExperimentConfig, name: str) -> tuple[float, ...]:
     """The learning rates a method after SFT is trained with: its section's `lr_grid` (checkpoint selection then
-    picks the rate and the step on validation tasks, the same rule for every method), else the one configured."""
-    configured = float(cfg[name].learning_rate)
-    grid = tuple(float(lr) for lr in cfg[name].get("lr_grid", None) or (configured,))
-    if configured not in grid:
-        raise ValueError(f"config section '{name}': lr_grid {grid} must include its learning_rate {configured}")
-    if len(grid) > 1 and not (cfg.get("selection") and cfg.selection.enabled):
-        raise ValueError(
-            f"config section '{name}': an lr_grid needs checkpoint selection (selection.enabled) to "
-            "choose among its rates"
-        )
-    return grid
+    picks the rate and the step on validation tasks, the same rule for every method), else the one configured.
+    ExperimentConfig checks at launch that the grid holds the configured rate and that selection is on."""
+    return cfg.method(name).lr_grid or (cfg.method(name).learning_rate,)
 
 
-def run_name(cfg: ConfigDict, name: str, learning_rate: float | None) -> str:
+def run_name(cfg: ExperimentConfig, name: str, learning_rate: float | None) -> str:
     """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
-    if learning_rate is None or learning_rate == float(cfg[name].learning_rate):
+    if learning_rate is None or learning_rate == cfg.method(name).learning_rate:
         return name
     return f"{name}_lr{learning_rate:g}"
 
 
-def run(cfg: ConfigDict) -> None:
+def run(cfg: ExperimentConfig) -> None:
     """The experiment of `cfg` in cfg.run_dir: one seed set, or each of cfg.seed_sets and their report."""
-    import jax
-
-    from porch_jax import runtime
-
     runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
     base = Path(cfg.run_dir)
     base.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str((base / "jax_cache").absolute()))
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 1.0)
-    seed_sets = tuple(int(k) for k in cfg.get("seed_sets", ()))
+    seed_sets = cfg.seed_sets  # distinct and from 0 (ExperimentConfig checks)
     if not seed_sets:
         run_pipeline(cfg)
         return
-    if len(set(seed_sets)) != len(seed_sets):
-        raise ValueError(f"config field 'seed_sets' repeats a set: {seed_sets}")
-    from porch_jax.eval.seed_sets import with_seed_set
-
-    (base / "config.json").write_text(cfg.to_json(indent=1))  # each set's own config is in its folder
+    write_config(cfg, base / "config.json")  # each set's own config is in its folder
     for k in seed_sets:
         print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
         run_pipeline(with_seed_set(cfg, k))
@@ -226,9 +218,6 @@ def run(cfg: ConfigDict) -> None:
 
 def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     """RUN_DIR/seed_sets.{md,json,png} from each set's results.json (eval/seed_sets.py)."""
-    from porch_jax.eval import plots
-    from porch_jax.eval import seed_sets as seed_sets_lib
-
     agg = seed_sets_lib.aggregate(
         {k: json.loads((base / f"seed_set_{k}" / "results.json").read_text()) for k in seed_sets}
     )
@@ -239,22 +228,18 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
 
 
-def run_pipeline(cfg: ConfigDict) -> None:
+def write_config(cfg: ExperimentConfig, path: Path) -> None:
+    """The typed config as JSON (every key, defaults included): the record of what the run in its folder ran."""
+    path.write_text(json.dumps(to_dict(cfg), indent=1, sort_keys=True))
+
+
+def run_pipeline(cfg: ExperimentConfig) -> None:
     """One seed set's whole loop in cfg.run_dir (module docstring)."""
     run = Run(cfg)
-    (run / "config.json").write_text(cfg.to_json(indent=1))
+    write_config(cfg, run / "config.json")
 
-    from transformers import AutoTokenizer
-
-    from porch_jax.attribution.judge import follow_hint
-    from porch_jax.envs.workplace import TOOLS
-    from porch_jax.eval.policy import load_policy
-    from porch_jax.opod import rows as od
-    from porch_jax.train import sources
-    from porch_jax.train.config import SamplingConfig
-
-    view, buckets, max_len = cfg.policy.view, tuple(cfg.policy.buckets), max(cfg.policy.buckets)
-    sampler_len = int(cfg.policy.max_len)
+    view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)
+    sampler_len = cfg.policy.max_len
     run.stage("expert rollouts", False)
     expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
     print(f"expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
@@ -265,37 +250,29 @@ def run_pipeline(cfg: ConfigDict) -> None:
     tok = AutoTokenizer.from_pretrained(str(init))
     sft_rows = od.packed_rows(expert, tok, view, max_len)
     hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
-    hint_rows = hint_rows[: int(float(cfg.sft.hint_rows) * len(sft_rows))]  # a share of the episodes, not more
-    if cfg.sft.get("empty_hint_rows", False):  # the same decisions under an empty hint, action unchanged
+    hint_rows = hint_rows[: int(cfg.sft.hint_rows * len(sft_rows))]  # a share of the episodes, not more
+    if cfg.sft.empty_hint_rows:  # the same decisions under an empty hint, action unchanged
         hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[: len(hint_rows)]
     print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
     sft = train(
         run,
         "sft",
         init,
-        lambda tok, mesh: sources.PackedSource(
-            sft_rows + hint_rows, int(cfg.sft.batch), buckets, int(cfg.sft.seed), mesh
-        ),
+        lambda tok, mesh: sources.PackedSource(sft_rows + hint_rows, cfg.sft.batch, buckets, cfg.sft.seed, mesh),
     )
 
     policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
     run.stage("rollouts of the SFT policy", False)
-    data = rollouts(
-        run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=float(cfg.rollouts.temperature)
-    )
+    data = rollouts(run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=cfg.rollouts.temperature)
     print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
     run.stage("attribution of SFT decisions", False)
     hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
 
     teacher_check = run / "hint_following.json"
     if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
-        from porch_jax.opod.diagnostics import hint_following
-
         teacher_check.write_text(
             json.dumps(
-                hint_following(
-                    policy.sampler, data, hints, view, follow_hint, max_new_tokens=int(cfg.policy.max_new_tokens)
-                )
+                hint_following(policy.sampler, data, hints, view, follow_hint, max_new_tokens=cfg.policy.max_new_tokens)
             )
         )
     print(f"hinted action matched on flagged decisions (greedy): {teacher_check.read_text()}", flush=True)
@@ -308,24 +285,22 @@ def run_pipeline(cfg: ConfigDict) -> None:
     )
 
     def packed(section: str, view: str, mesh: Any) -> list[Any]:
-        sec = cfg[section]
-        return [sources.PackedSource(rwr_rows, int(sec.batch), buckets, int(sec.seed), mesh, view)] if rwr_rows else []
+        sec = cfg.method(section)
+        return [sources.PackedSource(rwr_rows, sec.batch, buckets, sec.seed, mesh, view)] if rwr_rows else []
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
-        o = cfg[section].opd
-        sampling = SamplingConfig(int(o.max_new_tokens), float(o.temperature), float(o.top_p), int(o.seed))
-        return [sources.OpdSource(rows, tok, sampling, int(o.batch), buckets, mesh)] if rows else []
+        o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
+        sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed)
+        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh)] if rows else []
 
     def group(tok: Any, mesh: Any) -> Any:
-        g = cfg.dagrpo.group
-        sampling = SamplingConfig(int(g.max_new_tokens), float(g.temperature), float(g.top_p), int(g.seed))
+        g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
+        sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
         contexts = od.expert_contexts(expert, tok, view)
-        return sources.GroupSource(
-            contexts, tok, sampling, int(g.contexts_per_step), int(g.group_size), buckets, TOOLS, mesh
-        )
+        return sources.GroupSource(contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh)
 
     empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
-    exports = {"sft": {float(cfg.sft.learning_rate): sft}}
+    exports = {"sft": {cfg.sft.learning_rate: sft}}
     plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
         "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], bool(rwr_rows)),
         "opod": (
@@ -363,10 +338,6 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
     has one checkpoint. Written to ``RUN/selection.json``; the held-out evaluation then reads only the selected
     export folder.
     """
-    from porch_jax.eval import suite as suite_lib
-    from porch_jax.eval.evaluate import evaluate
-    from porch_jax.train.trainer import selection_candidates
-
     cfg = run.cfg
     tasks = suite_lib.task_set(cfg.selection.tasks, cfg.suite)
     out: dict[str, dict[str, Any]] = {}
@@ -380,7 +351,7 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
                 run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
                 recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
-        configured = float(cfg[name].learning_rate)
+        configured = cfg.method(name).learning_rate
         lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
         out[name] = {
             "learning_rate": lr,
@@ -399,12 +370,9 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
 
 
 def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> None:
-    from porch_jax.eval import plots, report
-    from porch_jax.eval import suite as suite_lib
-    from porch_jax.eval.evaluate import evaluate
-
+    """Each method's selected (or only) export on the held-out tasks; RUN/results.{md,json} and the plots."""
     cfg = run.cfg
-    selection = select_checkpoints(run, policy, exports) if cfg.get("selection") and cfg.selection.enabled else {}
+    selection = select_checkpoints(run, policy, exports) if cfg.selection.enabled else {}
     tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
     records, runs = {}, {}
     for name, by_lr in exports.items():
@@ -449,9 +417,7 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
         )
     (run / "results.md").write_text(table + "\n")
     report.write_results(rows, comparisons, run / "results.json")
-    from porch_jax.eval.plots import read_metrics
-
-    plots.plot_curves({n: read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
+    plots.plot_curves({n: plots.read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
     plots.plot_success(rows, run / "success.png")
     print(
         f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "

@@ -19,9 +19,10 @@ from porch_jax.attribution.judge import ScriptedJudge
 from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.workplace import TaskMixture, make_tasks
 from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.suite import SuiteConfig
 from porch_jax.trajectories import TrajectoryStore
 
-SUITE = {"mixture": {}, "subagent": {}, "expert": {}, "max_decisions": 20, "max_evidence_chars": 160}
+SUITE = SuiteConfig(max_decisions=20, max_evidence_chars=160)
 
 
 def _store_of_1000(path):

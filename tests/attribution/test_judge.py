@@ -4,6 +4,7 @@ right correction), on what it must not attribute, through the backend interface,
 
 import asyncio
 import collections
+import dataclasses
 import re
 
 import pytest
@@ -11,17 +12,16 @@ import pytest
 from porch_jax.attribution.grm import AttributionUnit, grm_request, parse_reply
 from porch_jax.attribution.judge import ScriptedJudge, follow_hint, judge, known_facts
 from porch_jax.backends import ScriptedBackend
-from porch_jax.envs.workplace import TaskMixture, make_tasks
+from porch_jax.envs.workplace import ExpertConfig, TaskMixture, make_tasks
 from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.suite import SuiteConfig
 from porch_jax.protocol import render_call
 
-SUITE = {
-    "mixture": {},
-    "subagent": {},
-    "max_decisions": 20,
-    "max_evidence_chars": 160,
-    "expert": {"p_omit_context": 0.1, "p_omit_tool": 0.1, "p_misscope": 0.1, "p_underbudget": 0.1},
-}
+SUITE = SuiteConfig(
+    max_decisions=20,
+    max_evidence_chars=160,
+    expert=ExpertConfig(p_omit_context=0.1, p_omit_tool=0.1, p_misscope=0.1, p_underbudget=0.1),
+)
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_a_fact_never_seen_is_not_attributable():
 
 def _history_first_delegations(blind_rate):
     """(archive granted, attribution) of each first delegation of a history clause ("find X of Y in YEAR")."""
-    suite = {**SUITE, "expert": {**SUITE["expert"], "p_omit_tool": 0.0, "blind_rate": blind_rate}}
+    suite = dataclasses.replace(SUITE, expert=dataclasses.replace(SUITE.expert, p_omit_tool=0.0, blind_rate=blind_rate))
     engine = suite_lib.expert_engine(suite)
     tasks = make_tasks(40, TaskMixture(templates={"history": 1.0}, slack=(1, 2)))
 
@@ -134,9 +134,9 @@ def test_blind_rate_makes_a_blind_spot_act_on_part_of_the_decisions_and_the_judg
     assert all(g for g, _ in _history_first_delegations({"archive": 0.0}))  # a rate per blind spot
     assert not any(g for g, _ in _history_first_delegations({"long_file": 0.0}))  # the others: always blind
     with pytest.raises(ValueError):
-        suite_lib.expert_engine({**SUITE, "expert": {"blind_rate": 1.5}})
+        suite_lib.expert_engine(dataclasses.replace(SUITE, expert=ExpertConfig(blind_rate=1.5)))
     with pytest.raises(ValueError):
-        suite_lib.expert_engine({**SUITE, "expert": {"blind_rate": {"archives": 0.5}}})
+        suite_lib.expert_engine(dataclasses.replace(SUITE, expert=ExpertConfig(blind_rate={"archives": 0.5})))
 
 
 def test_through_the_backend_interface(judged):

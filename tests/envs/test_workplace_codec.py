@@ -9,19 +9,19 @@ import asyncio
 import pytest
 
 from porch_jax.backends import ChatResult
-from porch_jax.envs.workplace import codec, make_tasks
+from porch_jax.envs.workplace import ExpertConfig, TaskMixture, codec, make_tasks
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.policy import ViewBackend
+from porch_jax.eval.suite import SuiteConfig
 from porch_jax.protocol import render_call
 from porch_jax.protocol.parse import extract_call
 
-SUITE = {
-    "mixture": {"templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0}},
-    "subagent": {},
-    "expert": {"blind_spots": ("handover_2back", "archive", "long_file")},
-    "max_decisions": 12,
-    "max_evidence_chars": 160,
-}
+SUITE = SuiteConfig(
+    max_decisions=12,
+    max_evidence_chars=160,
+    mixture=TaskMixture(templates={"history": 1.0, "mail_text": 1.0, "file_text": 1.0}),
+    expert=ExpertConfig(blind_spots=("handover_2back", "archive", "long_file")),
+)
 TASK = {
     "role": "user",
     "content": "Task: 1) find desk number in mail from Deniz Berg 2) find phone of Ravi Lopez "
@@ -55,7 +55,7 @@ def _context():
 
 def _expert_episodes(n=6):
     engine = suite_lib.expert_engine(SUITE)
-    tasks = make_tasks(n, suite_lib.mixture(SUITE["mixture"]), prefix="codec")
+    tasks = make_tasks(n, SUITE.mixture, prefix="codec")
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
@@ -146,7 +146,7 @@ def test_engine_records_malformed_dsl_as_invalid_action():
             return ChatResult(text="delegate c9 budget=3" if self.n == 1 else "finish done", token_ids=[1, 2])
 
     engine = suite_lib.engine(ViewBackend(Replies(), "dsl"), SUITE, name="dsl")
-    task = make_tasks(1, suite_lib.mixture(SUITE["mixture"]), prefix="codec")[0]
+    task = make_tasks(1, SUITE.mixture, prefix="codec")[0]
     ep = asyncio.run(engine.run(task, episode_id="e"))
     assert ep.decisions[0].action is None and ep.decisions[0].parse_error
     assert ep.decisions[1].action == {"name": "finish", "arguments": {"answer": "done"}}

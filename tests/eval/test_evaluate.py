@@ -16,7 +16,9 @@ from porch_jax.envs.views import POLICY_FILE
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.evaluate import evaluate, load_config
 from porch_jax.eval.policy import load_policy
+from porch_jax.eval.suite import EvalConfig, SuiteConfig
 from porch_jax.models.tiny import make_tiny_model
+from porch_jax.typed_config import from_dict
 
 TINY = dict(
     hidden_size=32,
@@ -57,9 +59,10 @@ def test_a_fresh_process_reproduces_the_evaluation_from_the_folder_alone(tmp_pat
     folder, other = _folder(tmp_path / "a", 0), _folder(tmp_path / "b", 1)
     (tmp_path / "exp.py").write_text(CONFIG)
     cfg = load_config(tmp_path / "exp.py")
-    tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
+    suite, eval_cfg = from_dict(SuiteConfig, cfg.suite), from_dict(EvalConfig, cfg.eval)
+    tasks = suite_lib.task_set(eval_cfg.tasks, suite)
     policy = load_policy(folder, max_len=1024, prompt_buckets=(1024,))
-    mine = evaluate(policy, tasks, tmp_path / "in_process.jsonl", cfg.suite, cfg.eval, "eval")
+    mine = evaluate(policy, tasks, tmp_path / "in_process.jsonl", suite, eval_cfg, "eval")
     assert len(mine) == 3 and all(r.decisions and r.decisions[0].action_token_ids for r in mine)
 
     out = subprocess.run(
@@ -83,14 +86,14 @@ def test_a_fresh_process_reproduces_the_evaluation_from_the_folder_alone(tmp_pat
     fresh = TrajectoryStore(tmp_path / "fresh.jsonl").read()
     assert _actions(fresh) == _actions(mine)
 
-    swapped = evaluate(policy.load(other), tasks, tmp_path / "other.jsonl", cfg.suite, cfg.eval, "eval")
+    swapped = evaluate(policy.load(other), tasks, tmp_path / "other.jsonl", suite, eval_cfg, "eval")
     assert _actions(swapped) != _actions(mine)  # the weights come from the folder
     loaded = evaluate(
         load_policy(other, max_len=1024, prompt_buckets=(1024,)),
         tasks,
         tmp_path / "other2.jsonl",
-        cfg.suite,
-        cfg.eval,
+        suite,
+        eval_cfg,
         "eval",
     )
     assert _actions(loaded) == _actions(swapped)

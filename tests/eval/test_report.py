@@ -45,24 +45,25 @@ def test_plots_are_written(tmp_path):
 
 def test_blind_spot_checks_see_the_expert_blind_spots_and_their_absence():
     import asyncio
+    import dataclasses
 
+    from porch_jax.envs.workplace import ExpertConfig, TaskMixture
     from porch_jax.eval import suite as suite_lib
 
-    suite = {
-        "mixture": {
-            "templates": {"history": 1.0, "mail_text": 1.0, "file_text": 1.0},
-            "p_change": 0.0,
-            "p_distract": 0.0,
-        },
-        "subagent": {},
-        "max_decisions": 20,
-        "max_evidence_chars": 160,
-        "expert": {"p_omit_context": 0.0, "p_omit_tool": 0.0, "p_misscope": 0.0, "p_underbudget": 0.0},
-    }
-    tasks = suite_lib.task_set({"num_tasks": 30, "seed_start": 0}, suite)
+    suite = suite_lib.SuiteConfig(
+        max_decisions=20,
+        max_evidence_chars=160,
+        mixture=TaskMixture(
+            templates={"history": 1.0, "mail_text": 1.0, "file_text": 1.0}, p_change=0.0, p_distract=0.0
+        ),
+        expert=ExpertConfig(p_omit_context=0.0, p_omit_tool=0.0, p_misscope=0.0, p_underbudget=0.0),
+    )
+    tasks = suite_lib.task_set(suite_lib.TaskSet(num_tasks=30, seed_start=0), suite)
 
     def rates(blind_spots):
-        engine = suite_lib.expert_engine({**suite, "expert": {**suite["expert"], "blind_spots": blind_spots}})
+        engine = suite_lib.expert_engine(
+            dataclasses.replace(suite, expert=dataclasses.replace(suite.expert, blind_spots=blind_spots))
+        )
 
         async def run():
             return [await engine.run(t, episode_id=t.task_id) for t in tasks]

@@ -9,6 +9,8 @@ import pytest
 
 from experiments import quickstart
 from porch_jax.eval import plots, report, seed_sets
+from porch_jax.opod.config import ExperimentConfig, with_seed_set
+from porch_jax.typed_config import ConfigError, diff, from_dict, to_dict
 from tests.eval.outcomes import records_with
 
 T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freedom (tables)
@@ -16,8 +18,8 @@ T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freed
 
 def _seeds(node, path=""):
     out = {}
-    for key, value in node.items():
-        if hasattr(value, "items"):
+    for key, value in to_dict(node).items():
+        if isinstance(value, dict):
             out.update(_seeds(value, f"{path}{key}."))
         elif key == "seed":
             out[path + key] = value
@@ -25,21 +27,38 @@ def _seeds(node, path=""):
 
 
 def test_a_seed_set_shifts_every_seed_and_keeps_the_compared_tasks():
-    cfg = quickstart.get_config()
+    cfg = from_dict(ExperimentConfig, quickstart.get_config())
     base = _seeds(cfg)
     assert {"seed", "model.seed", "sft.seed", "rwr.seed", "opod.opd.seed", "dagrpo.group.seed"} <= set(base)
-    zero = seed_sets.with_seed_set(cfg, 0)
+    zero = with_seed_set(cfg, 0)
     assert _seeds(zero) == base and zero.rollouts.seed_start == cfg.rollouts.seed_start
     assert zero.run_dir == "runs/quickstart/seed_set_0"
-    two = seed_sets.with_seed_set(cfg, 2)
+    two = with_seed_set(cfg, 2)
     assert _seeds(two) == {k: v + 20 for k, v in base.items()}
     assert two.rollouts.seed_start == cfg.rollouts.seed_start + 2000
-    for section in ("expert_rollouts", "eval", "selection"):  # the tasks every set is compared on
-        assert two[section].to_dict() == cfg[section].to_dict() or section == "eval"
-    assert two.eval.tasks.to_dict() == cfg.eval.tasks.to_dict() and two.seed_sets == ()
+    for section in ("expert_rollouts", "selection", "suite"):  # the tasks every set is compared on
+        assert getattr(two, section) == getattr(cfg, section)
+    assert two.eval.tasks == cfg.eval.tasks and two.seed_sets == ()
     assert cfg.sft.seed == 1  # the input config is left as it was
     with pytest.raises(ValueError, match=r"50000-50299 overlap selection.tasks \(50000-50099\)"):
-        seed_sets.with_seed_set(cfg, 30)
+        with_seed_set(cfg, 30)
+
+
+def test_the_quickstart_argument_writes_each_seed_set_and_no_argument_the_quickstart_as_written():
+    typed = lambda arg=None: from_dict(ExperimentConfig, quickstart.get_config(arg))  # noqa: E731
+    default = typed()
+    assert default.run_dir == "runs/quickstart" and default.seed_sets == () and default.sft.seed == 1
+    sets = typed("seed_sets=8")
+    assert sets.run_dir == "runs/quickstart_seeds" and sets.seed_sets == tuple(range(8))
+    for k in (0, 3):  # `:seed_set=k` is set k of the `:seed_sets=N` run, in the same folder
+        assert typed(f"seed_set={k}") == with_seed_set(sets, k)
+        assert diff(typed(f"seed_set={k}"), default) == (
+            ["run_dir"] if k == 0 else sorted(["run_dir", "rollouts.seed_start", *_seeds(default)])
+        )
+    with pytest.raises(ConfigError, match="not both"):
+        quickstart.get_config("seed_set=1,seed_sets=2")
+    with pytest.raises(ConfigError, match=r"seed_sst: unknown key \(did you mean seed_set\?\)"):
+        quickstart.get_config("seed_sst=1")
 
 
 def _results(tmp_path, k, sft, rwr, opod):

@@ -17,8 +17,9 @@ from flax import nnx
 
 from porch_jax.attribution.judge import follow_hint
 from porch_jax.envs.views import POLICY_FILE
-from porch_jax.envs.workplace import TOOLS, codec
+from porch_jax.envs.workplace import TOOLS, TaskMixture, codec
 from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.suite import SuiteConfig, TaskSet
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as od
@@ -31,13 +32,11 @@ from porch_jax.train.data import decision_target
 from porch_jax.train.methods import MethodConfig, make_method
 from porch_jax.train.trainer import Trainer, selection_candidates
 
-SUITE = {
-    "mixture": {"templates": {"history": 1.0, "mail_text": 1.0}, "p_change": 0.0, "p_distract": 0.0, "slack": (1, 3)},
-    "subagent": {},
-    "expert": {},
-    "max_decisions": 20,
-    "max_evidence_chars": 160,
-}
+SUITE = SuiteConfig(
+    max_decisions=20,
+    max_evidence_chars=160,
+    mixture=TaskMixture(templates={"history": 1.0, "mail_text": 1.0}, p_change=0.0, p_distract=0.0, slack=(1, 3)),
+)
 TINY = dict(
     hidden_size=32,
     intermediate_size=64,
@@ -68,7 +67,7 @@ def tok(model_dir):
 def episodes():
     """Expert episodes cut to their first three decisions (rows within 512 tokens: quick to compile)."""
     engine = suite_lib.expert_engine(SUITE)
-    tasks = suite_lib.task_set({"num_tasks": 6, "seed_start": 0}, SUITE)
+    tasks = suite_lib.task_set(TaskSet(6, 0), SUITE)
 
     async def run():
         return [await engine.run(t, episode_id=t.task_id) for t in tasks]
