@@ -41,6 +41,7 @@ from porch_jax.maca.prior import (
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import (
     VARIANTS,
+    GroupDecisions,
     GRPOConfig,
     graphspecs,
     group_targets,
@@ -117,6 +118,24 @@ def test_maca_loss_matches_numpy():
     assert np.isfinite(grad).all() and np.all(grad[~mask] == 0) and np.all(grad[~valid] == 0)
 
 
+def _targets(old, ref, prior, valid, episode, step, tokens, correct, step_mask, *, lam, actions=None, **cfg):
+    """group_targets of one iteration's arrays (without actions: the exact per-state KL)."""
+    decisions = GroupDecisions(
+        old=old,
+        ref=ref,
+        prior=prior,
+        valid=valid,
+        actions=np.zeros(len(valid), np.int32) if actions is None else actions,
+        episode=episode,
+        step=step,
+        tokens=tokens,
+        step_mask=step_mask,
+        correct=correct,
+    )
+    grpo = GRPOConfig(token_unit=1000.0, advantage_eps=0.1, kl_sample=actions is not None, **cfg)
+    return group_targets(decisions, grpo, lam)
+
+
 def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     # 2 groups of 2 episodes; decisions (episode, step): e0 two steps, e1 one, e2 one, e3 two.
     episode, step = np.array([0, 0, 1, 2, 3, 3, 0]), np.array([0, 1, 0, 0, 0, 1, 0])
@@ -127,23 +146,9 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     step_mask = np.array([[1, 1], [1, 0], [1, 0], [1, 1]], bool)
     correct = np.array([1, 0, 1, 1], np.float32)
     prior = np.full((7, a), 1 / a, np.float32)
+    kw = {"group_size": 2, "token_cost_weight": 0.02}
     for lam in (0.0, 0.7):
-        out = group_targets(
-            uniform,
-            uniform,
-            prior,
-            valid,
-            episode,
-            step,
-            tokens,
-            correct,
-            step_mask,
-            groups=2,
-            token_cost_weight=0.02,
-            prior_kl_weight=lam,
-            token_unit=1000.0,
-            eps=0.1,
-        )
+        out = _targets(uniform, uniform, prior, valid, episode, step, tokens, correct, step_mask, lam=lam, **kw)
         returns = correct - 0.02 * tokens.sum(1) / 1000  # pi = pi_ref = pi_prior: KL 0 whatever lambda is
         np.testing.assert_allclose(out["returns"], returns, rtol=1e-5)
         r = returns.reshape(2, 2)
@@ -151,22 +156,7 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
         np.testing.assert_allclose(out["advantages"], adv, rtol=1e-4)
         np.testing.assert_allclose(np.asarray(out["decision_advantages"])[valid], adv[episode[valid]], rtol=1e-4)
     peaked = np.log(np.array([[0.98, 0.01, 0.01]] * 7, np.float32))  # now the rollout policy is far from pi_mix
-    out = group_targets(
-        peaked,
-        uniform,
-        prior,
-        valid,
-        episode,
-        step,
-        tokens,
-        correct,
-        step_mask,
-        groups=2,
-        token_cost_weight=0.02,
-        prior_kl_weight=0.7,
-        token_unit=1000.0,
-        eps=0.1,
-    )
+    out = _targets(peaked, uniform, prior, valid, episode, step, tokens, correct, step_mask, lam=0.7, **kw)
     kl = np.sum(0.98 * np.log(0.98 * 3) + 2 * 0.01 * np.log(0.01 * 3))
     np.testing.assert_allclose(
         out["returns"], correct - 0.02 * tokens.sum(1) / 1000 - 0.7 * kl * step_mask.sum(1), rtol=1e-4
@@ -184,15 +174,16 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     mix = np.log(0.5 * (1 / a + prior))
     episode, step, valid = np.array([0, 1]), np.array([0, 0]), np.array([True, True])
     tokens, step_mask, correct = np.zeros((2, 1), np.float32), np.ones((2, 1), bool), np.ones(2, np.float32)
-    kw = {"groups": 1, "token_cost_weight": 0.0, "prior_kl_weight": 0.7, "token_unit": 1000.0, "eps": 0.1}
+    kw = {"group_size": 2, "token_cost_weight": 0.0, "lam": 0.7}
     actions = np.array([0, 1])  # episode 0 follows the prior, episode 1 does not
-    sampled = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, actions=actions, **kw)
+    arrays = (policy, ref, prior, valid, episode, step, tokens, correct, step_mask)
+    sampled = _targets(*arrays, actions=actions, **kw)
     np.testing.assert_allclose(sampled["kl"], policy[[0, 1], actions] - mix[[0, 1], actions], rtol=1e-5)
     np.testing.assert_allclose(
         sampled["returns"], 1 - 0.7 * (policy[[0, 1], actions] - mix[[0, 1], actions]), rtol=1e-5
     )
     assert sampled["returns"][0] > sampled["returns"][1]
-    exact = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, **kw)
+    exact = _targets(*arrays, **kw)
     np.testing.assert_allclose(exact["returns"][0], exact["returns"][1])
     # the one-sample estimate is unbiased: its expectation under pi is the exact KL
     np.testing.assert_allclose(np.sum(np.exp(policy[0]) * (policy[0] - mix[0])), exact["kl"][0], rtol=1e-5)
@@ -754,7 +745,7 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
     ckpt = tmp_path / "ckpt"
     with pytest.raises(Killed):
         train(checkpoint_dir=ckpt, checkpoint_every=1, probe=probe, probe_every=1)
-    assert Checkpointer(ckpt).steps() == [1, 2]  # iteration 3 died before its save
+    assert Checkpointer(ckpt / "checkpoints").steps() == [1, 2]  # iteration 3 died before its save
     for attempt in range(2):  # the resumed run, then a finished one that only restores
         lines = []
         resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1, progress=lines.append, progress_every_s=0.0)
@@ -766,7 +757,7 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
         )
         for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params), strict=False):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert Checkpointer(ckpt).steps() == [3, 4]
+    assert Checkpointer(ckpt / "checkpoints").steps() == [3, 4]
     other = dataclasses.replace(study, grpo=dataclasses.replace(study.grpo, iterations=5))
     with pytest.raises(ValueError, match="another run.*iterations"):
         train_grpo(
@@ -807,15 +798,15 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
 
     clean = experiment.run(config(tmp_path / "clean"), log=lambda s: None)
     iterations = []
-    real_iteration = maca_train._iteration
+    real_rollout = maca_train.GroupRollouts.rollout
 
-    def counting(*args, **kwargs):
-        iterations.append(args[7].name)  # the variant
+    def counting(self):
+        iterations.append(self.variant.name)
         if len(iterations) == 6:  # maca's 3, then grpo's 3rd: killed after grpo's checkpoint at iteration 2
             raise KeyboardInterrupt
-        return real_iteration(*args, **kwargs)
+        return real_rollout(self)
 
-    monkeypatch.setattr(maca_train, "_iteration", counting)
+    monkeypatch.setattr(maca_train.GroupRollouts, "rollout", counting)
     with pytest.raises(KeyboardInterrupt):
         experiment.run(config(tmp_path / "run"), log=lambda s: None)
     assert iterations == ["maca"] * 3 + ["grpo"] * 3
