@@ -15,11 +15,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from porch_jax.maca.analysis import Study, evaluate, learning_curve, run_variant
 from porch_jax.maca.encoder import HashingEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, GraphSpec, context_text
-from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
+from porch_jax.maca.lm_policy import HeadScorer, head_policy, lm_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     Constraint,
     OrchestrationTask,
@@ -28,7 +29,7 @@ from porch_jax.maca.orchestrator import (
     synthetic_tasks,
     synthetic_world,
 )
-from porch_jax.maca.policy import prior_action_probs, structural_mask
+from porch_jax.maca.policy import masked_log_probs, prior_action_probs, structural_mask
 from porch_jax.maca.prior import (
     PriorConfig,
     PriorPolicy,
@@ -51,6 +52,7 @@ from porch_jax.maca.train import (
     train_grpo,
 )
 from porch_jax.train.checkpoint import Checkpointer
+from porch_jax.train.methods import METHODS, MethodConfig, make_method
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -187,6 +189,36 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     np.testing.assert_allclose(exact["returns"][0], exact["returns"][1])
     # the one-sample estimate is unbiased: its expectation under pi is the exact KL
     np.testing.assert_allclose(np.sum(np.exp(policy[0]) * (policy[0] - mix[0])), exact["kl"][0], rtol=1e-5)
+
+
+def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
+    """The one trainer's "maca_grpo" (train/methods.py METHODS) over a scorer module: its parts' combined loss
+    and metrics on an "actions" batch are `maca_loss` of the module's Eq. 11 log-probs."""
+    assert "maca_grpo" in METHODS
+    method = make_method(MethodConfig(name="maca_grpo", layout="actions", clip_eps=0.2, target_kl_weight=0.7))
+    assert [p.name for p in method.parts] == ["pg", "kl_mix"] and not method.frozen
+    rng = np.random.default_rng(0)
+    d, a = 6, 4
+    module = HeadScorer(3, a, 8, rngs=nnx.Rngs(0))
+    module.out.kernel[...] = rng.normal(size=(8, a)).astype(np.float32)  # not uniform
+    mask = rng.random((d, a)) < 0.6
+    mask[:, -1] = True
+    inputs = {"features": rng.normal(size=(d, 3)).astype(np.float32)}
+    log_pi = np.asarray(masked_log_probs(module(inputs), mask))
+    actions = np.array([np.flatnonzero(m)[-1] for m in mask], np.int32)
+    old = log_pi[np.arange(d), actions] + rng.normal(scale=0.3, size=d).astype(np.float32)
+    adv, valid = rng.normal(size=d).astype(np.float32), np.arange(d) < 5
+    mix = np.log(np.where(mask, 1.0 / mask.sum(-1, keepdims=True), 0.0)).astype(np.float32)
+    view = {"inputs": inputs, "masks": mask, "actions": actions, "old_logp": old, "advantage": adv}
+    view |= {"valid": valid, "target": mix}
+    micro = {"decisions": jax.tree.map(jnp.asarray, view)}
+    parts, aux = method.micro_parts(module, None, micro)
+    batch = jax.tree.map(lambda x: x[None], micro)
+    loss, metrics = maca_loss(jnp.asarray(log_pi), actions, old, adv, valid, mix, clip_eps=0.2, prior_kl_weight=0.7)
+    np.testing.assert_allclose(method.loss(parts, method.global_counts(batch)), loss, rtol=1e-6)
+    summary = method.summarize(parts, aux)
+    for k in ("pg", "kl_mix", "clip_fraction"):
+        np.testing.assert_allclose(summary[k], metrics[k], rtol=1e-6)
 
 
 def test_grpo_learning_rate_decays_over_every_update():
@@ -769,6 +801,41 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
             other.grpo,
             checkpoint_dir=ckpt,
         )
+
+
+def test_train_grpo_runs_the_one_trainer(small_study, monkeypatch):
+    """train_grpo is one Trainer run of method maca_grpo with `epochs` steps per iteration (the optimizer's
+    schedule counts those updates); it leaves the trained parameters in the policy."""
+    from porch_jax.train.trainer import Trainer
+
+    runs, real_run = [], Trainer.run
+
+    def run(self):
+        runs.append((self.method.name, self.config.steps, self.config.optimizer.total_steps, self.exports))
+        return real_run(self)
+
+    monkeypatch.setattr(Trainer, "run", run)
+    grpo = dataclasses.replace(small_study.grpo, iterations=2, epochs=3)
+    specs, _ = small_study.specs(VARIANTS["maca"])
+    policy = small_study.make_policy(0)
+    result = train_grpo(policy, small_study.train_tasks, small_study.world, specs, VARIANTS["maca"], grpo)
+    assert runs == [("maca_grpo", 6, 6, False)]
+    assert [h["iteration"] for h in result.history] == [0, 1]
+    assert set(result.history[0]) == {
+        "iteration",
+        "return",
+        "accuracy",
+        "cost",
+        "steps",
+        "kl_mix_rollout",
+        "loss",
+        "pg",
+        "kl_mix",
+        "clip_fraction",
+        "seconds",
+    }
+    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(policy.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, monkeypatch):
