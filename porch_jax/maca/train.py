@@ -6,6 +6,13 @@ R = sum_t r_t (Eq. 12: accuracy once, minus beta * tokens per step), normalises 
 and minimises the clipped surrogate (Eq. 10) over the episodes' decisions. Each decision is one "token" of
 `grpo_loss`: its log-prob is log pi_theta(a_t | s_t) under the Eq. 11 mask.
 
+The loop is the project's one trainer (porch_jax/train/trainer.py): `train_grpo` runs method "maca_grpo"
+(train/methods.py: parts "pg", Eq. 10, and "kl_mix", lambda * KL to pi_mix, over the scorer module's Eq. 11
+log-probs; `maca_loss` is the same objective as one pure function) on `GroupRollouts`, the on-policy batch
+source that rolls out each iteration's groups and yields its batch for `epochs` trainer steps. Checkpoints,
+resume, the finite guard and the learning-rate schedule are the trainer's; the history rows, the probe and
+the progress line are the source's and `train_grpo`'s.
+
 Choices the paper leaves open, and why:
 - The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters, for the
   head a uniform policy over the allowed set; variants without GraphSpec take pi_prior = pi_ref) can be
