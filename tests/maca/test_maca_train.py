@@ -208,7 +208,8 @@ def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
     actions = np.array([np.flatnonzero(m)[-1] for m in mask], np.int32)
     old = log_pi[np.arange(d), actions] + rng.normal(scale=0.3, size=d).astype(np.float32)
     adv, valid = rng.normal(size=d).astype(np.float32), np.arange(d) < 5
-    mix = np.log(np.where(mask, 1.0 / mask.sum(-1, keepdims=True), 0.0)).astype(np.float32)
+    with np.errstate(divide="ignore"):  # -inf outside the mask, as log pi_mix there
+        mix = np.log(np.where(mask, 1.0 / mask.sum(-1, keepdims=True), 0.0)).astype(np.float32)
     view = {"inputs": inputs, "masks": mask, "actions": actions, "old_logp": old, "advantage": adv}
     view |= {"valid": valid, "target": mix}
     micro = {"decisions": jax.tree.map(jnp.asarray, view)}
