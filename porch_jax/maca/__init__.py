@@ -86,7 +86,17 @@ from porch_jax.maca.prior import (
     relevance_scores,
 )
 from porch_jax.maca.synthetic import SyntheticPool, SyntheticTask, make_tasks, walk
-from porch_jax.maca.train import VARIANTS, GRPOConfig, Variant, graphspecs, group_targets, maca_loss, train_grpo
+from porch_jax.maca.train import (
+    VARIANTS,
+    GroupDecisions,
+    GroupRollouts,
+    GRPOConfig,
+    Variant,
+    graphspecs,
+    group_targets,
+    maca_loss,
+    train_grpo,
+)
 
 __all__ = [
     "DEFAULT_GAMMA",
@@ -108,6 +118,8 @@ __all__ = [
     "Episode",
     "Evaluation",
     "GRPOConfig",
+    "GroupDecisions",
+    "GroupRollouts",
     "GraphSpec",
     "HashingEncoder",
     "SentenceTransformerEncoder",

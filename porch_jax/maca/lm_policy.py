@@ -11,7 +11,9 @@ masks and normalises over the allowed set (so an invalid action is never chosen)
   agents called, the remaining budget): the same policy interface, fast enough for CPU sweeps.
 
 `ActionPolicy` holds a scorer's parameters and is the rollout's `ActionScorer`; `policy_log_probs` is the
-same distribution as a pure function of the parameters, which the GRPO loss differentiates.
+same distribution as a pure function of the parameters (pi_ref's scores). GRPO trains the scorer module
+itself in the one trainer (porch_jax/train/trainer.py), whose "actions" parts call it on a batch's inputs
+and normalise under the same masks (train/methods.py).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def pad_masks(masks: np.ndarray, rows: int) -> np.ndarray:
 def policy_log_probs(
     graphdef: nnx.GraphDef, params: nnx.State, inputs: Mapping[str, jax.Array], mask: jax.Array
 ) -> jax.Array:
-    """Eq. 11: log pi_masked(a | s) [B, A] of a scorer's parameters, pure (what the GRPO loss differentiates)."""
+    """Eq. 11: log pi_masked(a | s) [B, A] of a scorer's parameters, pure (rollouts' and pi_ref's scores)."""
     return masked_log_probs(nnx.merge(graphdef, params)(inputs), mask)
 
 
@@ -62,8 +64,9 @@ class ActionPolicy:
 
     With a `mesh` (train.mesh.make_mesh: data, fsdp, tensor) the parameters are placed by the model's logical
     axes, as the trainers place them (an LM's matrices over fsdp and tensor; a module without annotations,
-    the head, replicated), each batch's rows go over the data-parallel axes where they divide, and scoring and
-    GRPO's updates run under the mesh, so the same code trains a policy too large for one device."""
+    the head, replicated), each batch's rows go over the data-parallel axes where they divide, and scoring runs
+    under the mesh; GRPO's trainer builds a mesh of the same shape for its updates, so the same code trains a
+    policy too large for one device."""
 
     def __init__(self, module: nnx.Module, encode: Encoder, *, min_rows: int = 8, mesh: Mesh | None = None):
         if mesh is not None:

@@ -39,6 +39,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from porch_jax.train import losses
+
 TOKEN_COST_WEIGHT = 0.02  # beta in Eq. 12 (paper, Appendix D.3)
 PRIOR_KL_WEIGHT = 0.7  # lambda in Eq. 12 (paper, Sec. 3.6)
 
@@ -59,8 +61,9 @@ def structural_mask(
 
 
 def masked_log_probs(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """Eq. 11: log pi_masked(a | s) = log(exp(l_a) H_a / sum_a' exp(l_a') H_a'); -inf where H_a = 0."""
-    return jax.nn.log_softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+    """Eq. 11: log pi_masked(a | s) = log(exp(l_a) H_a / sum_a' exp(l_a') H_a'); -inf where H_a = 0 (the one
+    trainer's action parts normalise the same way, `losses.masked_log_softmax`)."""
+    return losses.masked_log_softmax(logits, mask)
 
 
 def prior_action_probs(
@@ -92,11 +95,9 @@ def mix_log_probs(ref_log_probs: jax.Array, prior_probs: jax.Array) -> jax.Array
 
 
 def kl_to_mix(policy_log_probs: jax.Array, mix_log_probs_: jax.Array) -> jax.Array:
-    """KL(pi_theta || pi_mix) [...] summed over actions; actions pi_theta never takes contribute 0."""
-    p = jnp.exp(policy_log_probs)
-    taken = p > 0  # masking both logs first keeps -inf out of the gradient as well as the value
-    log_ratio = jnp.where(taken, policy_log_probs, 0.0) - jnp.where(taken, mix_log_probs_, 0.0)
-    return jnp.sum(p * log_ratio, axis=-1)
+    """KL(pi_theta || pi_mix) [...] summed over actions; actions pi_theta never takes contribute 0 (the KL
+    the one trainer's "kl_mix" part charges, `losses.action_kl`)."""
+    return losses.action_kl(policy_log_probs, mix_log_probs_)
 
 
 def step_rewards(

@@ -6,6 +6,13 @@ R = sum_t r_t (Eq. 12: accuracy once, minus beta * tokens per step), normalises 
 and minimises the clipped surrogate (Eq. 10) over the episodes' decisions. Each decision is one "token" of
 `grpo_loss`: its log-prob is log pi_theta(a_t | s_t) under the Eq. 11 mask.
 
+The loop is the project's one trainer (porch_jax/train/trainer.py): `train_grpo` runs method "maca_grpo"
+(train/methods.py: parts "pg", Eq. 10, and "kl_mix", lambda * KL to pi_mix, over the scorer module's Eq. 11
+log-probs; `maca_loss` is the same objective as one pure function) on `GroupRollouts`, the on-policy batch
+source that rolls out each iteration's groups and yields its batch for `epochs` trainer steps. Checkpoints,
+resume, the finite guard and the learning-rate schedule are the trainer's; the history rows, the probe and
+the progress line are the source's and `train_grpo`'s.
+
 Choices the paper leaves open, and why:
 - The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters, for the
   head a uniform policy over the allowed set; variants without GraphSpec take pi_prior = pi_ref) can be
@@ -26,10 +33,8 @@ Choices the paper leaves open, and why:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
 import functools
-import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +46,6 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from flax import nnx
-from ml_collections import ConfigDict
 
 from porch_jax.maca.graphspec import (
     DEFAULT_GAMMA,
@@ -49,7 +53,7 @@ from porch_jax.maca.graphspec import (
     edge_prior,
     gate,
 )
-from porch_jax.maca.lm_policy import ActionPolicy, policy_log_probs
+from porch_jax.maca.lm_policy import ActionPolicy
 from porch_jax.maca.orchestrator import (
     AgentWorld,
     Episode,
@@ -71,8 +75,11 @@ from porch_jax.maca.prior import prior_probs
 from porch_jax.progress import ProgressLine
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
-from porch_jax.train.losses import group_advantages, grpo_loss, safe_mean
+from porch_jax.train.config import CheckpointConfig, MethodConfig, OptimizerConfig, TrainConfig
+from porch_jax.train.losses import action_kl_sum, action_policy_gradient, group_advantages, safe_mean
 from porch_jax.train.mesh import abstract_like
+from porch_jax.train.methods import make_method
+from porch_jax.train.trainer import Trainer
 
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 
@@ -149,72 +156,76 @@ def maca_loss(
     clip_eps: float,
     prior_kl_weight: float,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Eq. 10 over decisions [D] plus lambda * KL(pi_theta || pi_mix) (see the module docstring).
+    """Eq. 10 over decisions [D] plus lambda * KL(pi_theta || pi_mix) (see the module docstring): the
+    one trainer's "maca_grpo" method (parts "pg" and "kl_mix" of train/methods.py) computes the same from
+    the same pieces of train/losses.py, with each part's count taken over the whole batch.
 
     log_probs [D, A] (Eq. 11), actions/old_logp/advantages/valid [D], mix [D, A] = log pi_mix.
     """
-    logp = jnp.take_along_axis(log_probs, actions[:, None], axis=-1)
-    total, count, metrics = grpo_loss(logp, old_logp[:, None], None, advantages, valid[:, None], clip_eps=clip_eps)
+    total, count, metrics = action_policy_gradient(log_probs, actions, old_logp, advantages, valid, clip_eps=clip_eps)
     pg = safe_mean(total, count)
-    kl = safe_mean(jnp.sum(jnp.where(valid, kl_to_mix(log_probs, mix), 0.0)), count)
+    kl = safe_mean(action_kl_sum(log_probs, mix, valid), count)
     return pg + prior_kl_weight * kl, {"pg": pg, "kl_mix": kl, "clip_fraction": metrics["clip_fraction"]}
 
 
-@functools.partial(jax.jit, static_argnames=("groups", "token_cost_weight", "prior_kl_weight", "token_unit", "eps"))
-def group_targets(
-    old: jax.Array,
-    ref: jax.Array,
-    prior: jax.Array,
-    valid: jax.Array,
-    episode: jax.Array,
-    step: jax.Array,
-    tokens: jax.Array,
-    correct: jax.Array,
-    step_mask: jax.Array,
-    *,
-    groups: int,
-    token_cost_weight: float,
-    prior_kl_weight: float,
-    token_unit: float,
-    eps: float,
-    actions: jax.Array | None = None,
-) -> dict[str, jax.Array]:
-    """From the decisions' rollout log-probs, pi_ref log-probs and pi_prior ([R, A]; rows flagged by valid [R],
-    placed at (episode, step)) and the episodes' step tokens [E, T], outcomes [E] and step masks: log pi_mix,
-    KL_t per decision, R per episode (Eq. 8, 12; lambda weights the KL in the return) and the advantages
-    (Eq. 9, episodes grouped in `groups` consecutive runs) per episode and per decision."""
-    mix = mix_log_probs(ref, prior)
-    if actions is None:  # the exact KL of each state's distribution
-        kl = jnp.where(valid, kl_to_mix(old, mix), 0.0)
-    else:  # the one-sample estimate at the taken action, log pi(a_t | s_t) - log pi_mix(a_t | s_t)
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class GroupDecisions:
+    """An iteration's decisions as `group_targets` reads them. Decision rows [R] (valid flags the real
+    ones; the rest pad to the policy's batch bucket): rollout log-probs `old`, pi_ref log-probs `ref` and
+    pi_prior `prior` [R, A], the taken `actions` and where each sits, (`episode`, `step`). Episodes [E]
+    (groups of `group_size` consecutive ones): step `tokens` and `step_mask` [E, T], outcomes `correct`."""
+
+    old: jax.Array
+    ref: jax.Array
+    prior: jax.Array
+    valid: jax.Array
+    actions: jax.Array
+    episode: jax.Array
+    step: jax.Array
+    tokens: jax.Array
+    step_mask: jax.Array
+    correct: jax.Array
+
+
+@functools.partial(jax.jit, static_argnames=("cfg", "prior_kl_weight"))
+def group_targets(d: GroupDecisions, cfg: GRPOConfig, prior_kl_weight: float) -> dict[str, jax.Array]:
+    """log pi_mix, KL_t per decision, R per episode (Eq. 8, 12; `prior_kl_weight`, lambda, weights the KL in
+    the return, 0: not charged) and the advantages (Eq. 9 within each group of cfg.group_size episodes) per
+    episode and per decision. KL_t is the exact KL of each state's distribution, or with cfg.kl_sample the
+    one-sample estimate at the taken action, log pi(a_t | s_t) - log pi_mix(a_t | s_t)."""
+    mix = mix_log_probs(d.ref, d.prior)
+    if cfg.kl_sample:
 
         def taken(x):
-            return jnp.take_along_axis(x, actions[:, None], axis=-1)[:, 0]
+            return jnp.take_along_axis(x, d.actions[:, None], axis=-1)[:, 0]
 
-        kl = jnp.where(valid, taken(old) - taken(mix), 0.0)
-    kl_steps = jnp.zeros(tokens.shape, jnp.float32).at[episode, step].add(kl)
+        kl = jnp.where(d.valid, taken(d.old) - taken(mix), 0.0)
+    else:
+        kl = jnp.where(d.valid, kl_to_mix(d.old, mix), 0.0)
+    kl_steps = jnp.zeros(d.tokens.shape, jnp.float32).at[d.episode, d.step].add(kl)
     rewards = step_rewards(
-        correct,
-        tokens,
+        d.correct,
+        d.tokens,
         kl_steps,
-        step_mask,
-        token_cost_weight=token_cost_weight,
+        d.step_mask,
+        token_cost_weight=cfg.token_cost_weight,
         prior_kl_weight=prior_kl_weight,
-        token_unit=token_unit,
+        token_unit=cfg.token_unit,
     )
     returns = trajectory_return(rewards)
-    advantages = group_advantages(returns.reshape(groups, -1), eps=eps).reshape(-1)
+    advantages = group_advantages(returns.reshape(-1, cfg.group_size), eps=cfg.advantage_eps).reshape(-1)
     return {
         "mix": mix,
         "kl": kl,
         "returns": returns,
         "advantages": advantages,
-        "decision_advantages": advantages[episode],
+        "decision_advantages": advantages[d.episode],
     }
 
 
 # ---------------------------------------------------------------------------------------------------
-# The trainer.
+# Training through the one trainer: the rollout source, the settings and `train_grpo`.
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -235,48 +246,29 @@ class GRPOConfig:
     kl_in_reward: bool = False  # True: also charge lambda * KL_t in the return (Eq. 12 literally)
     kl_in_loss: bool = True  # lambda * KL(pi_theta || pi_mix) as a loss term at every decision
     kl_sample: bool = False  # in the return: KL_t as log pi(a_t) - log pi_mix(a_t) at the taken action
-    advantage_eps: float = 0.1  # Eq. 9's epsilon (see group_targets)
+    advantage_eps: float = 0.1  # Eq. 9's epsilon (see the module docstring)
     stop_floor: float = 0.05
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
 
 
+def optimizer_config(cfg: GRPOConfig) -> OptimizerConfig:
+    """The trainers' AdamW; its schedule counts updates, `epochs` per iteration (the one trainer's steps)."""
+    return OptimizerConfig(
+        learning_rate=cfg.learning_rate,
+        warmup_steps=cfg.warmup_steps,
+        final_lr_ratio=cfg.final_lr_ratio,
+        total_steps=max(cfg.iterations * cfg.epochs, 1),
+        weight_decay=cfg.weight_decay,
+        b1=0.9,
+        b2=0.999,
+        eps=1e-8,
+        max_grad_norm=cfg.max_grad_norm,
+    )
+
+
 def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
-    """The trainers' AdamW; its schedule counts updates, `epochs` per iteration."""
-    return _optimizer(
-        cfg.learning_rate,
-        cfg.warmup_steps,
-        max(cfg.iterations * cfg.epochs, 1),
-        cfg.final_lr_ratio,
-        cfg.weight_decay,
-        cfg.max_grad_norm,
-    )
-
-
-@functools.cache
-def _optimizer(
-    learning_rate: float,
-    warmup_steps: int,
-    total_steps: int,
-    final_lr_ratio: float,
-    weight_decay: float,
-    max_grad_norm: float,
-) -> optax.GradientTransformation:
-    # cached: the same transformation object lets runs with equal settings share compiled update steps
-    return optim.make_optimizer(
-        ConfigDict(
-            {
-                "learning_rate": learning_rate,
-                "warmup_steps": warmup_steps,
-                "total_steps": total_steps,
-                "final_lr_ratio": final_lr_ratio,
-                "weight_decay": weight_decay,
-                "b1": 0.9,
-                "b2": 0.999,
-                "eps": 1e-8,
-                "max_grad_norm": max_grad_norm,
-            }
-        )
-    )
+    """The optimizer `train_grpo`'s trainer builds from `optimizer_config`."""
+    return optim.make_optimizer(optimizer_config(cfg))
 
 
 @dataclasses.dataclass
@@ -284,39 +276,6 @@ class TrainResult:
     params: nnx.State
     opt_state: optax.OptState
     history: list[dict[str, float]]
-
-
-@functools.partial(jax.jit, static_argnums=(0, 1, 2, 3))
-def _update(
-    graphdef: nnx.GraphDef,
-    tx: optax.GradientTransformation,
-    clip_eps: float,
-    prior_kl_weight: float,
-    params: nnx.State,
-    opt_state: optax.OptState,
-    inputs: Mapping[str, jax.Array],
-    masks: jax.Array,
-    actions: jax.Array,
-    old_logp: jax.Array,
-    advantages: jax.Array,
-    valid: jax.Array,
-    mix: jax.Array,
-):
-    def loss_fn(p):
-        return maca_loss(
-            policy_log_probs(graphdef, p, inputs, masks),
-            actions,
-            old_logp,
-            advantages,
-            valid,
-            mix,
-            clip_eps=clip_eps,
-            prior_kl_weight=prior_kl_weight,
-        )
-
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
-    updates, opt_state = tx.update(grads, opt_state, params)
-    return optax.apply_updates(params, updates), opt_state, {"loss": loss, **metrics}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,6 +310,118 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
     )
 
 
+class GroupRollouts:
+    """The one trainer's batch source for MACA's GRPO (on-policy, "actions" layout of train/methods.py).
+
+    Each iteration it samples `tasks_per_iteration` tasks with its NumPy RNG, rolls out a group of
+    `group_size` episodes per task with the current student, computes the group targets (pi_ref from the
+    frozen initial policy, pi_prior from GraphSpec, Eq. 12's returns and Eq. 9's advantages) and yields the
+    update batch for `epochs` consecutive trainer steps. `finish` closes an iteration with the step's
+    metrics into a history row; `state()` (the RNG and the history) is what a checkpoint needs to resume
+    exactly."""
+
+    on_policy = True
+    view = "decisions"
+
+    def __init__(
+        self,
+        policy: ActionPolicy,
+        tasks: Sequence[OrchestrationTask],
+        world: AgentWorld,
+        specs: Mapping[str, GraphSpec] | None,
+        variant: Variant,
+        cfg: GRPOConfig,
+        seed: int,
+    ):
+        self.policy, self.tasks, self.world, self.specs, self.variant, self.cfg = (
+            policy,
+            tasks,
+            world,
+            specs,
+            variant,
+            cfg,
+        )
+        self.rng = np.random.default_rng(seed)
+        self.ref_params = jax.tree.map(jnp.copy, policy.params)
+        self.history: list[dict[str, float]] = []
+        self._batch: dict[str, Any] | None = None
+        self._row: dict[str, float] = {}
+        self._began = 0.0
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[dict[str, Any], dict[str, float]]:
+        if (step - 1) % self.cfg.epochs == 0:  # the first epoch of an iteration
+            self._began = time.perf_counter()
+            self.policy.params = nnx.state(student)
+            self._batch, self._row = self.rollout()
+        elif self._batch is None:
+            raise RuntimeError(f"step {step} is inside an iteration this source did not roll out")
+        return self._batch, dict(self._row)
+
+    def rollout(self) -> tuple[dict[str, Any], dict[str, float]]:
+        """One iteration's groups of rollouts and the batch of their decisions, with the rollout's metrics."""
+        cfg, policy, specs = self.cfg, self.policy, self.specs
+        rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
+        picked = self.rng.choice(len(self.tasks), size=min(cfg.tasks_per_iteration, len(self.tasks)), replace=False)
+        batch_tasks = [self.tasks[i] for i in picked for _ in range(cfg.group_size)]
+        spec_list = None if specs is None else [specs[t.task_id] for t in batch_tasks]
+        episodes = asyncio.run(rollout(batch_tasks, policy, self.world, spec_list, rollout_cfg, self.rng))
+        batch = _decisions(episodes, rollout_cfg.max_steps)
+        inputs, masks = policy.inputs(batch.states, batch.masks)
+        rows = len(masks)
+        old = np.where(masks, 0.0, -np.inf).astype(np.float32)  # padding rows: all mass on STOP, as their masks
+        old[: len(batch.states)] = batch.log_probs
+        ref = policy.scored(inputs, masks, self.ref_params)
+        prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
+        valid = np.arange(rows) < len(batch.states)
+        actions = pad_rows(batch.actions, rows)
+        decisions = GroupDecisions(
+            old=old,
+            ref=ref,
+            prior=prior,
+            valid=valid,
+            actions=actions,
+            episode=pad_rows(batch.episode, rows),
+            step=pad_rows(batch.step, rows),
+            tokens=batch.tokens,
+            step_mask=batch.step_mask,
+            correct=np.array([e.correct for e in episodes], np.float32),
+        )
+        targets = group_targets(decisions, cfg, self.variant.prior_kl_weight if cfg.kl_in_reward else 0.0)
+        view = {
+            "inputs": inputs,
+            "masks": masks,
+            "actions": actions,
+            "old_logp": np.take_along_axis(old, actions[:, None], axis=-1)[:, 0],
+            "advantage": targets["decision_advantages"],
+            "valid": valid,
+            "target": targets["mix"],
+        }
+        returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
+        row = {
+            "return": float(returns.mean()),
+            "accuracy": float(np.mean([e.correct for e in episodes])),
+            "cost": float(np.mean([e.cost for e in episodes])),
+            "steps": float(np.mean([len(e.path) for e in episodes])),
+            "kl_mix_rollout": float(kl.mean()),
+        }
+        return {self.view: jax.tree.map(lambda x: jnp.asarray(x)[None], view)}, row  # [accum 1, rows, ...]
+
+    def finish(self, metrics: Mapping[str, float]) -> dict[str, float]:
+        """The iteration's history row: its rollout metrics, the last update's and its wall time."""
+        row = {"iteration": len(self.history), **self._row}
+        row |= {k: float(metrics[k]) for k in ("loss", "pg", "kl_mix", "clip_fraction")}
+        row["seconds"] = time.perf_counter() - self._began
+        self.history.append(row)
+        return row
+
+    def state(self) -> dict[str, Any]:
+        return {"iteration": len(self.history), "rng": self.rng.bit_generator.state, "history": self.history}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        self.history = list(state["history"])
+
+
 def train_grpo(
     policy: ActionPolicy,
     tasks: Sequence[OrchestrationTask],
@@ -373,21 +444,19 @@ def train_grpo(
     metrics join that iteration's row as `heldout_<metric>` (`seconds`, the iteration's wall time, leaves the probe
     out). It must not touch the training state: the trained parameters are the same with or without it.
 
-    With `checkpoint_dir` the state (parameters, optimizer, pi_ref, the sampler's RNG and the history) is
-    saved after every `checkpoint_every`-th iteration and after the last, and a call that finds a checkpoint
-    there resumes from it: a run interrupted and called again ends exactly as one that was not (the agents'
+    The loop is the one trainer's (porch_jax/train/trainer.py): method "maca_grpo" on `GroupRollouts`,
+    `epochs` trainer steps per iteration. With `checkpoint_dir` (the trainer's workdir: checkpoints under
+    its checkpoints/) the state (parameters, optimizer, the sampler's RNG and the history) is saved after
+    every `checkpoint_every`-th iteration and after the last, and a call that finds a checkpoint there
+    resumes from it: a run interrupted and called again ends exactly as one that was not (the agents'
     randomness comes from the same RNG; a real backend's replies may differ), and a finished one only
-    restores. The checkpoint must come from the same task set, variant and config; it records them.
+    restores. pi_ref is the policy's parameters as passed in (the same initial parameters on every call).
+    The checkpoint must come from the same task set, variant, seed and iteration count; it records them.
 
     `progress` gets a line (iteration, return, accuracy, tokens, rate, ETA) at most every `progress_every_s`
     seconds and after the last iteration: against served agents an iteration can take minutes."""
     if not variant.learn:
         raise ValueError(f"variant {variant.name!r} has no policy to train")
-    rng = np.random.default_rng(seed)
-    tx = make_optimizer(cfg)
-    ref_params = jax.tree.map(jnp.copy, policy.params)
-    opt_state = tx.init(policy.params)
-    history: list[dict[str, float]] = []
     identity = {
         "variant": dataclasses.asdict(variant),
         "seed": seed,
@@ -395,147 +464,58 @@ def train_grpo(
         "tasks": len(tasks),
         "first_task": tasks[0].task_id if tasks else None,
     }
-    update = functools.partial(
-        _update, policy.graphdef, tx, cfg.clip_eps, variant.prior_kl_weight if cfg.kl_in_loss else 0.0
+    epochs, steps = cfg.epochs, cfg.iterations * cfg.epochs
+    lam = variant.prior_kl_weight if cfg.kl_in_loss else 0.0
+    train_cfg = TrainConfig(
+        steps=steps,
+        optimizer=optimizer_config(cfg),
+        method=MethodConfig(name="maca_grpo", layout="actions", clip_eps=cfg.clip_eps, target_kl_weight=lam),
+        checkpoint=CheckpointConfig(
+            every=checkpoint_every * epochs if checkpoint_every > 0 else steps, keep=2, async_save=False
+        ),
+        mesh=(1, 1, 1) if policy.mesh is None else tuple(policy.mesh.devices.shape),
     )
-    saver = (
-        contextlib.nullcontext() if checkpoint_dir is None else Checkpointer(checkpoint_dir, keep=2, async_save=False)
+    source = GroupRollouts(policy, tasks, world, specs, variant, cfg, seed)
+    trainer = Trainer(
+        train_cfg,
+        nnx.merge(policy.graphdef, policy.params),
+        make_method(train_cfg.method),
+        source,
+        checkpoint_dir,
+        stream=None,
+        identity=identity,
+        on_step=lambda step, metrics: finish(step, metrics),
     )
-    with saver as ckpt:
-        start = 0
-        resumed = (
-            None
-            if ckpt is None
-            else _resume(ckpt, {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params}, identity)
-        )
-        if resumed is not None:
-            start, state, data = resumed
-            policy.params, opt_state, ref_params = state["params"], state["opt_state"], state["ref_params"]
-            rng.bit_generator.state = data["rng"]
-            history = list(data["history"])
-        line = (
-            None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
-        )
-        for it in range(start, cfg.iterations):
-            began = time.perf_counter()
-            opt_state, row = _iteration(policy, opt_state, ref_params, update, tasks, world, specs, variant, cfg, rng)
-            history.append({"iteration": it, **row, "seconds": time.perf_counter() - began})
-            last = it + 1 == cfg.iterations
-            if line is not None:
-                line(
-                    it + 1,
-                    f"{variant.name} seed {seed}: iteration {it + 1}/{cfg.iterations} return {row['return']:.3f} "
-                    f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f}",
-                )
-            if probe is not None and probe_every > 0 and ((it + 1) % probe_every == 0 or last):
-                history[-1].update({f"heldout_{k}": float(v) for k, v in probe().items()})
-            if ckpt is not None and ((checkpoint_every > 0 and (it + 1) % checkpoint_every == 0) or last):
-                ckpt.save(
-                    it + 1,
-                    {"params": policy.params, "opt_state": opt_state, "ref_params": ref_params},
-                    {"iteration": it + 1, "rng": rng.bit_generator.state, "history": history},
-                    identity,
-                )
-    return TrainResult(policy.params, opt_state, history)
+    start = trainer.start_step // epochs
+    if start:
+        logging.info("GRPO (%s) resumes from iteration %d of %s", variant.name, start, trainer.checkpointer.directory)
+    line = None if progress is None else ProgressLine(cfg.iterations, progress, every_s=progress_every_s, done=start)
 
-
-def _iteration(
-    policy: ActionPolicy,
-    opt_state: optax.OptState,
-    ref_params: nnx.State,
-    update: Callable,
-    tasks: Sequence[OrchestrationTask],
-    world: AgentWorld,
-    specs: Mapping[str, GraphSpec] | None,
-    variant: Variant,
-    cfg: GRPOConfig,
-    rng: np.random.Generator,
-) -> tuple[optax.OptState, dict[str, float]]:
-    """One GRPO iteration (updates `policy.params` in place): groups of rollouts, Eq. 12's returns, Eq. 9's
-    advantages, `cfg.epochs` updates. Returns the optimizer state and the iteration's metrics."""
-    rollout_cfg = dataclasses.replace(cfg.rollout, greedy=False)
-    picked = rng.choice(len(tasks), size=min(cfg.tasks_per_iteration, len(tasks)), replace=False)
-    batch_tasks = [tasks[i] for i in picked for _ in range(cfg.group_size)]
-    spec_list = None if specs is None else [specs[t.task_id] for t in batch_tasks]
-    episodes = asyncio.run(rollout(batch_tasks, policy, world, spec_list, rollout_cfg, rng))
-    batch = _decisions(episodes, rollout_cfg.max_steps)
-    inputs, masks = policy.inputs(batch.states, batch.masks)
-    rows = len(masks)
-    old = np.where(masks, 0.0, -np.inf).astype(np.float32)  # padding rows: all mass on STOP, as their masks
-    old[: len(batch.states)] = batch.log_probs
-    ref = policy.scored(inputs, masks, ref_params)
-    prior = np.exp(ref) if specs is None else prior_probs(batch.states, masks, specs, cfg.stop_floor)
-    valid = np.arange(rows) < len(batch.states)
-    targets = group_targets(
-        old,
-        ref,
-        prior,
-        valid,
-        pad_rows(batch.episode, rows),
-        pad_rows(batch.step, rows),
-        batch.tokens,
-        np.array([e.correct for e in episodes], np.float32),
-        batch.step_mask,
-        groups=len(picked),
-        token_cost_weight=cfg.token_cost_weight,
-        token_unit=cfg.token_unit,
-        eps=cfg.advantage_eps,
-        prior_kl_weight=variant.prior_kl_weight if cfg.kl_in_reward else 0.0,
-        actions=pad_rows(batch.actions, rows) if cfg.kl_sample else None,
-    )
-    actions = pad_rows(batch.actions, rows)
-    old_logp = np.take_along_axis(old, actions[:, None], axis=-1)[:, 0]
-    with policy.placement():
-        for _ in range(cfg.epochs):
-            policy.params, opt_state, metrics = update(
-                policy.params,
-                opt_state,
-                inputs,
-                masks,
-                actions,
-                old_logp,
-                targets["decision_advantages"],
-                valid,
-                targets["mix"],
+    def finish(step: int, metrics: dict[str, float]) -> None:
+        if step % epochs:
+            return
+        it = step // epochs
+        row = source.finish(metrics)
+        if line is not None:
+            line(
+                it,
+                f"{variant.name} seed {seed}: iteration {it}/{cfg.iterations} return {row['return']:.3f} "
+                f"accuracy {row['accuracy']:.3f} tokens {row['cost']:.0f}",
             )
-    returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
-    return opt_state, {
-        "return": float(returns.mean()),
-        "accuracy": float(np.mean([e.correct for e in episodes])),
-        "cost": float(np.mean([e.cost for e in episodes])),
-        "steps": float(np.mean([len(e.path) for e in episodes])),
-        "kl_mix_rollout": float(kl.mean()),
-        **{k: float(v) for k, v in jax.device_get(metrics).items()},
-    }
+        if probe is not None and probe_every > 0 and (it % probe_every == 0 or it == cfg.iterations):
+            policy.params = trainer.state["params"]
+            row.update({f"heldout_{k}": float(v) for k, v in probe().items()})
 
-
-def _resume(
-    ckpt: Checkpointer, target: dict[str, Any], identity: dict[str, Any]
-) -> tuple[int, dict[str, Any], dict[str, Any]] | None:
-    """(iteration, state shaped like `target`, data) of `ckpt`'s newest readable step; None when there is none.
-    A checkpoint of another run (its recorded identity differs) is refused, naming what differs."""
-    steps = ckpt.steps()
-    if not steps:
-        return None
-    saved = ckpt.config(steps[-1])
-    differ = sorted(k for k in identity if json.loads(json.dumps(identity[k])) != saved.get(k))
-    if differ:
-        raise ValueError(
-            f"{ckpt.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
-            f"{ {k: saved.get(k) for k in differ} }); use another checkpoint directory or delete it"
-        )
-    restored = ckpt.restore_latest(abstract_like(target))
-    if restored is not None:
-        logging.info(
-            "GRPO (%s) resumes from iteration %d of %s", identity["variant"]["name"], restored[0], ckpt.directory
-        )
-    return restored
+    trainer.run()
+    policy.params = trainer.state["params"]
+    return TrainResult(policy.params, trainer.state["opt_state"], source.history)
 
 
 def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.GradientTransformation) -> nnx.State:
-    """The latest checkpointed parameters, shaped like `policy.params`."""
-    target = {"params": policy.params, "opt_state": tx.init(policy.params), "ref_params": policy.params}
-    ckpt = Checkpointer(directory, async_save=False)
+    """The latest parameters `train_grpo(checkpoint_dir=directory)` saved, shaped like `policy.params`."""
+    params = policy.params
+    target = {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": tx.init(params)}
+    ckpt = Checkpointer(Path(directory) / "checkpoints", async_save=False)
     try:
         restored = ckpt.restore_latest(abstract_like(target))
     finally:

@@ -210,6 +210,34 @@ def opd_loss(
 # --------------------------------------------------------------------------------------------
 
 
+def masked_log_softmax(logits: Array, mask: Array) -> Array:
+    """log softmax over the allowed entries of a discrete action set [..., A]; -inf where ``mask`` is false."""
+    return jax.nn.log_softmax(jnp.where(mask, logits, -jnp.inf), axis=-1)
+
+
+def action_kl(log_probs: Array, target_log_probs: Array) -> Array:
+    """KL(pi || target) [...] summed over a discrete action set [..., A]; actions pi never takes contribute 0."""
+    p = jnp.exp(log_probs)
+    taken = p > 0  # masking both logs first keeps -inf out of the gradient as well as the value
+    log_ratio = jnp.where(taken, log_probs, 0.0) - jnp.where(taken, target_log_probs, 0.0)
+    return jnp.sum(p * log_ratio, axis=-1)
+
+
+def action_policy_gradient(
+    log_probs: Array, actions: Array, old_logp: Array, advantages: Array, valid: Array, *, clip_eps: float
+) -> tuple[Array, Array, dict[str, Array]]:
+    """GRPO's clipped surrogate over decisions with one discrete action each: log_probs [D, A] of the
+    policy, the taken actions, their sampler log-probs and advantages [D], rows flagged by valid [D].
+    Returns `grpo_loss`'s (sum, count, metrics), each decision one token."""
+    logp = jnp.take_along_axis(log_probs, actions[:, None], axis=-1)
+    return grpo_loss(logp, old_logp[:, None], None, advantages, valid[:, None], clip_eps=clip_eps)
+
+
+def action_kl_sum(log_probs: Array, target_log_probs: Array, valid: Array) -> Array:
+    """Sum over the valid decisions [D] of KL(pi || target) (`action_kl`)."""
+    return jnp.sum(jnp.where(valid, action_kl(log_probs, target_log_probs), 0.0))
+
+
 def group_advantages(rewards: Array, *, eps: float = 1e-4, scale_by_std: bool = True, ddof: int = 1) -> Array:
     """Group-normalized advantages for rewards [G groups, n samples]: (r - mean) / (std + eps).
 

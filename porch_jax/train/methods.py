@@ -11,6 +11,8 @@ that builds it from its `MethodConfig`:
     opd     OPD alone                                                part "opd"
     grpo    clipped-ratio policy gradient on sampled groups (+ k3 KL to a frozen reference)   part "pg"
     dagrpo  GRPO on one-action rows at expert decision contexts, averaged per decision   part "pg"
+    maca_grpo  GRPO over a scorer module's discrete actions (MACA's Eq. 10) + target_kl_weight * KL to the
+            batch's target distribution (MACA's pi_mix)                      parts "pg", "kl_mix"
 
 Two batch layouts exist (`MethodConfig.layout`). "records" (data.py): one decision per row with
 a per-row weight [B], averaged per token or per decision (`aggregation`). "packed"
@@ -20,6 +22,13 @@ rows there hold one sampled action each. Views are named by role in both: "polic
 grpo, dagrpo), "rwr" / "student" / "teacher" (opod, opd); "advantage" is a per-row scalar.
 A part whose views a batch does not hold contributes nothing (a run without successful episodes
 trains OPD alone).
+
+The "actions" layout (maca_grpo, porch_jax/maca/train.py's source) is not a language model's: the
+model is any module mapping a view's "inputs" to scores [D, A] over a discrete action set, which the
+view's "masks" restrict and normalise; each decision holds its taken action, sampler log-prob,
+advantage, validity and the target log-probs of the KL part. Parts read what they need through
+`Forward`, which computes the LM head only for a model that has one and each view's action
+log-probs once, however many parts read them.
 """
 
 from __future__ import annotations
@@ -51,10 +60,11 @@ class MethodConfig:
     kl_coef: GRPO's k3 KL to the frozen reference (> 0 keeps a frozen copy of the initial weights).
     pg_aggregation: GRPO: "token" (mean over the batch's tokens) or "sequence" (per sequence first).
     chunk_size: tokens per fused LM-head chunk (None: automatic).
+    target_kl_weight: maca_grpo: the weight of KL(pi || the batch's target distribution) (MACA: lambda to pi_mix).
     """
 
-    name: Literal["sft", "rwr", "opod", "opd", "grpo", "dagrpo"] = "sft"
-    layout: Literal["records", "packed"] = "records"
+    name: Literal["sft", "rwr", "opod", "opd", "grpo", "dagrpo", "maca_grpo"] = "sft"
+    layout: Literal["records", "packed", "actions"] = "records"
     aggregation: Literal["token", "decision"] = "token"
     opd_weight: float = 1.0
     clip_eps: float = 0.2
@@ -62,6 +72,7 @@ class MethodConfig:
     kl_coef: float = 0.0
     pg_aggregation: Literal["token", "sequence"] = "token"
     chunk_size: int | None = None
+    target_kl_weight: float = 0.0
 
 
 # ---------------------------------------------------------------------------------- forward helpers
@@ -95,11 +106,24 @@ def _logprob_gap(logp: jax.Array, view: Mapping[str, jax.Array]) -> dict[str, ja
 @dataclasses.dataclass(frozen=True)
 class Forward:
     """One micro-batch's shared forward quantities: the student's LM head (computed once, so its
-    gradient sums every part's contribution in one place) and the frozen model, if any."""
+    gradient sums every part's contribution in one place; None for a model without one, e.g. an
+    action scorer), the frozen model, if any, and each "actions" view's log-probs (`action_log_probs`)."""
 
     model: nnx.Module
-    head: jax.Array
+    head: jax.Array | None
     frozen: nnx.Module | None
+    _scored: dict[str, jax.Array] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def of(cls, model: nnx.Module, frozen: nnx.Module | None) -> Forward:
+        return cls(model, lm_head(model) if hasattr(model, "lm_head_kernel") else None, frozen)
+
+    def action_log_probs(self, name: str, view: Mapping[str, jax.Array]) -> jax.Array:
+        """log pi(a | s) [D, A] of view `name`: the model's scores of its "inputs" normalised over its "masks"
+        (computed once per view, so the parts that read it share one forward and one gradient path)."""
+        if name not in self._scored:
+            self._scored[name] = losses.masked_log_softmax(self.model(view["inputs"]), view["masks"])
+        return self._scored[name]
 
 
 # ------------------------------------------------------------------------------------------- parts
@@ -239,7 +263,61 @@ class PolicyGradient:
         return (total, count), aux
 
 
-Part = CrossEntropy | Distillation | PolicyGradient
+def _decisions(view: Mapping[str, jax.Array]) -> jax.Array:
+    return jnp.sum(view["valid"], dtype=jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionPolicyGradient:
+    """GRPO's clipped surrogate over a scorer module's discrete actions, one per decision ("actions" layout)."""
+
+    view: str = "decisions"
+    clip_eps: float = 0.2
+    coef: float = 1.0
+    name: str = "pg"
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return (self.view,)
+
+    def count(self, batch: Batch) -> jax.Array:
+        return _decisions(batch[self.view])
+
+    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+        v = micro[self.view]
+        total, count, m = losses.action_policy_gradient(
+            fw.action_log_probs(self.view, v),
+            v["actions"],
+            v["old_logp"],
+            v["advantage"],
+            v["valid"],
+            clip_eps=self.clip_eps,
+        )
+        return (total, count), {"clipped_tokens": m["clipped_tokens"], "scored_tokens": m["tokens"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionKL:
+    """KL(pi || target) summed over the action set at each valid decision ("actions" layout; MACA: pi_mix)."""
+
+    view: str = "decisions"
+    coef: float = 0.0
+    name: str = "kl_mix"
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        return (self.view,)
+
+    def count(self, batch: Batch) -> jax.Array:
+        return _decisions(batch[self.view])
+
+    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+        v = micro[self.view]
+        total = losses.action_kl_sum(fw.action_log_probs(self.view, v), v["target"], v["valid"])
+        return (total, _decisions(v)), {}
+
+
+Part = CrossEntropy | Distillation | PolicyGradient | ActionPolicyGradient | ActionKL
 
 
 # ------------------------------------------------------------------------------------------ method
@@ -269,7 +347,7 @@ class Method:
 
     def micro_parts(self, model: nnx.Module, frozen: nnx.Module | None, micro: Batch) -> tuple[Parts, dict]:
         """(sum, count) of each present part on one micro-batch, and additive metric sums."""
-        fw = Forward(model, lm_head(model), frozen)
+        fw = Forward.of(model, frozen)
         parts, aux = {}, {}
         for p in self.present(micro):
             parts[p.name], extra = p(fw, micro)
@@ -296,9 +374,10 @@ class Method:
             out["teacher_tokens"] = aux["teacher_tokens"]
         if "kl_sum" in aux:
             out["kl"] = losses.safe_mean(aux["kl_sum"], aux["scored_tokens"])
-            out["clip_fraction"] = losses.safe_mean(aux["clipped_tokens"], aux["scored_tokens"])
         elif "opd" in out:
             out["kl"] = out["opd"]
+        if "clipped_tokens" in aux:
+            out["clip_fraction"] = losses.safe_mean(aux["clipped_tokens"], aux["scored_tokens"])
         if "gap_sum" in aux:
             out["logprob_gap"] = losses.safe_mean(aux["gap_sum"], aux["gap_count"])
             out["sampled_tokens"] = aux["gap_count"]
@@ -342,6 +421,9 @@ METHODS: dict[str, Callable[[MethodConfig], Method]] = {
     ),
     "dagrpo": lambda c: Method(
         "dagrpo", (_policy_gradient(c, "sequence"),), frozen=c.kl_coef > 0, scalars=("advantage",)
+    ),
+    "maca_grpo": lambda c: Method(
+        "maca_grpo", (ActionPolicyGradient(clip_eps=c.clip_eps), ActionKL(coef=c.target_kl_weight))
     ),
 }
 

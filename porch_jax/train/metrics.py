@@ -33,9 +33,11 @@ def check_finite(step: int, metrics: Mapping[str, float], last_good: int | None)
 
 
 class MetricsLogger:
-    """Logs per-step scalars; `every` controls the stdout line, TensorBoard gets every step."""
+    """Logs per-step scalars; `every` controls the stdout line (none without a stream), TensorBoard gets every step."""
 
-    def __init__(self, logdir: str | Path | None, total_steps: int, *, every: int = 1, stream: TextIO = sys.stdout):
+    def __init__(
+        self, logdir: str | Path | None, total_steps: int, *, every: int = 1, stream: TextIO | None = sys.stdout
+    ):
         self.total, self.every, self.stream = total_steps, max(every, 1), stream
         self.enabled = jax.process_index() == 0
         self.writer = None
@@ -67,7 +69,7 @@ class MetricsLogger:
         if self.writer is not None:
             for k, v in out.items():
                 self.writer.add_scalar(f"train/{k}", v, step)
-        if step % self.every == 0 or step == self.total:
+        if self.stream is not None and (step % self.every == 0 or step == self.total):
             print(self._line(step, out), file=self.stream, flush=True)
         return out
 
@@ -86,7 +88,8 @@ class MetricsLogger:
 
     def text(self, message: str) -> None:
         if self.enabled:
-            print(message, file=self.stream, flush=True)
+            if self.stream is not None:
+                print(message, file=self.stream, flush=True)
             if self.writer is not None:
                 self.writer.add_text("train/log", message)
 

@@ -22,6 +22,13 @@ Orbax checkpoints (resumed from the newest readable one, with the source's posit
 weights as a Hugging Face folder WORKDIR/export with the tokenizer and POLICY_FILE (the policy's
 view and step), and with `export_every` the candidates WORKDIR/exports/step_N of checkpoint
 selection (`selection_candidates`).
+
+The model need not be a causal LM: a module without an HF config (MACA's action scorer) trains
+the same way; it is exported only when it has one (`export`), and its checkpoints record no model
+config. `identity` (what a run is, e.g. MACA's variant, seed and task set) is saved with every
+checkpoint, and a workdir holding a checkpoint of another identity is refused, naming what
+differs. `on_step` sees each step's metrics before its checkpoint (MACA's per-iteration rows,
+probe and progress line) and may add metrics to its row. Without a workdir nothing is kept on disk.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -58,7 +66,10 @@ class TrainResult:
 class Trainer:
     """Trains `model` (its weights are the initial, e.g. SFT, parameters) with `method` on `source`'s
     batches into `workdir`; a rerun with the same workdir resumes. `view`: the context view the policy
-    reads (written next to each export)."""
+    reads (written next to each export). `export`: write the HF folders (None: when the model has an HF
+    config). `identity`: JSON-able facts a resumed checkpoint must match. `on_step(step, metrics)`: called
+    after each step, before its checkpoint; what it returns joins the step's metrics. `stream` None: no
+    lines. `workdir` None: no checkpoints, metrics file or exports."""
 
     def __init__(
         self,
@@ -66,14 +77,23 @@ class Trainer:
         model: nnx.Module,
         method: Method,
         source: BatchSource,
-        workdir: str | Path,
+        workdir: str | Path | None,
         *,
         tokenizer: Any = None,
         view: str = "full",
-        stream: TextIO = sys.stdout,
+        stream: TextIO | None = sys.stdout,
+        export: bool | None = None,
+        identity: Mapping[str, Any] | None = None,
+        on_step: Callable[[int, dict[str, float]], Mapping[str, float] | None] | None = None,
     ):
         self.config, self.method, self.source, self.tokenizer, self.view = config, method, source, tokenizer, view
-        self.workdir, self.stream = Path(workdir), stream
+        self.workdir, self.stream = None if workdir is None else Path(workdir), stream
+        self.identity = None if identity is None else json.loads(json.dumps(dict(identity)))
+        self.on_step = on_step
+        has_hf = hasattr(getattr(model, "config", None), "to_hf")
+        self.exports = (has_hf if export is None else export) and self.workdir is not None
+        if self.exports and not has_hf:
+            raise ValueError("export=True needs a model with an HF config (model.config.to_hf())")
         self.mesh = mesh_lib.make_mesh(config.mesh)
         self.schedule = optim.learning_rate_schedule(config.optimizer, config.optimizer.total_steps or config.steps)
         tx = optim.make_optimizer(config.optimizer, config.optimizer.total_steps or config.steps)
@@ -84,19 +104,38 @@ class Trainer:
         # The frozen teacher/reference is the initial model, copied because the state is donated.
         self.frozen = jax.tree.map(lambda x: x.copy(), self.state["params"]) if method.frozen else None
         ck = config.checkpoint
-        self.checkpointer = ckpt_lib.Checkpointer(self.workdir / "checkpoints", keep=ck.keep, async_save=ck.async_save)
+        self.checkpointer = (
+            None
+            if self.workdir is None
+            else ckpt_lib.Checkpointer(self.workdir / "checkpoints", keep=ck.keep, async_save=ck.async_save)
+        )
         self.start_step = 0
         self.abstract_state = step_lib.abstract_train_state(model, tx, self.mesh)
-        restored = self.checkpointer.restore_latest(self.abstract_state)
-        if restored is not None:
-            self.start_step, self.state, data_state = restored
-            source.restore(data_state)
+        if self.checkpointer is not None:
+            self._check_identity()
+            restored = self.checkpointer.restore_latest(self.abstract_state)
+            if restored is not None:
+                self.start_step, self.state, data_state = restored
+                source.restore(data_state)
         self.student = nnx.merge(self.graphdef, self.state["params"])
-        self._model_hf = model.config.to_hf()
+        self._model_hf = model.config.to_hf() if has_hf else None
+
+    def _check_identity(self) -> None:
+        """Refuses a workdir whose newest checkpoint records another identity, naming what differs."""
+        steps = self.checkpointer.steps()
+        if self.identity is None or not steps:
+            return
+        saved = self.checkpointer.config(steps[-1]).get("identity") or {}
+        differ = sorted(k for k in self.identity if self.identity[k] != saved.get(k))
+        if differ:
+            raise ValueError(
+                f"{self.checkpointer.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
+                f"{ {k: saved.get(k) for k in differ} }); use another directory or delete it"
+            )
 
     @property
-    def export_dir(self) -> Path:
-        return self.workdir / "export"
+    def export_dir(self) -> Path | None:
+        return None if self.workdir is None else self.workdir / "export"
 
     def candidate_dir(self, step: int) -> Path:
         return self.workdir / "exports" / f"step_{step}"
@@ -105,19 +144,21 @@ class Trainer:
         """Steps start_step+1..steps; returns the final state and this run's metrics."""
         cfg = self.config
         total, every, export_every = cfg.steps, cfg.checkpoint.every, cfg.export_every
-        log_path = self.workdir / "metrics.jsonl"
         primary = jax.process_index() == 0
-        if primary:
+        log_path = None if self.workdir is None or not primary else self.workdir / "metrics.jsonl"
+        if log_path is not None:
             self.workdir.mkdir(parents=True, exist_ok=True)
             _truncate_log(log_path, self.start_step)
-        tb = self.workdir / "tensorboard" if cfg.log.tensorboard else None
+        tb = self.workdir / "tensorboard" if cfg.log.tensorboard and self.workdir is not None else None
         logger = metrics_lib.MetricsLogger(tb, total, every=cfg.log.every, stream=self.stream)
         if self.start_step:
             logger.text(f"[{self.workdir.name}] resumed from step {self.start_step} ({self.checkpointer.directory})")
-        saved = self.checkpointer.steps()
+        saved = [] if self.checkpointer is None else self.checkpointer.steps()
         history, last_good = [], saved[-1] if saved else None
         # What launch/export.py needs to rebuild the state from a checkpoint alone.
         config_json = {"train": to_dict(cfg), "view": self.view, "model": self._model_hf}
+        if self.identity is not None:
+            config_json["identity"] = self.identity
         try:
             for step in range(self.start_step + 1, total + 1):
                 if self.source.on_policy:
@@ -127,21 +168,26 @@ class Trainer:
                 self.state, metrics = self.step_fn(self.state, batch, *args)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()} | host_metrics
                 metrics_lib.check_finite(step, metrics, last_good)
+                if self.on_step is not None:
+                    metrics |= self.on_step(step, metrics) or {}
                 history.append(logger.log(step, metrics))
-                if primary:
+                if log_path is not None:
                     with open(log_path, "a") as f:
                         f.write(json.dumps({"step": step, **history[-1]}) + "\n")
-                if export_every and step % export_every == 0 and step < total:  # the last is the final export
+                if self.exports and export_every and step % export_every == 0 and step < total:  # the last: final
                     self.export(self.candidate_dir(step), step=step)
-                if step % every == 0 or step == total:
+                if self.checkpointer is not None and (step % every == 0 or step == total):
                     self.checkpointer.save(step, self.state, self.source.state(), config_json)
                     last_good = step
-            self.checkpointer.wait()
+            if self.checkpointer is not None:
+                self.checkpointer.wait()
         finally:
-            self.checkpointer.close()
+            if self.checkpointer is not None:
+                self.checkpointer.close()
             logger.close()
-        path = self.export(step=total)
-        logger.text(f"exported Hugging Face folder to {path}")
+        if self.exports:
+            path = self.export(step=total)
+            logger.text(f"exported Hugging Face folder to {path}")
         return TrainResult(self.state, history, self.start_step, self.step_fn.num_traces)
 
     def export(self, path: str | Path | None = None, *, step: int | None = None) -> Path:

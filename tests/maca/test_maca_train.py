@@ -15,12 +15,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from porch_jax.maca.analysis import Study, evaluate, learning_curve, run_variant
 from porch_jax.maca.config import MacaConfig
 from porch_jax.maca.encoder import HashingEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, GraphSpec, context_text
-from porch_jax.maca.lm_policy import head_policy, lm_policy, tiny_lm
+from porch_jax.maca.lm_policy import HeadScorer, head_policy, lm_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     Constraint,
     OrchestrationTask,
@@ -29,7 +30,7 @@ from porch_jax.maca.orchestrator import (
     synthetic_tasks,
     synthetic_world,
 )
-from porch_jax.maca.policy import prior_action_probs, structural_mask
+from porch_jax.maca.policy import masked_log_probs, prior_action_probs, structural_mask
 from porch_jax.maca.prior import (
     PriorConfig,
     PriorPolicy,
@@ -42,6 +43,7 @@ from porch_jax.maca.prior import (
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import (
     VARIANTS,
+    GroupDecisions,
     GRPOConfig,
     graphspecs,
     group_targets,
@@ -51,6 +53,7 @@ from porch_jax.maca.train import (
     train_grpo,
 )
 from porch_jax.train.checkpoint import Checkpointer
+from porch_jax.train.methods import METHODS, MethodConfig, make_method
 from porch_jax.typed_config import ConfigError, from_dict, to_dict
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -119,6 +122,24 @@ def test_maca_loss_matches_numpy():
     assert np.isfinite(grad).all() and np.all(grad[~mask] == 0) and np.all(grad[~valid] == 0)
 
 
+def _targets(old, ref, prior, valid, episode, step, tokens, correct, step_mask, *, lam, actions=None, **cfg):
+    """group_targets of one iteration's arrays (without actions: the exact per-state KL)."""
+    decisions = GroupDecisions(
+        old=old,
+        ref=ref,
+        prior=prior,
+        valid=valid,
+        actions=np.zeros(len(valid), np.int32) if actions is None else actions,
+        episode=episode,
+        step=step,
+        tokens=tokens,
+        step_mask=step_mask,
+        correct=correct,
+    )
+    grpo = GRPOConfig(token_unit=1000.0, advantage_eps=0.1, kl_sample=actions is not None, **cfg)
+    return group_targets(decisions, grpo, lam)
+
+
 def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     # 2 groups of 2 episodes; decisions (episode, step): e0 two steps, e1 one, e2 one, e3 two.
     episode, step = np.array([0, 0, 1, 2, 3, 3, 0]), np.array([0, 1, 0, 0, 0, 1, 0])
@@ -129,23 +150,9 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
     step_mask = np.array([[1, 1], [1, 0], [1, 0], [1, 1]], bool)
     correct = np.array([1, 0, 1, 1], np.float32)
     prior = np.full((7, a), 1 / a, np.float32)
+    kw = {"group_size": 2, "token_cost_weight": 0.02}
     for lam in (0.0, 0.7):
-        out = group_targets(
-            uniform,
-            uniform,
-            prior,
-            valid,
-            episode,
-            step,
-            tokens,
-            correct,
-            step_mask,
-            groups=2,
-            token_cost_weight=0.02,
-            prior_kl_weight=lam,
-            token_unit=1000.0,
-            eps=0.1,
-        )
+        out = _targets(uniform, uniform, prior, valid, episode, step, tokens, correct, step_mask, lam=lam, **kw)
         returns = correct - 0.02 * tokens.sum(1) / 1000  # pi = pi_ref = pi_prior: KL 0 whatever lambda is
         np.testing.assert_allclose(out["returns"], returns, rtol=1e-5)
         r = returns.reshape(2, 2)
@@ -153,22 +160,7 @@ def test_group_targets_pay_accuracy_minus_tokens_and_normalise_within_groups():
         np.testing.assert_allclose(out["advantages"], adv, rtol=1e-4)
         np.testing.assert_allclose(np.asarray(out["decision_advantages"])[valid], adv[episode[valid]], rtol=1e-4)
     peaked = np.log(np.array([[0.98, 0.01, 0.01]] * 7, np.float32))  # now the rollout policy is far from pi_mix
-    out = group_targets(
-        peaked,
-        uniform,
-        prior,
-        valid,
-        episode,
-        step,
-        tokens,
-        correct,
-        step_mask,
-        groups=2,
-        token_cost_weight=0.02,
-        prior_kl_weight=0.7,
-        token_unit=1000.0,
-        eps=0.1,
-    )
+    out = _targets(peaked, uniform, prior, valid, episode, step, tokens, correct, step_mask, lam=0.7, **kw)
     kl = np.sum(0.98 * np.log(0.98 * 3) + 2 * 0.01 * np.log(0.01 * 3))
     np.testing.assert_allclose(
         out["returns"], correct - 0.02 * tokens.sum(1) / 1000 - 0.7 * kl * step_mask.sum(1), rtol=1e-4
@@ -186,18 +178,50 @@ def test_sampled_kl_in_the_return_rewards_following_the_prior():
     mix = np.log(0.5 * (1 / a + prior))
     episode, step, valid = np.array([0, 1]), np.array([0, 0]), np.array([True, True])
     tokens, step_mask, correct = np.zeros((2, 1), np.float32), np.ones((2, 1), bool), np.ones(2, np.float32)
-    kw = {"groups": 1, "token_cost_weight": 0.0, "prior_kl_weight": 0.7, "token_unit": 1000.0, "eps": 0.1}
+    kw = {"group_size": 2, "token_cost_weight": 0.0, "lam": 0.7}
     actions = np.array([0, 1])  # episode 0 follows the prior, episode 1 does not
-    sampled = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, actions=actions, **kw)
+    arrays = (policy, ref, prior, valid, episode, step, tokens, correct, step_mask)
+    sampled = _targets(*arrays, actions=actions, **kw)
     np.testing.assert_allclose(sampled["kl"], policy[[0, 1], actions] - mix[[0, 1], actions], rtol=1e-5)
     np.testing.assert_allclose(
         sampled["returns"], 1 - 0.7 * (policy[[0, 1], actions] - mix[[0, 1], actions]), rtol=1e-5
     )
     assert sampled["returns"][0] > sampled["returns"][1]
-    exact = group_targets(policy, ref, prior, valid, episode, step, tokens, correct, step_mask, **kw)
+    exact = _targets(*arrays, **kw)
     np.testing.assert_allclose(exact["returns"][0], exact["returns"][1])
     # the one-sample estimate is unbiased: its expectation under pi is the exact KL
     np.testing.assert_allclose(np.sum(np.exp(policy[0]) * (policy[0] - mix[0])), exact["kl"][0], rtol=1e-5)
+
+
+def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
+    """The one trainer's "maca_grpo" (train/methods.py METHODS) over a scorer module: its parts' combined loss
+    and metrics on an "actions" batch are `maca_loss` of the module's Eq. 11 log-probs."""
+    assert "maca_grpo" in METHODS
+    method = make_method(MethodConfig(name="maca_grpo", layout="actions", clip_eps=0.2, target_kl_weight=0.7))
+    assert [p.name for p in method.parts] == ["pg", "kl_mix"] and not method.frozen
+    rng = np.random.default_rng(0)
+    d, a = 6, 4
+    module = HeadScorer(3, a, 8, rngs=nnx.Rngs(0))
+    module.out.kernel[...] = rng.normal(size=(8, a)).astype(np.float32)  # not uniform
+    mask = rng.random((d, a)) < 0.6
+    mask[:, -1] = True
+    inputs = {"features": rng.normal(size=(d, 3)).astype(np.float32)}
+    log_pi = np.asarray(masked_log_probs(module(inputs), mask))
+    actions = np.array([np.flatnonzero(m)[-1] for m in mask], np.int32)
+    old = log_pi[np.arange(d), actions] + rng.normal(scale=0.3, size=d).astype(np.float32)
+    adv, valid = rng.normal(size=d).astype(np.float32), np.arange(d) < 5
+    with np.errstate(divide="ignore"):  # -inf outside the mask, as log pi_mix there
+        mix = np.log(np.where(mask, 1.0 / mask.sum(-1, keepdims=True), 0.0)).astype(np.float32)
+    view = {"inputs": inputs, "masks": mask, "actions": actions, "old_logp": old, "advantage": adv}
+    view |= {"valid": valid, "target": mix}
+    micro = {"decisions": jax.tree.map(jnp.asarray, view)}
+    parts, aux = method.micro_parts(module, None, micro)
+    batch = jax.tree.map(lambda x: x[None], micro)
+    loss, metrics = maca_loss(jnp.asarray(log_pi), actions, old, adv, valid, mix, clip_eps=0.2, prior_kl_weight=0.7)
+    np.testing.assert_allclose(method.loss(parts, method.global_counts(batch)), loss, rtol=1e-6)
+    summary = method.summarize(parts, aux)
+    for k in ("pg", "kl_mix", "clip_fraction"):
+        np.testing.assert_allclose(summary[k], metrics[k], rtol=1e-6)
 
 
 def test_grpo_learning_rate_decays_over_every_update():
@@ -753,7 +777,7 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
     ckpt = tmp_path / "ckpt"
     with pytest.raises(Killed):
         train(checkpoint_dir=ckpt, checkpoint_every=1, probe=probe, probe_every=1)
-    assert Checkpointer(ckpt).steps() == [1, 2]  # iteration 3 died before its save
+    assert Checkpointer(ckpt / "checkpoints").steps() == [1, 2]  # iteration 3 died before its save
     for attempt in range(2):  # the resumed run, then a finished one that only restores
         lines = []
         resumed, history = train(checkpoint_dir=ckpt, checkpoint_every=1, progress=lines.append, progress_every_s=0.0)
@@ -765,7 +789,7 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
         )
         for a, b in zip(jax.tree.leaves(resumed.params), jax.tree.leaves(plain.params), strict=False):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    assert Checkpointer(ckpt).steps() == [3, 4]
+    assert Checkpointer(ckpt / "checkpoints").steps() == [3, 4]
     other = dataclasses.replace(study, grpo=dataclasses.replace(study.grpo, iterations=5))
     with pytest.raises(ValueError, match="another run.*iterations"):
         train_grpo(
@@ -777,6 +801,41 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
             other.grpo,
             checkpoint_dir=ckpt,
         )
+
+
+def test_train_grpo_runs_the_one_trainer(small_study, monkeypatch):
+    """train_grpo is one Trainer run of method maca_grpo with `epochs` steps per iteration (the optimizer's
+    schedule counts those updates); it leaves the trained parameters in the policy."""
+    from porch_jax.train.trainer import Trainer
+
+    runs, real_run = [], Trainer.run
+
+    def run(self):
+        runs.append((self.method.name, self.config.steps, self.config.optimizer.total_steps, self.exports))
+        return real_run(self)
+
+    monkeypatch.setattr(Trainer, "run", run)
+    grpo = dataclasses.replace(small_study.grpo, iterations=2, epochs=3)
+    specs, _ = small_study.specs(VARIANTS["maca"])
+    policy = small_study.make_policy(0)
+    result = train_grpo(policy, small_study.train_tasks, small_study.world, specs, VARIANTS["maca"], grpo)
+    assert runs == [("maca_grpo", 6, 6, False)]
+    assert [h["iteration"] for h in result.history] == [0, 1]
+    assert set(result.history[0]) == {
+        "iteration",
+        "return",
+        "accuracy",
+        "cost",
+        "steps",
+        "kl_mix_rollout",
+        "loss",
+        "pg",
+        "kl_mix",
+        "clip_fraction",
+        "seconds",
+    }
+    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(policy.params), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, monkeypatch):
@@ -806,15 +865,15 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
 
     clean = experiment.run(config(tmp_path / "clean"), log=lambda s: None)
     iterations = []
-    real_iteration = maca_train._iteration
+    real_rollout = maca_train.GroupRollouts.rollout
 
-    def counting(*args, **kwargs):
-        iterations.append(args[7].name)  # the variant
+    def counting(self):
+        iterations.append(self.variant.name)
         if len(iterations) == 6:  # maca's 3, then grpo's 3rd: killed after grpo's checkpoint at iteration 2
             raise KeyboardInterrupt
-        return real_iteration(*args, **kwargs)
+        return real_rollout(self)
 
-    monkeypatch.setattr(maca_train, "_iteration", counting)
+    monkeypatch.setattr(maca_train.GroupRollouts, "rollout", counting)
     with pytest.raises(KeyboardInterrupt):
         experiment.run(config(tmp_path / "run"), log=lambda s: None)
     assert iterations == ["maca"] * 3 + ["grpo"] * 3
