@@ -3,9 +3,13 @@
     python -m launch.rollout --config=experiments/workplace_compare.py
     python -m launch.rollout --config=experiments/workplace_compare.py --config.num_tasks=100
 
-500 seeded tasks per system with the scripted expert and scripted sub-agents, same tasks for every
-system (paired). Knobs below are the suite's calibration; see porch_jax/envs/workplace for what
-each one does.
+POrchestra's claim (paper, Sec. 4 and its ablations): proactive communication beats lifecycle re-orchestration
+and ReAct, and each revision target and message signal carries part of the gain. 500 seeded tasks per system with
+the scripted expert and scripted sub-agents, same tasks for every system (paired); about 90 s on 2 cores. Knobs:
+num_tasks trades the intervals' width for time; processes / concurrency trade memory for speed only; mixture,
+expert and subagent are the suite's calibration (porch_jax/envs/workplace says what each does): raising p_change
+or the sub-agents' slip rates makes mid-run revision matter more. The schema is porch_jax/rollout/compare.py
+`ComparisonConfig`.
 """
 
 from ml_collections import ConfigDict
