@@ -9,9 +9,8 @@ the latest final answer in the agents' transcript, cost is every call's prompt +
 run on the paper's other benchmarks: `--config=experiments/maca_gsm_hard.py:humaneval` (or mbpp, svamp,
 mmlu_pro, arc_challenge; code is scored in the sandbox).
 
-The paper's Table 4 (MACA) row for the benchmark. The run time is the served agents': each episode is a few
-chat calls per retained agent, so it scales with the served model's speed (minutes for a 7B model on one GPU;
-hours on CPU). Knobs: graphspec.gamma trades recall of the needed agents for fewer calls; grpo.prior_kl_weight
+The paper's Table 4 (MACA) row for the benchmark. The run time is set by the served agents (each episode makes
+a few chat calls per retained agent) and has not been measured with the paper's 7B agents. Knobs: graphspec.gamma trades recall of the needed agents for fewer calls; grpo.prior_kl_weight
 (lambda) pulls the policy toward the learned prior; grpo.token_cost_weight trades accuracy for tokens; the
 rest as in experiments/maca_synthetic.py. The schema is porch_jax/maca/config.py `MacaConfig`.
 """
