@@ -268,13 +268,10 @@ def _decisions(view: Mapping[str, jax.Array]) -> jax.Array:
 
 
 @dataclasses.dataclass(frozen=True)
-class ActionPolicyGradient:
-    """GRPO's clipped surrogate over a scorer module's discrete actions, one per decision ("actions" layout)."""
+class _OnActions:
+    """A part of the "actions" layout: one view of decisions, counted one per valid decision."""
 
     view: str = "decisions"
-    clip_eps: float = 0.2
-    coef: float = 1.0
-    name: str = "pg"
 
     @property
     def views(self) -> tuple[str, ...]:
@@ -282,6 +279,15 @@ class ActionPolicyGradient:
 
     def count(self, batch: Batch) -> jax.Array:
         return _decisions(batch[self.view])
+
+
+@dataclasses.dataclass(frozen=True)
+class ActionPolicyGradient(_OnActions):
+    """GRPO's clipped surrogate over a scorer module's discrete actions, one per decision ("actions" layout)."""
+
+    clip_eps: float = 0.2
+    coef: float = 1.0
+    name: str = "pg"
 
     def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
@@ -297,19 +303,11 @@ class ActionPolicyGradient:
 
 
 @dataclasses.dataclass(frozen=True)
-class ActionKL:
+class ActionKL(_OnActions):
     """KL(pi || target) summed over the action set at each valid decision ("actions" layout; MACA: pi_mix)."""
 
-    view: str = "decisions"
     coef: float = 0.0
     name: str = "kl_mix"
-
-    @property
-    def views(self) -> tuple[str, ...]:
-        return (self.view,)
-
-    def count(self, batch: Batch) -> jax.Array:
-        return _decisions(batch[self.view])
 
     def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
