@@ -2,7 +2,7 @@
 orchestration policy a JAX LM scoring agent names (a Hugging Face folder, or a tiny Qwen3 for a smoke run).
 
     python -m launch.maca --config=experiments/maca_gsm_hard.py \\
-        --config.backend.urls="('http://localhost:8000',)" --config.backend.model=Qwen/Qwen2.5-7B-Instruct
+        --config.backend.endpoint.urls="('http://localhost:8000',)" --config.backend.endpoint.model=Qwen/Qwen2.5-7B-Instruct
 
 Tasks come from the Table 4 split (porch_jax/envs/benchmarks); accuracy is the benchmark's numeric match on
 the latest final answer in the agents' transcript, cost is every call's prompt + completion tokens. The same
@@ -57,15 +57,20 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.baselines.systems = BASELINES
     c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
     c.lm_check.enabled = False
+    # the agent pool's endpoint (backends/spec.py EndpointSpec: vllm, sglang or a hosted provider, the key read from
+    # the variable api_key_env names) and how every agent call samples
     c.backend = ConfigDict(
         {
-            "kind": "vllm",
-            "urls": ("http://localhost:8000",),
-            "model": "Qwen/Qwen2.5-7B-Instruct",
-            "timeout_s": 120.0,
-            "max_retries": 3,
-            "temperature": 0.0,
-            "max_tokens": 512,
+            "kind": "served",
+            "endpoint": {
+                "model": "Qwen/Qwen2.5-7B-Instruct",
+                "urls": ("http://localhost:8000",),
+                "provider": "vllm",
+                "api_key_env": "",
+                "timeout_s": 120.0,
+                "max_retries": 3,
+            },
+            "sampling": {"temperature": 0.0, "max_tokens": 512},
         }
     )
     return c

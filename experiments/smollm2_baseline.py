@@ -6,9 +6,10 @@ POrchestra protocol freely, zero-shot and few-shot on the workplace suite and on
 
 No paper figure: the papers' orchestrators are 8-9B models after SFT. This is the floor that training a
 pretrained model (SFT, then OPOD) must raise; expect success near zero and most replies unparseable. About
-10 minutes on 2 CPU cores (50 tasks x 2 readings + 2 ARE scenarios). Knobs: max_tokens bounds every call
-(SmolLM2 rambles: a larger cap costs time, not validity); max_decisions and budgets bound an episode;
-context_overflow "drop_oldest" keeps long episodes within the 2,048-token context; readings picks zero-shot
+10 minutes on 2 CPU cores (50 tasks x 2 readings + 2 ARE scenarios). Knobs (engine section): each role's
+sampling max_tokens bounds every call (SmolLM2 rambles: a larger cap costs time, not validity); max_decisions and
+budgets bound an episode; max_evidence_chars cuts each evidence line the orchestrator sees; context_overflow
+"drop_oldest" keeps long episodes within the 2,048-token context; readings picks zero-shot
 and/or few-shot; serve is the vLLM server (porch_jax.serving.ServerConfig). The schema is
 porch_jax/rollout/served.py `ServedBaselineConfig`.
 """
@@ -33,11 +34,17 @@ def get_config() -> ConfigDict:
     c.num_tasks = 50
     c.seed_start = 0
     c.concurrency = 16
-    c.max_tokens = 96
-    c.temperature = 0.0
-    c.max_decisions = 6
-    c.budgets = ConfigDict({"total_steps": 12, "max_agents": 3, "default_agent_budget": 4})
-    c.context_overflow = "drop_oldest"
+    # How an episode runs (rollout/config.py EngineConfig; few_shot is each reading's).
+    c.engine = ConfigDict(
+        {
+            "budgets": {"total_steps": 12, "max_agents": 3, "default_agent_budget": 4},
+            "max_decisions": 6,
+            "max_evidence_chars": 160,
+            "orchestrator_sampling": {"max_tokens": 96, "temperature": 0.0},
+            "subagent_sampling": {"max_tokens": 96, "temperature": 0.0},
+            "context_overflow": "drop_oldest",
+        }
+    )
     c.are_scenarios = ("scenario_tutorial", "scenario_apps_tutorial")
     c.are_max_decisions = 4
     c.are_total_steps = 8

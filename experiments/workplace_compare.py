@@ -9,7 +9,7 @@ the scripted expert and scripted sub-agents, same tasks for every system (paired
 num_tasks trades the intervals' width for time; processes / concurrency trade memory for speed only; mixture,
 expert and subagent are the suite's calibration (porch_jax/envs/workplace says what each does): raising p_change
 or the sub-agents' slip rates makes mid-run revision matter more. The schema is porch_jax/rollout/compare.py
-`ComparisonConfig`.
+`ComparisonConfig`. With served endpoints (orchestrator / executor) the same comparison runs on real models.
 """
 
 from ml_collections import ConfigDict
@@ -37,9 +37,24 @@ def get_config() -> ConfigDict:
     c.processes = 2  # systems run in parallel processes (episodes are CPU-bound)
     c.concurrency = 16  # episodes in flight per system (the runner's workers)
     c.episode_timeout_s = 60.0
-    c.max_decisions = 64
-    # GAIA2's budgets; every workplace task carries tighter ones of its own (the engine takes the smaller).
-    c.budgets = ConfigDict({"total_steps": 300, "max_agents": 10, "default_agent_budget": 30})
+    # How an episode runs (rollout/config.py EngineConfig): GAIA2's budgets (every workplace task carries tighter
+    # ones of its own; the engine takes the smaller), the decision cap, each role's sampling and the evidence kept.
+    c.engine = ConfigDict(
+        {
+            "budgets": {"total_steps": 300, "max_agents": 10, "default_agent_budget": 30},
+            "max_decisions": 64,
+            "max_evidence_chars": 160,
+            "orchestrator_sampling": {"max_tokens": 256, "temperature": 0.0},
+            "subagent_sampling": {"max_tokens": 256, "temperature": 0.0},
+            "context_overflow": "observe",
+            "few_shot": False,
+        }
+    )
+    # Each role's endpoint (backends/spec.py EndpointSpec): an empty model keeps the scripted policy, the scripted
+    # expert orchestrating and the scripted sub-agents executing; e.g. --config.orchestrator.model=policy
+    # "--config.orchestrator.urls=('http://localhost:8000',)" --config.orchestrator.api_key_env=VLLM_API_KEY.
+    c.orchestrator = ConfigDict({"model": "", "urls": (), "provider": "vllm", "api_key_env": ""})
+    c.executor = ConfigDict({"model": "", "urls": (), "provider": "vllm", "api_key_env": ""})
     c.mixture = ConfigDict(
         {
             "templates": {"cab": 1.0, "cab_text": 1.0, "mail_text": 1.0, "history": 1.0, "file_text": 1.0},

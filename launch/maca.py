@@ -3,7 +3,7 @@ learning, token-aware GRPO, the Table 3 ablations with learning curves, the swee
 benchmark world, the oracle ceilings and (synthetic config) the LM-policy check.
 
     python -m launch.maca --config=experiments/maca_synthetic.py
-    python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.urls="('http://host:8000',)"
+    python -m launch.maca --config=experiments/maca_gsm_hard.py --config.backend.endpoint.urls="('http://host:8000',)"
     python -m launch.maca --config=experiments/maca_gsm_hard.py:humaneval --gate_only   # Fig. 8 only, no model
 
 Writes RUN_DIR/results.json, RUN_DIR/tables.md and PNG figures; RUN_DIR/checkpoints holds the learned prior and

@@ -15,6 +15,9 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True)
 class Sampling:
+    """How one role samples. ``thinking``: the chat template's ``enable_thinking`` (Qwen3-style templates think by
+    default); None leaves the template's default and sends nothing."""
+
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
@@ -23,6 +26,22 @@ class Sampling:
     seed: int | None = None
     n: int = 1
     logprobs: bool = True
+    thinking: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens <= 0:
+            raise ValueError(f"max_tokens: must be > 0, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature: must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 or self.n < 1:
+            raise ValueError(f"top_k must be >= 0 and n >= 1, got top_k={self.top_k}, n={self.n}")
+
+    @property
+    def template_kwargs(self) -> dict[str, Any]:
+        """What the chat template is rendered with for this sampling (the thinking switch, where set)."""
+        return {} if self.thinking is None else {"enable_thinking": self.thinking}
 
 
 @dataclass

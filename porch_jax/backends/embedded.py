@@ -52,8 +52,10 @@ class EmbeddedBackend:
 
     def encode(self, request: ChatRequest) -> list[int]:
         """The prompt token ids: the tokenizer's chat template with the generation prompt and the tools (in the
-        system message when the template does not render tools: ``protocol.render.prompt_ids``)."""
-        return prompt_ids(self.sampler.tokenizer, request.messages, request.tools, **self.chat_template_kwargs)
+        system message when the template does not render tools: ``protocol.render.prompt_ids``), with the request's
+        thinking switch over the backend's template kwargs."""
+        kwargs = self.chat_template_kwargs | request.sampling.template_kwargs
+        return prompt_ids(self.sampler.tokenizer, request.messages, request.tools, **kwargs)
 
     def _params(self, sampling: Any) -> SamplingParams:
         seed = sampling.seed

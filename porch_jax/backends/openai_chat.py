@@ -158,6 +158,8 @@ class OpenAIChatBackend:
             body["stop"] = list(s.stop)
         if p.seed and s.seed is not None:
             body["seed"] = s.seed
+        if p.template_kwargs and s.template_kwargs:
+            body["chat_template_kwargs"] = s.template_kwargs
         if tools:
             body["tools"], body["tool_choice"] = tools, "none"
         return body | self.extra_body

@@ -17,6 +17,8 @@ never a branch in the request code:
 - ``top_k``, ``seed``, ``stop``: sent only where the provider takes them.
 - ``reasoning_fields``: where a reply carries the model's reasoning apart from its answer
   (DeepSeek's ``reasoning_content``, vLLM's ``reasoning``); kept as ``ChatResult.reasoning``.
+- ``template_kwargs``: the server renders the chat template itself and takes ``chat_template_kwargs`` (vLLM,
+  SGLang): the thinking switch (``Sampling.thinking``) reaches the template this way; elsewhere it is not sent.
 - ``base_url`` and ``api_key_env``: the hosted endpoint and the environment variable its key is
   read from by default (a config may name another variable; a key never sits in a config).
 """
@@ -42,6 +44,7 @@ class Provider:
     seed: bool = True
     stop: bool = True
     reasoning_fields: tuple[str, ...] = ()
+    template_kwargs: bool = False
 
     def replace(self, **changes) -> Provider:
         return dataclasses.replace(self, **changes)
@@ -51,10 +54,12 @@ PROVIDERS: dict[str, Provider] = {
     p.name: p
     for p in (
         # vLLM with its extras: the ids it sampled, the prompt ids and text it rendered.
-        Provider("vllm", token_ids=True, prompt_text=True, top_k=True, reasoning_fields=("reasoning",)),
+        Provider(
+            "vllm", token_ids=True, prompt_text=True, top_k=True, reasoning_fields=("reasoning",), template_kwargs=True
+        ),
         # vLLM (or any OpenAI-compatible server) asked for standard fields only.
         Provider("vllm_plain"),
-        Provider("sglang", top_k=True, reasoning_fields=("reasoning_content",)),
+        Provider("sglang", top_k=True, reasoning_fields=("reasoning_content",), template_kwargs=True),
         Provider(
             "openai",
             base_url="https://api.openai.com/v1",

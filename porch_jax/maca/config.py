@@ -15,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Literal
 
+from porch_jax.backends import Sampling
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.maca.analysis import NO_POLICY_READINGS
 from porch_jax.maca.baselines import BASELINES
 from porch_jax.maca.prior import PriorConfig
@@ -203,15 +205,16 @@ class BaselinesConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BackendConfig:
-    """The agents' backend: "synthetic" (the synthetic world's own) or "vllm" (OpenAI-compatible servers)."""
+    """The agent pool's backend: "synthetic" (the synthetic world's own) or "served": ``endpoint``, any
+    OpenAI-compatible provider (backends/spec.py ``EndpointSpec``: vLLM, SGLang or a hosted API, the key read from
+    the variable it names), sampled with ``sampling`` (max tokens, temperature, thinking) by every agent call."""
 
-    kind: Literal["synthetic", "vllm"] = "synthetic"
-    urls: tuple[str, ...] = ()
-    model: str = ""
-    timeout_s: float = 120.0
-    max_retries: int = 3
-    temperature: float = 0.0
-    max_tokens: int = 512
+    kind: Literal["synthetic", "served"] = "synthetic"
+    endpoint: EndpointSpec = EndpointSpec()
+    sampling: Sampling = Sampling(max_tokens=512)
+
+    def __post_init__(self):
+        check(self.kind == "synthetic" or self.endpoint.configured, "endpoint.model", "a served pool names its model")
 
 
 @dataclasses.dataclass(frozen=True)

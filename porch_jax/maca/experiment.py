@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from absl import logging
 
-from porch_jax.backends import Backend, Sampling
+from porch_jax.backends import Backend
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
@@ -65,11 +65,9 @@ __all__ = ["GATE_GAMMAS", "gate_report", "run", "tables"]  # GATE_GAMMAS: Fig. 8
 
 def build_backend(cfg: BackendConfig) -> Backend:
     """The agents' backend for a benchmark world (the synthetic world brings its own)."""
-    if cfg.kind == "vllm":
-        from porch_jax.backends import VLLMBackend
-
-        return VLLMBackend(cfg.urls, cfg.model, timeout_s=cfg.timeout_s, max_retries=cfg.max_retries)
-    raise ValueError(f"backend.kind must be 'vllm' for a benchmark world (or pass a backend), got {cfg.kind!r}")
+    if cfg.kind == "served":
+        return cfg.endpoint.backend()
+    raise ValueError(f"backend.kind must be 'served' for a benchmark world (or pass a backend), got {cfg.kind!r}")
 
 
 def build_tasks(cfg: MacaConfig) -> tuple[list[OrchestrationTask], list[OrchestrationTask]]:
@@ -103,8 +101,9 @@ def build_world(
         return synthetic_world(spool), train, evals, spool
     from porch_jax.envs.benchmarks import BENCHMARKS
 
-    sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
-    world = benchmark_world(BENCHMARKS[cfg.world.benchmark], pool, backend or build_backend(cfg.backend), sampling)
+    world = benchmark_world(
+        BENCHMARKS[cfg.world.benchmark], pool, backend or build_backend(cfg.backend), cfg.backend.sampling
+    )
     return world, train, evals, None
 
 
@@ -405,7 +404,7 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
     study = setup.study
     benchmark = study.world.judge.benchmark
     _, specs = study.specs(variant(cfg, "maca"))
-    sampling = Sampling(temperature=cfg.backend.temperature, max_tokens=cfg.backend.max_tokens)
+    sampling = cfg.backend.sampling
     limit = asyncio.Semaphore(cfg.baselines.concurrency)
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
@@ -551,7 +550,17 @@ def run_lm_check(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> d
 
 
 # where the agents are served and how patiently: a relaunch after a crash may point at a restarted server
-RESUME_MAY_CHANGE = frozenset({"backend.urls", "backend.timeout_s", "backend.max_retries", "baselines.concurrency"})
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "backend.endpoint.urls",
+        "backend.endpoint.timeout_s",
+        "backend.endpoint.max_retries",
+        "backend.endpoint.backoff_s",
+        "backend.endpoint.cooldown_s",
+        "backend.endpoint.api_key_env",
+        "baselines.concurrency",
+    }
+)
 
 
 def claim_run_dir(run_dir: Path, cfg: MacaConfig) -> None:

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from porch_jax.backends import ScriptedBackend
+from porch_jax.backends import Backend, ScriptedBackend
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.workplace import (
     ExpertConfig,
     ScriptedExpert,
@@ -28,7 +29,7 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_tasks,
 )
-from porch_jax.rollout.config import ABLATIONS, SYSTEMS, Budgets, EngineConfig, system_config
+from porch_jax.rollout.config import ABLATIONS, SYSTEMS, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
@@ -105,7 +106,10 @@ def format_table(rows: Sequence[Summary]) -> str:
 
 @dataclass(frozen=True)
 class ComparisonConfig:
-    """Systems compared on the same seeded workplace tasks (paired), with the scripted expert and sub-agents.
+    """Systems compared on the same seeded workplace tasks (paired). Each role is the scripted policy unless its
+    endpoint names a served model: ``orchestrator`` (default: the scripted expert decides) and ``executor`` (default:
+    the scripted sub-agents), each any OpenAI-compatible provider (backends/spec.py ``EndpointSpec``; the key is
+    read from the variable it names).
 
     python -m launch.rollout --config=experiments/workplace_compare.py (500 tasks x 10 systems). More tasks
     narrow the intervals (Wilson half-width ~ 1 / sqrt(num_tasks)) at a time linear in num_tasks x systems.
@@ -116,8 +120,10 @@ class ComparisonConfig:
     processes: systems run in parallel processes (episodes are CPU-bound); 1: in this process.
     concurrency: episodes in flight per system (the runner's workers).
     episode_timeout_s: an episode past it is recorded as an error (None: no limit).
-    max_decisions: orchestrator calls per episode, invalid ones included (a loop guard).
-    budgets: the suite-wide budgets; every task carries tighter ones of its own (the engine takes the smaller).
+    engine: how an episode runs (rollout/config.py ``EngineConfig``; its ``system`` is each system's): the budgets
+        (every task carries tighter ones of its own; the engine takes the smaller), the decision cap, the sampling
+        of each role (max tokens, temperature, thinking), the evidence kept, the context rule, few-shot.
+    orchestrator, executor: the roles' endpoints (an empty model: the scripted policy).
     mixture, expert, subagent: the suite's calibration (porch_jax/envs/workplace says what each knob does).
     """
 
@@ -128,8 +134,9 @@ class ComparisonConfig:
     processes: int = 2
     concurrency: int = 16
     episode_timeout_s: float | None = 60.0
-    max_decisions: int = EngineConfig.max_decisions
-    budgets: Budgets = Budgets()
+    engine: EngineConfig = EngineConfig()
+    orchestrator: EndpointSpec = EndpointSpec()
+    executor: EndpointSpec = EndpointSpec()
     mixture: TaskMixture = TaskMixture()
     expert: ExpertConfig = ExpertConfig()
     subagent: SubagentConfig = SubagentConfig()
@@ -142,21 +149,24 @@ class ComparisonConfig:
         check(self.seed_start >= 0, "seed_start", f"must be >= 0, got {self.seed_start}")
         check(self.processes > 0, "processes", f"must be > 0, got {self.processes}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
-        check(self.max_decisions > 0, "max_decisions", f"must be > 0, got {self.max_decisions}")
         timeout = self.episode_timeout_s
         check(timeout is None or timeout > 0, "episode_timeout_s", f"must be > 0 or None, got {timeout}")
 
 
+def role_backend(endpoint: EndpointSpec, scripted: Any) -> Backend:
+    """The served model of ``endpoint`` where it names one, else ``scripted`` (a policy) as a backend."""
+    return endpoint.backend() if endpoint.configured else ScriptedBackend(scripted)
+
+
 def workplace_engine(system: str, cfg: ComparisonConfig | None = None) -> Engine:
-    """The engine for ``system`` with the scripted expert and sub-agents, budgets and loop guard of ``cfg``
-    (None: the defaults)."""
+    """The engine for ``system`` with ``cfg``'s roles (the scripted expert and sub-agents unless an endpoint names a
+    model) and engine settings (None: the defaults)."""
     cfg = cfg or ComparisonConfig(run_dir="-")
-    base = EngineConfig(budgets=cfg.budgets, max_decisions=cfg.max_decisions)
     return Engine(
         WorkplaceEnv,
-        ScriptedBackend(ScriptedExpert(cfg.expert)),
-        ScriptedBackend(ScriptedSubagent(cfg.subagent)),
-        system_config(system, base),
+        role_backend(cfg.orchestrator, ScriptedExpert(cfg.expert)),
+        role_backend(cfg.executor, ScriptedSubagent(cfg.subagent)),
+        system_config(system, cfg.engine),
         system_name=system,
     )
 
@@ -168,12 +178,18 @@ def _run_system(system: str, cfg: ComparisonConfig) -> None:
     async def episode(task: Any) -> EpisodeRecord:
         return await engine.run(task, episode_id=task.task_id)
 
-    with TrajectoryStore(Path(cfg.run_dir) / f"{system}.jsonl") as store:
-        asyncio.run(
-            run_episodes(
-                tasks, episode, store, cfg.concurrency, progress=False, episode_timeout_s=cfg.episode_timeout_s
-            )
-        )
+    async def go() -> None:
+        try:
+            with TrajectoryStore(Path(cfg.run_dir) / f"{system}.jsonl") as store:
+                await run_episodes(
+                    tasks, episode, store, cfg.concurrency, progress=False, episode_timeout_s=cfg.episode_timeout_s
+                )
+        finally:
+            for backend in {id(b): b for b in (engine.orchestrator, engine.subagent)}.values():
+                if hasattr(backend, "aclose"):
+                    await backend.aclose()
+
+    asyncio.run(go())
 
 
 def settings(cfg: ComparisonConfig) -> dict[str, Any]:

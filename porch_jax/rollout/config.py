@@ -11,8 +11,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from porch_jax.backends import Sampling
 from porch_jax.protocol import COMM_ACTIONS, FULL_VIEW, REVISABLE_FIELDS, SUBMIT, FeedbackView
@@ -41,6 +42,8 @@ class EngineConfig:
     revisable: tuple[str, ...] = REVISABLE_FIELDS
     view: FeedbackView = FULL_VIEW
     max_decisions: int = 64  # orchestrator calls per episode, invalid ones included: a loop guard
+    # Each evidence line the orchestrator sees is cut to this many characters (None: whole). The paper's Evidence
+    # signal carries the key tool outputs; the cap bounds the orchestrator's context on long outputs.
     max_evidence_chars: int | None = 160
     orchestrator_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
     subagent_sampling: Sampling = field(default_factory=lambda: Sampling(max_tokens=256))
@@ -60,6 +63,10 @@ class EngineConfig:
         unknown = set(self.revisable) - set(REVISABLE_FIELDS)
         if unknown:
             raise ValueError(f"revisable has unknown fields {sorted(unknown)}; allowed {REVISABLE_FIELDS}")
+        if self.max_decisions <= 0:
+            raise ValueError(f"max_decisions must be > 0, got {self.max_decisions}")
+        if self.max_evidence_chars is not None and self.max_evidence_chars <= 0:
+            raise ValueError(f"max_evidence_chars must be > 0 or None (whole), got {self.max_evidence_chars}")
 
     @property
     def comm(self) -> tuple[str, ...]:
@@ -73,6 +80,24 @@ class EngineConfig:
     def config_hash(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def replace_nested(obj: Any, changes: Mapping[str, Any], path: str = "engine") -> Any:
+    """The dataclass ``obj`` with ``changes`` (a plain, possibly partial mapping, e.g. parsed JSON) applied: a nested
+    dataclass field takes a mapping merged field by field, a tuple field a list; an unknown key raises naming its
+    dotted path. Crosses a process boundary that has no absl (ARE's runner takes an EngineConfig this way)."""
+    fields = {f.name for f in dataclasses.fields(obj)}
+    updates = {}
+    for key, value in changes.items():
+        if key not in fields:
+            raise ValueError(f"{path}.{key}: unknown key; known: {', '.join(sorted(fields))}")
+        current = getattr(obj, key)
+        if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
+            value = replace_nested(current, value, f"{path}.{key}")
+        elif isinstance(current, tuple) and isinstance(value, list):
+            value = tuple(value)
+        updates[key] = value
+    return dataclasses.replace(obj, **updates)
 
 
 def system_config(name: str, base: EngineConfig = EngineConfig()) -> EngineConfig:

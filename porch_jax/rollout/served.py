@@ -51,11 +51,12 @@ class ServedBaselineConfig:
     readings: workplace readings to run, of READINGS.
     num_tasks / seed_start: the workplace tasks (seeded, the same for every reading).
     concurrency: episodes in flight (vLLM batches them).
-    max_tokens / temperature: sampling of both roles (a small model rambles: the cap bounds each call).
-    max_decisions: orchestrator calls per episode; budgets: the engine's step budgets (tasks carry their own).
-    context_overflow: what an over-long orchestrator context does (EngineConfig.context_overflow).
+    engine: how an episode runs (rollout/config.py EngineConfig; its system is proactive, its few_shot each
+        reading's): each role's sampling (a small model rambles: max_tokens bounds each call), the evidence kept, the
+        decision cap, the step budgets (tasks carry their own) and what an over-long orchestrator context does.
     are_scenarios: ARE tutorial scenarios to run both roles on (empty: none; skipped without the ARE venv).
-    are_max_decisions / are_total_steps: their caps (a scenario at GAIA2's full budget runs for minutes).
+    are_max_decisions / are_total_steps: their caps over the engine's (a scenario at GAIA2's full budget runs for
+        minutes).
     """
 
     run_dir: str
@@ -65,18 +66,19 @@ class ServedBaselineConfig:
     num_tasks: int = 50
     seed_start: int = 0
     concurrency: int = 16
-    max_tokens: int = 96
-    temperature: float = 0.0
-    max_decisions: int = 6
-    budgets: Budgets = Budgets(12, 3, 4)
-    context_overflow: Literal["observe", "drop_oldest"] = "drop_oldest"
+    engine: EngineConfig = EngineConfig(
+        budgets=Budgets(12, 3, 4),
+        max_decisions=6,
+        orchestrator_sampling=Sampling(max_tokens=96),
+        subagent_sampling=Sampling(max_tokens=96),
+        context_overflow="drop_oldest",
+    )
     are_scenarios: tuple[str, ...] = ("scenario_tutorial", "scenario_apps_tutorial")
     are_max_decisions: int = 4
     are_total_steps: int = 8
 
     def __post_init__(self):
         check(self.num_tasks > 0, "num_tasks", f"must be > 0, got {self.num_tasks}")
-        check(self.max_tokens > 0, "max_tokens", f"must be > 0, got {self.max_tokens}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
 
 
@@ -121,18 +123,7 @@ def format_table(rows: Sequence[Reading]) -> str:
 
 
 def engine_config(cfg: ServedBaselineConfig, few_shot: bool) -> EngineConfig:
-    sampling = Sampling(temperature=cfg.temperature, max_tokens=cfg.max_tokens)
-    return system_config(
-        "proactive",
-        EngineConfig(
-            budgets=cfg.budgets,
-            max_decisions=cfg.max_decisions,
-            orchestrator_sampling=sampling,
-            subagent_sampling=sampling,
-            context_overflow=cfg.context_overflow,
-            few_shot=few_shot,
-        ),
-    )
+    return system_config("proactive", dataclasses.replace(cfg.engine, few_shot=few_shot))
 
 
 def run_workplace(server: VLLMServer, cfg: ServedBaselineConfig, reading: str, store_path: Path) -> float:
@@ -171,11 +162,9 @@ def run_are(server: VLLMServer, cfg: ServedBaselineConfig, store_path: Path, out
         server.model, (server.base_url,), "vllm", KEY_ENV, timeout_s=600.0, tools_in_prompt=not server.renders_tools
     )
     start = time.perf_counter()
-    extra = [
-        "--max_tokens", str(cfg.max_tokens), "--temperature", str(cfg.temperature),
-        "--max_decisions", str(cfg.are_max_decisions), "--total_steps", str(cfg.are_total_steps),
-        "--context_overflow", cfg.context_overflow,
-    ]  # fmt: skip
+    engine = dataclasses.asdict(engine_config(cfg, few_shot=False))
+    engine["max_decisions"] = cfg.are_max_decisions
+    engine["budgets"] = {"total_steps": cfg.are_total_steps}  # GAIA2's agents and per-agent budget
     run_gaia2(
         out,
         scenarios=cfg.are_scenarios,
@@ -183,7 +172,7 @@ def run_are(server: VLLMServer, cfg: ServedBaselineConfig, store_path: Path, out
         store=store_path,
         orchestrator=endpoint,
         executor=endpoint,
-        extra=extra,
+        engine=engine,
     )
     return time.perf_counter() - start
 

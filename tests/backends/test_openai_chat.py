@@ -226,6 +226,25 @@ def test_each_providers_request_holds_only_the_fields_it_takes(fake, name, prese
     assert not absent & set(body), absent & set(body)
 
 
+@pytest.mark.parametrize("name", ["vllm", "sglang", "openai", "deepseek"])
+def test_the_thinking_switch_reaches_templates_only_where_the_server_renders_them(fake, name):
+    off = sent_body(fake, name, max_tokens=8, thinking=False)
+    default = sent_body(fake, name, max_tokens=8)
+    assert "chat_template_kwargs" not in default  # None: the template's own default, nothing sent
+    if name in ("vllm", "sglang"):
+        assert off["chat_template_kwargs"] == {"enable_thinking": False}
+    else:  # a hosted API renders no template of ours: the switch is not a field it takes
+        assert "chat_template_kwargs" not in off
+
+
+def test_sampling_refuses_values_no_server_takes():
+    for bad, field in ((dict(max_tokens=0), "max_tokens"), (dict(temperature=-1.0), "temperature"),
+                       (dict(top_p=0.0), "top_p"), (dict(top_k=-1), "top_k")):  # fmt: skip
+        with pytest.raises(ValueError, match=field):
+            Sampling(**bad)
+    assert Sampling(thinking=True).template_kwargs == {"enable_thinking": True} and Sampling().template_kwargs == {}
+
+
 def test_hosted_providers_default_to_their_endpoint_and_key_variable(monkeypatch):
     monkeypatch.setenv("GEMINI_API_KEY", "g-secret")
     b = OpenAIChatBackend(None, "gemini-2.5-flash", provider="gemini")

@@ -884,7 +884,12 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     assert any(line.startswith("prior restored from") for line in logs)
     assert comparable(resumed) == comparable(clean)
     moved = config(tmp_path / "run")  # a restarted server may move
-    moved = dataclasses.replace(moved, backend=dataclasses.replace(moved.backend, urls=("http://elsewhere:8000",)))
+    moved = dataclasses.replace(
+        moved,
+        backend=dataclasses.replace(
+            moved.backend, endpoint=dataclasses.replace(moved.backend.endpoint, urls=("http://elsewhere:8000",))
+        ),
+    )
     assert comparable(experiment.run(moved, log=lambda s: None)) == comparable(clean)
     changed = config(tmp_path / "run")
     changed = dataclasses.replace(changed, grpo=dataclasses.replace(changed.grpo, learning_rate=1e-2))

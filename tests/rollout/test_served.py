@@ -21,7 +21,7 @@ from porch_jax.typed_config import from_dict
 
 def _records(orchestrator, n=4):
     sub = ScriptedSubagent(SubagentConfig(slip_base=0.0, p_misread=0.0, p_detour=0.0))
-    cfg = from_dict(ServedBaselineConfig, {"run_dir": "/tmp/x", "max_decisions": 3})
+    cfg = from_dict(ServedBaselineConfig, {"run_dir": "/tmp/x", "engine": {"max_decisions": 3}})
     engine = Engine(WorkplaceEnv, ScriptedBackend(orchestrator), ScriptedBackend(sub), engine_config(cfg, False))
     return [asyncio.run(engine.run(t)) for t in make_tasks(n)]
 

@@ -25,7 +25,7 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     except (FileNotFoundError, OSError) as e:
         pytest.skip(f"GSM-Hard data is not available: {e}")
     cfg = smoke_config(run_dir=str(tmp_path / "run"), tasks=2)
-    cfg.backend.max_tokens = 8
+    cfg.backend.sampling.max_tokens = 8
     cfg = from_dict(MacaConfig, cfg)
     backend = VLLMBackend(
         vllm_server.base_url,
@@ -58,3 +58,35 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     )
     assert base["router_hint"]["avg_cost"] > base["router_none"]["avg_cost"]  # the GraphSpec hint in the prompt
     assert backend.retries == 0
+
+
+@pytest.mark.timeout(300)
+def test_maca_agent_pool_generates_freely_on_smollm2(smollm2_server, tmp_path, monkeypatch):
+    """The same shrunk launcher with the agent pool on SmolLM2, built from the config's endpoint (provider vllm, the
+    key in the variable it names) and generating freely: no structured outputs, the model's own answers scored by
+    GSM-Hard's checker. The test asserts the path (every agent call served, costs from the server's usage, the
+    baselines and the routers all run), not the accuracy of a 135M model."""
+    from experiments.maca_gsm_hard import smoke_config
+    from porch_jax.envs.benchmarks import load_tasks
+    from porch_jax.maca import experiment
+    from porch_jax.maca.config import MacaConfig
+    from porch_jax.typed_config import from_dict
+
+    try:
+        load_tasks("gsm_hard", "test")
+    except (FileNotFoundError, OSError) as e:
+        pytest.skip(f"GSM-Hard data is not available: {e}")
+    monkeypatch.setenv("PORCH_TEST_POOL_KEY", smollm2_server.api_key)
+    cfg = smoke_config(run_dir=str(tmp_path / "run"), tasks=2)
+    cfg.backend.endpoint.update(
+        {"model": smollm2_server.model, "urls": (smollm2_server.base_url,), "api_key_env": "PORCH_TEST_POOL_KEY"}
+    )
+    cfg.backend.endpoint.timeout_s = 300.0
+    cfg.backend.sampling.max_tokens = 48
+    results = experiment.run(from_dict(MacaConfig, cfg), log=lambda s: None)
+    (maca,) = results["systems"]
+    assert 0.0 <= maca["accuracy"] <= 1.0 and maca["invalid_action_rate"] == 0.0  # the mask admits only valid agents
+    base = {r["system"]: r for r in results["baselines"]}
+    assert set(base) >= {"vanilla", "cot", "self_consistency", "router_mask"}
+    assert all(r["avg_calls"] >= 1 and r["avg_cost"] > 10 * r["avg_calls"] for r in base.values())
+    print({k: (r["accuracy"], r["avg_cost"]) for k, r in base.items()}, maca["accuracy"], maca["avg_cost"])

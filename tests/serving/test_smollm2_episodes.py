@@ -102,7 +102,13 @@ def test_smollm2_plays_workplace_and_are_episodes_freely(smollm2_server, tmp_pat
         store=are_store,
         orchestrator=endpoint,
         executor=endpoint,
-        extra=["--max_tokens", "96", "--max_decisions", "3", "--total_steps", "6", "--context_overflow", "drop_oldest"],
+        engine={
+            "max_decisions": 3,
+            "budgets": {"total_steps": 6},
+            "orchestrator_sampling": {"max_tokens": 96},
+            "subagent_sampling": {"max_tokens": 96},
+            "context_overflow": "drop_oldest",
+        },
     )
     assert set(result["scenarios"]) == set(scenarios)
     are_records = TrajectoryStore(are_store).read()

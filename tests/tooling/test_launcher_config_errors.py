@@ -81,6 +81,11 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
             ),
             ("bad", ["--config=experiments/workplace_compare.py", run, "--config.num_tasks=0"], "config.num_tasks"),
             (
+                "bad_endpoint",
+                ["--config=experiments/workplace_compare.py", run, "--config.orchestrator.provider=nope"],
+                "config.orchestrator",
+            ),
+            (
                 "bad_choice",
                 ["--config=experiments/workplace_compare.py", run, "--config.systems=('proactive','nope')"],
                 "config.systems",
@@ -97,7 +102,11 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
                 ["--config=experiments/smollm2_baseline.py", run, "--config.serve.nonexistent_key=3"],
                 "config.serve.nonexistent_key",
             ),
-            ("bad", ["--config=experiments/smollm2_baseline.py", run, "--config.max_tokens=0"], "config.max_tokens"),
+            (
+                "bad",
+                ["--config=experiments/smollm2_baseline.py", run, "--config.engine.orchestrator_sampling.max_tokens=0"],
+                "config.engine.orchestrator_sampling",
+            ),
             (
                 "bad_choice",
                 ["--config=experiments/smollm2_baseline.py", run, "--config.readings=('zero_shot','ten_shot')"],

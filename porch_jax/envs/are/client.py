@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,13 +39,16 @@ def run_gaia2(
     store: str | Path | None = None,
     orchestrator: EndpointSpec | None = None,
     executor: EndpointSpec | None = None,
+    engine: Mapping[str, Any] | None = None,
     timeout_s: float = 1800,
     extra: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Run scenarios in the ARE venv; returns the runner's summary (``success_rate``, per-scenario verdicts).
 
     ``orchestrator``/``executor``: the endpoints of policy "llm" (their API keys travel in the
-    variables they name, which the child inherits; never on its command line).
+    variables they name, which the child inherits; never on its command line). ``engine``: EngineConfig fields
+    (a whole ``dataclasses.asdict`` or a partial mapping) over GAIA2's defaults: sampling per role, evidence kept,
+    context rule, few-shot, decision cap and budgets.
 
     Raises ``FileNotFoundError`` when the venv is missing and ``RuntimeError`` (with the child's
     output) when the run fails.
@@ -71,6 +74,8 @@ def run_gaia2(
     for flag, value in (("--dataset", dataset), ("--checks", checks), ("--store", store)):
         if value is not None:
             cmd += [flag, str(value)]
+    if engine:
+        cmd += ["--engine", json.dumps(engine)]
     if scenarios:
         cmd += ["--scenarios", *scenarios]
     if oracle:

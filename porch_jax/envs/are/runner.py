@@ -43,13 +43,14 @@ from are.simulation.validation.configs import (
 )
 from are.simulation.validation.constants import TOOL_ARG_CHECKER_TYPE_REGISTRY, CheckerType, ToolArgCheckerTypeRegistry
 
-from porch_jax.backends import Sampling, ScriptedBackend
+from porch_jax.backends import ScriptedBackend
 from porch_jax.backends.spec import EndpointSpec, add_endpoint_flags, endpoint_from_flags
 from porch_jax.envs.are.agent import AGENT_NAME, AgentSettings, PorchAgentBuilder, PorchAgentConfigBuilder, run_key
 from porch_jax.envs.are.env import AREEnvironment
 from porch_jax.envs.are.plan import oracle_plan
 from porch_jax.envs.are.scripted import ScriptedOracle
 from porch_jax.rollout import BUDGETS, EngineConfig, system_config
+from porch_jax.rollout.config import replace_nested
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
 
 POLICIES = ("scripted_oracle", "llm")
@@ -74,11 +75,10 @@ class RunSpec:
     seconds_per_step: float = 2.0
     timeout_s: int = 600
     store: str | None = None
-    max_tokens: int = 256  # per call, both roles (a served small model needs a cap to keep scenarios short)
-    temperature: float = 0.0  # greedy, as the engine samples by default
-    context_overflow: str = "observe"  # EngineConfig.context_overflow: observe or drop_oldest
-    max_decisions: int = 64  # orchestrator calls per scenario
-    total_steps: int = BUDGETS["gaia2"].total_steps  # sub-agent steps per scenario (the paper's GAIA2 budget)
+    # JSON of EngineConfig fields over GAIA2's defaults (rollout.config.replace_nested), e.g.
+    # '{"max_decisions": 4, "budgets": {"total_steps": 8}, "orchestrator_sampling": {"max_tokens": 96}}':
+    # sampling per role (max tokens, temperature, thinking), evidence kept, context rule, few-shot.
+    engine: str = ""
 
 
 def _offline_engine(*args: Any, **kwargs: Any) -> Any:
@@ -177,16 +177,17 @@ def make_policies(spec: RunSpec):
 
 
 def engine_config(spec: RunSpec) -> EngineConfig:
-    """GAIA2's budgets (total steps from the run) with the run's decision cap, sampling (both roles) and context
-    rule."""
-    sampling = Sampling(temperature=spec.temperature, max_tokens=spec.max_tokens)
-    return EngineConfig(
-        budgets=dataclasses.replace(BUDGETS["gaia2"], total_steps=spec.total_steps),
-        max_decisions=spec.max_decisions,
-        orchestrator_sampling=sampling,
-        subagent_sampling=sampling,
-        context_overflow=spec.context_overflow,
-    )
+    """GAIA2's budgets with the run's ``engine`` fields over them (a bad key or value raises naming it)."""
+    base = EngineConfig(budgets=BUDGETS["gaia2"])
+    if not spec.engine:
+        return base
+    try:
+        changes = json.loads(spec.engine)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--engine: not JSON ({e})") from None
+    if not isinstance(changes, dict):
+        raise ValueError(f"--engine: must be a JSON object of EngineConfig fields, got {spec.engine!r}")
+    return replace_nested(base, changes)
 
 
 def run(spec: RunSpec) -> dict[str, Any]:
