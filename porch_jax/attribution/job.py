@@ -30,10 +30,12 @@ from porch_jax.attribution.grm import (
     parse_reply,
 )
 from porch_jax.backends import Backend, Sampling
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.protocol import DELEGATE, REVISE
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, TrajectoryStore
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
+from porch_jax.typed_config import check
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +64,41 @@ class AttributionStore(AppendOnlyJsonl):
 
     def keys(self) -> set[Key]:
         return {(r["episode_id"], r["index"]) for r in self}
+
+
+@dataclass(frozen=True)
+class AttributionConfig:
+    """One attribution run (``python -m launch.attribute``): the trajectory store to judge, the output store (a rerun
+    resumes it), the GRM's endpoint (any OpenAI-compatible provider; OPOD's GRM is the frozen base model, served;
+    its key is read from the variable the endpoint names), how it samples, and the calls in flight."""
+
+    records: str
+    out: str
+    grm: EndpointSpec
+    sampling: Sampling = Sampling(max_tokens=128)
+    concurrency: int = 16
+
+    def __post_init__(self):
+        check(self.grm.configured, "grm.model", "the GRM's endpoint names no model")
+        check(self.concurrency >= 1, "concurrency", f"must be >= 1, got {self.concurrency}")
+        check(self.records != self.out, "out", "must differ from records (the trajectories are read, never written)")
+
+
+async def run_job(cfg: AttributionConfig, *, progress: bool = True) -> JobSummary:
+    """The attribution job of ``cfg``: every decision of ``cfg.records`` not yet in ``cfg.out`` through the GRM."""
+    grm = cfg.grm.backend()
+    try:
+        with AttributionStore(cfg.out) as out:
+            return await attribute_store(
+                TrajectoryStore(cfg.records).read(),
+                grm,
+                out,
+                concurrency=cfg.concurrency,
+                sampling=cfg.sampling,
+                progress=progress,
+            )
+    finally:
+        await grm.aclose()
 
 
 @dataclass

@@ -68,3 +68,7 @@ def _gguf_file(root: Path) -> Path:
         shutil.copyfileobj(src, dst, length=1 << 22)
     partial.rename(out)
     return out
+
+
+if __name__ == "__main__":  # python -m porch_jax.models.smollm2: the folder's path (built on first use)
+    print(smollm2_folder())

@@ -142,3 +142,37 @@ def test_malformed_replies_and_failed_calls_are_recorded_as_errors(tmp_path):
         for r in skipped
     )
     assert json.loads((tmp_path / "a.jsonl").read_text().splitlines()[0])["episode_id"] == "e"
+
+
+def test_the_launcher_judges_through_the_grm_endpoint_its_config_names(tmp_path):
+    """launch/attribute.py end to end: the GRM is a local test server playing an OpenAI-compatible endpoint (its key
+    in the variable the config names), every judgement lands once, a rerun judges nothing, and the key is nowhere
+    in the output."""
+    from fake_openai import FakeOpenAIServer, Step, reply_with
+
+    engine = suite_lib.expert_engine(SUITE)
+    ep = asyncio.run(engine.run(make_tasks(1, start=3)[0], episode_id="e"))
+    with TrajectoryStore(tmp_path / "t.jsonl") as s:
+        s.append(ep)
+    server = FakeOpenAIServer(default=Step(reply=reply_with("FLAG: true\nHINT: add archive to tools")))
+    argv = [
+        sys.executable, "-m", "launch.attribute", "--config=experiments/attribute_smollm2.py",
+        f"--config.records={tmp_path / 't.jsonl'}", f"--config.out={tmp_path / 'a.jsonl'}",
+        f"--config.grm.urls=('{server.url}',)", "--config.grm.provider=vllm_plain",
+        "--config.grm.api_key_env=PORCH_TEST_GRM_KEY", "--config.sampling.max_tokens=32",
+    ]  # fmt: skip
+    env = {**os.environ, "PORCH_TEST_GRM_KEY": "sk-grm-secret", "JAX_PLATFORMS": "cpu"}
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        first = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+        second = subprocess.run(argv, cwd=repo, env=env, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        server.close()
+    assert first.returncode == 0, first.stderr[-2000:]
+    rows = AttributionStore(tmp_path / "a.jsonl").read()
+    judged = [r for r in rows if r["status"] == "ok"]
+    assert len(rows) == len(ep.decisions) and judged and all(r["hint"] == "add archive to tools" for r in judged)
+    assert len(server.requests) == len(judged)  # the rerun judged nothing
+    assert server.requests[0][1]["max_tokens"] == 32
+    assert server.requests[0][0]["Authorization"] == "Bearer sk-grm-secret"
+    assert "0 judged now" in second.stdout and "sk-grm-secret" not in (tmp_path / "a.jsonl").read_text()

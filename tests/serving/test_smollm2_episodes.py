@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 from transformers import AutoTokenizer
 
+from porch_jax.attribution.job import AttributionConfig, AttributionStore, run_job
 from porch_jax.backends import Sampling
 from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.backends.spec import EndpointSpec
@@ -84,12 +85,22 @@ def test_smollm2_plays_workplace_and_are_episodes_freely(smollm2_server, tmp_pat
         f"\n8 workplace episodes in {summary.wall_s:.1f} s; success {summary.succeeded}/8; orchestrator parse errors {dict(invalid)}"
     )
 
+    # OPOD's attribution of those decisions by the same base model as the GRM (launch/attribute.py's job): one row
+    # per decision, every reply the model's own (a malformed judgement is an error with its reason, never "no").
+    monkeypatch.setenv("PORCH_TEST_SMOLLM2_KEY", server.api_key)
+    grm = EndpointSpec(server.model, (server.base_url,), "vllm", "PORCH_TEST_SMOLLM2_KEY", timeout_s=300.0)
+    job = AttributionConfig(str(store_path), str(tmp_path / "attribution.jsonl"), grm, Sampling(max_tokens=48))
+    judged = asyncio.run(run_job(job, progress=False))
+    rows = AttributionStore(job.out).read()
+    assert len(rows) == judged.total == sum(len(r.decisions) for r in records)
+    assert all(r["status"] in ("ok", "error", "skipped") and (r["status"] != "error" or r["detail"]) for r in rows)
+    print(f"GRM (SmolLM2): {Counter(r['status'] for r in rows)}, {judged.attributable} attributable")
+
     # ARE: two tutorial scenarios through ARE's runner, both roles on the server, the key in a variable.
     from porch_jax.envs.are.client import are_python, run_gaia2
 
     if are_python() is None:
         pytest.skip("ARE venv missing (scripts/install_are.sh)")
-    monkeypatch.setenv("PORCH_TEST_SMOLLM2_KEY", server.api_key)
     endpoint = EndpointSpec(
         server.model, (server.base_url,), "vllm", "PORCH_TEST_SMOLLM2_KEY", timeout_s=300.0, tools_in_prompt=True
     )

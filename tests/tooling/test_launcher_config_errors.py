@@ -113,6 +113,19 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
                 "config.readings",
             ),
         ],
+        "attribute": [
+            (
+                "unknown",
+                ["--config=experiments/attribute_smollm2.py", "--config.grm.nonexistent_key=3"],
+                "config.grm.nonexistent_key",
+            ),
+            ("bad", ["--config=experiments/attribute_smollm2.py", "--config.concurrency=0"], "config.concurrency"),
+            (
+                "bad_endpoint",
+                ["--config=experiments/attribute_smollm2.py", "--config.grm.model="],
+                "config.grm.model",
+            ),
+        ],
         "sample": [
             ("unknown", [f"--out_dir={tmp}", "--nonexistent_flag=3"], "nonexistent_flag"),
             ("bad", [f"--out_dir={tmp}", "--top_p=2"], "--top_p"),
