@@ -144,6 +144,9 @@ class Engine:
             "backend_error_kinds": ep.error_kinds,
             "invalid_kinds": ep.invalid_kinds,
             "context_compactions": ep.compactions,
+            # what the orchestrator's chat template was rendered with (the thinking switch): training renders the
+            # recorded contexts the same way (train.data.decision_prompt)
+            "template_kwargs": self.cfg.orchestrator_sampling.template_kwargs,
             "ended": ended,
             "answer": answer,
             "decision_clock": [d.meta["clock"] for d in decisions],

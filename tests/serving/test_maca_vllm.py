@@ -60,7 +60,7 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     assert backend.retries == 0
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(360)
 def test_maca_agent_pool_generates_freely_on_smollm2(smollm2_server, tmp_path, monkeypatch):
     """The same shrunk launcher with the agent pool on SmolLM2, built from the config's endpoint (provider vllm, the
     key in the variable it names) and generating freely: no structured outputs, the model's own answers scored by
@@ -82,11 +82,12 @@ def test_maca_agent_pool_generates_freely_on_smollm2(smollm2_server, tmp_path, m
         {"model": smollm2_server.model, "urls": (smollm2_server.base_url,), "api_key_env": "PORCH_TEST_POOL_KEY"}
     )
     cfg.backend.endpoint.timeout_s = 300.0
-    cfg.backend.sampling.max_tokens = 48
-    results = experiment.run(from_dict(MacaConfig, cfg), log=lambda s: None)
+    cfg.backend.sampling.max_tokens = 32
+    cfg.baselines.systems = ("vanilla", "router_mask")  # a single-model baseline and Table 11's masked router
+    results = experiment.run(from_dict(MacaConfig, cfg), log=print)
     (maca,) = results["systems"]
     assert 0.0 <= maca["accuracy"] <= 1.0 and maca["invalid_action_rate"] == 0.0  # the mask admits only valid agents
     base = {r["system"]: r for r in results["baselines"]}
-    assert set(base) >= {"vanilla", "cot", "self_consistency", "router_mask"}
+    assert set(base) == {"vanilla", "router_mask"}
     assert all(r["avg_calls"] >= 1 and r["avg_cost"] > 10 * r["avg_calls"] for r in base.values())
     print({k: (r["accuracy"], r["avg_cost"]) for k, r in base.items()}, maca["accuracy"], maca["avg_cost"])

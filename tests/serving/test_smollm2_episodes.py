@@ -2,7 +2,8 @@
 replies parsed by porch_jax.protocol, malformed ones handled by the protocol's error policy and counted by kind.
 
 8 workplace episodes (both roles on the server, through the resumable runner) and 2 of ARE's tutorial scenarios
-(the runner's "llm" policy, orchestrator and executor endpoints both on the server, the key in a variable). The
+(the runner's "llm" policy, orchestrator and executor endpoints both on the server, the key in a variable), and
+SmolLM2 as OPOD's GRM judging the scripted expert's decisions through the attribution job. The
 model is weak: the test asserts the path (the server's own token ids in the records, our rendering equal to the
 server's prompt, errors counted by kind, every episode recorded once), not the success rate.
 """
@@ -20,6 +21,8 @@ from porch_jax.backends import Sampling
 from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.workplace import WorkplaceEnv, make_tasks
+from porch_jax.eval import suite as suite_lib
+from porch_jax.eval.suite import SuiteConfig
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config
 from porch_jax.train import data
 from porch_jax.trajectories import TrajectoryStore
@@ -85,16 +88,24 @@ def test_smollm2_plays_workplace_and_are_episodes_freely(smollm2_server, tmp_pat
         f"\n8 workplace episodes in {summary.wall_s:.1f} s; success {summary.succeeded}/8; orchestrator parse errors {dict(invalid)}"
     )
 
-    # OPOD's attribution of those decisions by the same base model as the GRM (launch/attribute.py's job): one row
-    # per decision, every reply the model's own (a malformed judgement is an error with its reason, never "no").
+    # OPOD's attribution by the same base model as the GRM (launch/attribute.py's job), on decisions followed by
+    # sub-agent feedback: SmolLM2 writes no valid action, so the scripted expert's episodes are judged. One row per
+    # decision; every judgement is the model's own reply (a malformed one is an error with its reason, never "no").
+    expert = suite_lib.expert_engine(SuiteConfig(max_decisions=8, max_evidence_chars=160))
+    expert_path = tmp_path / "expert.jsonl"
+    with TrajectoryStore(expert_path) as store:
+        store.append_many([asyncio.run(expert.run(t, episode_id=t.task_id)) for t in make_tasks(2, start=100)])
     monkeypatch.setenv("PORCH_TEST_SMOLLM2_KEY", server.api_key)
     grm = EndpointSpec(server.model, (server.base_url,), "vllm", "PORCH_TEST_SMOLLM2_KEY", timeout_s=300.0)
-    job = AttributionConfig(str(store_path), str(tmp_path / "attribution.jsonl"), grm, Sampling(max_tokens=48))
+    job = AttributionConfig(str(expert_path), str(tmp_path / "attribution.jsonl"), grm, Sampling(max_tokens=48))
     judged = asyncio.run(run_job(job, progress=False))
     rows = AttributionStore(job.out).read()
-    assert len(rows) == judged.total == sum(len(r.decisions) for r in records)
+    assert len(rows) == judged.total == sum(len(r.decisions) for r in TrajectoryStore(expert_path).read())
+    assert judged.judged > 0 and all(r["reply"] for r in rows if r["status"] == "ok")
     assert all(r["status"] in ("ok", "error", "skipped") and (r["status"] != "error" or r["detail"]) for r in rows)
-    print(f"GRM (SmolLM2): {Counter(r['status'] for r in rows)}, {judged.attributable} attributable")
+    print(
+        f"GRM (SmolLM2) on expert decisions: {Counter(r['status'] for r in rows)}, {judged.attributable} attributable"
+    )
 
     # ARE: two tutorial scenarios through ARE's runner, both roles on the server, the key in a variable.
     from porch_jax.envs.are.client import are_python, run_gaia2
