@@ -158,8 +158,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
             },
         }
     )
-    # buckets: padded prompt lengths (one compilation each); max_len: the sampler's cache (prompt + action).
-    c.policy = ConfigDict({"view": "dsl", "max_new_tokens": 24, "buckets": (128, 256), "max_len": 288})
+    # buckets: padded prompt lengths (one compilation each); max_len: the sampler's cache (prompt + action);
+    # overlong: a training row over the largest bucket, "drop" | "cut" | "error" (porch_jax/train/overlong.py).
+    c.policy = ConfigDict(
+        {"view": "dsl", "max_new_tokens": 24, "buckets": (128, 256), "max_len": 288, "overlong": "drop"}
+    )
 
     c.optimizer = ConfigDict(
         {

@@ -37,6 +37,7 @@ def get_config() -> ConfigDict:
             "buckets": (256, 512, 1024),
             "target_buckets": (64, 128, 256),
             "target_reserve": 0,
+            "overlong": "error",  # a record over the largest bucket: "error" | "drop" | "cut" (train/overlong.py)
             "pad_id": 0,
             "seed": 0,
         }

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
+from porch_jax.train.overlong import Overlong
 from porch_jax.typed_config import check
 
 # Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds
@@ -89,10 +90,19 @@ class ModelSection:
 
 @dataclasses.dataclass(frozen=True)
 class PolicySection:
+    """The policy's view, its sampling length, the padded prompt lengths (one compilation each) and the sampler's
+    cache (prompt + action).
+
+    overlong: a training row over the largest bucket (every method's batch source): "drop" (left out), "cut" (a
+    packed SFT/RWR row keeps its first tokens; an OPD row or DA-GRPO context, whose over-long part is a prompt, is
+    dropped: porch_jax/train/overlong.py) or "error". Each training run's counts go to its RUN/<name>/rows.json.
+    """
+
     view: Literal["full", "compact", "dsl"]
     max_new_tokens: int
     buckets: tuple[int, ...]
     max_len: int
+    overlong: Overlong = "drop"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -238,7 +238,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     run = Run(cfg)
     write_config(cfg, run / "config.json")
 
-    view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)
+    view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
     sampler_len = cfg.policy.max_len
     run.stage("expert rollouts", False)
     expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
@@ -250,15 +250,22 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     tok = AutoTokenizer.from_pretrained(str(init))
     sft_rows = od.packed_rows(expert, tok, view, max_len)
     hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
-    hint_rows = hint_rows[: int(cfg.sft.hint_rows * len(sft_rows))]  # a share of the episodes, not more
+    fitting = sum(len(r.tokens) <= max_len for r in sft_rows)  # the rows every overlong rule keeps whole
+    hint_rows = hint_rows[: int(cfg.sft.hint_rows * fitting)]  # a share of the episodes, not more
     if cfg.sft.empty_hint_rows:  # the same decisions under an empty hint, action unchanged
         hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[: len(hint_rows)]
-    print(f"SFT: {len(sft_rows)} packed rows, {len(hint_rows)} hint-following rows", flush=True)
+    print(
+        f"SFT: {len(sft_rows)} packed rows ({len(sft_rows) - fitting} over {max_len} tokens), "
+        f"{len(hint_rows)} hint-following rows",
+        flush=True,
+    )
     sft = train(
         run,
         "sft",
         init,
-        lambda tok, mesh: sources.PackedSource(sft_rows + hint_rows, cfg.sft.batch, buckets, cfg.sft.seed, mesh),
+        lambda tok, mesh: sources.PackedSource(
+            sft_rows + hint_rows, cfg.sft.batch, buckets, cfg.sft.seed, mesh, overlong=overlong
+        ),
     )
 
     policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
@@ -284,34 +291,41 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         flush=True,
     )
 
+    # Under "drop", RWR rows that are all over-long leave no RWR part (as no successful rollout does).
+    has_rwr = any(len(r.tokens) <= max_len for r in rwr_rows) or (overlong != "drop" and bool(rwr_rows))
+
     def packed(section: str, view: str, mesh: Any) -> list[Any]:
+        if not has_rwr:
+            return []
         sec = cfg.method(section)
-        return [sources.PackedSource(rwr_rows, sec.batch, buckets, sec.seed, mesh, view)] if rwr_rows else []
+        return [sources.PackedSource(rwr_rows, sec.batch, buckets, sec.seed, mesh, view, overlong=overlong)]
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
         o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed)
-        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh)] if rows else []
+        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong)] if rows else []
 
     def group(tok: Any, mesh: Any) -> Any:
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
         contexts = od.expert_contexts(expert, tok, view)
-        return sources.GroupSource(contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh)
+        return sources.GroupSource(
+            contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh, overlong=overlong
+        )
 
     empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
     exports = {"sft": {cfg.sft.learning_rate: sft}}
     plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
-        "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], bool(rwr_rows)),
+        "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], has_rwr),
         "opod": (
             lambda tok, mesh: sources.Joined(*packed("opod", "rwr", mesh), *opd("opod", opd_rows, tok, mesh)),
-            bool(rwr_rows or opd_rows),
+            has_rwr or bool(opd_rows),
         ),
         "opd_empty": (
             lambda tok, mesh: sources.Joined(
                 *packed("opd_empty", "rwr", mesh), *opd("opd_empty", empty_rows, tok, mesh)
             ),
-            bool(rwr_rows or opd_rows),
+            has_rwr or bool(opd_rows),
         ),
         "dagrpo": (group, True),
     }

@@ -10,7 +10,6 @@ it was sampled or imitated under, at a quarter of the cost of one row per decisi
 from __future__ import annotations
 
 import functools
-import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -23,8 +22,6 @@ from porch_jax.train.data import decision_target
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord
-
-log = logging.getLogger(__name__)
 
 
 def policy_prompt(tokenizer: Any, context: Sequence[Mapping[str, Any]], view: str) -> list[int]:
@@ -57,34 +54,32 @@ def _valid(decision: DecisionRecord) -> bool:
 
 
 def pack_episode(episode: EpisodeRecord, tokenizer: Any, view: str, weight: float, max_len: int) -> list[SeqRow]:
-    """The episode's valid decisions as few rows as exact prefixes allow (see the module docstring).
+    """The episode's valid decisions as few rows as exact prefixes allow (see the module docstring); each row's
+    key is its first decision.
 
-    A decision longer than ``max_len`` with its context cannot be trained on: it is left out with a
-    warning (a runaway rollout's last decisions), never cut.
+    A decision longer than ``max_len`` with its context joins no row: it gets a row of its own, after the
+    episode's other rows, which the batch source drops, cuts or refuses by its ``overlong`` rule
+    (porch_jax/train/overlong.py), so the rows within ``max_len`` are the same under every rule.
     """
-    rows: list[tuple[list[int], list[Span]]] = []
+    rows: list[tuple[list[int], list[Span], Key]] = []
+    over: list[SeqRow] = []
     for d in episode.decisions:
         if not _valid(d):
             continue
+        key = (episode.episode_id, d.index)
         prompt, target = policy_prompt(tokenizer, d.context, view), policy_target(tokenizer, d, view)
         if len(prompt) + len(target) > max_len:
-            log.warning(
-                "%s/%d: %d tokens exceed max_len %d; left out",
-                episode.episode_id,
-                d.index,
-                len(prompt) + len(target),
-                max_len,
-            )
+            over.append(SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target), weight),), key))
             continue
         tokens = rows[-1][0] if rows else None
-        if tokens is None or prompt[: len(tokens)] != tokens or len(prompt) + len(target) > max_len:
-            rows.append((list(prompt), []))
+        if tokens is None or prompt[: len(tokens)] != tokens:
+            rows.append((list(prompt), [], key))
         else:
             rows[-1][0].extend(prompt[len(tokens) :])
-        tokens, spans = rows[-1]
+        tokens, spans, _ = rows[-1]
         spans.append(Span(len(tokens), len(target), weight))
         tokens.extend(target)
-    return [SeqRow(tuple(t), tuple(s)) for t, s in rows if s]
+    return [SeqRow(tuple(t), tuple(s), k) for t, s, k in rows if s] + over
 
 
 def packed_rows(
@@ -103,11 +98,11 @@ def packed_rows(
     return rows
 
 
-def _hinted_row(tokenizer: Any, context: Any, hint: str, action: Mapping[str, Any], view: str) -> SeqRow:
+def _hinted_row(tokenizer: Any, key: Key, context: Any, hint: str, action: Mapping[str, Any], view: str) -> SeqRow:
     """One SFT row: the teacher prompt for ``context`` ⊕ ``hint`` -> ``action``'s tokens."""
     prompt = teacher_prompt(tokenizer, context, hint, view)
     target = action_tokens(tokenizer, action, context, view)
-    return SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),))
+    return SeqRow(tuple(prompt) + tuple(target), (Span(len(prompt), len(target)),), key)
 
 
 def hint_following_rows(
@@ -130,7 +125,7 @@ def hint_following_rows(
             corrected = follow(d.action, hint) if hint and _valid(d) else None
             if corrected is None:
                 continue
-            rows.append(_hinted_row(tokenizer, d.context, hint, corrected, view))
+            rows.append(_hinted_row(tokenizer, (ep.episode_id, d.index), d.context, hint, corrected, view))
     return rows
 
 
@@ -151,7 +146,7 @@ def empty_hint_rows(
             hint = hints.get((ep.episode_id, d.index))
             if not hint or not _valid(d) or follow(d.action, hint) is None:
                 continue
-            rows.append(_hinted_row(tokenizer, d.context, "", d.action, view))
+            rows.append(_hinted_row(tokenizer, (ep.episode_id, d.index), d.context, "", d.action, view))
     return rows
 
 

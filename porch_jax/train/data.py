@@ -12,8 +12,10 @@ so the LM head never runs over (long) prompt positions, and a student and a teac
 different prompts still score the same target tokens position by position.
 
 Shapes come from a fixed set of buckets (T, K) and a fixed batch size, so a jitted step compiles
-once per bucket. The epoch plan is a pure function of (seed, epoch, dataset); the iterator's state
-is (seed, epoch, position), which a checkpoint stores to resume exactly.
+once per bucket. An example over the largest bucket is the batch source's to refuse, drop or cut
+(`sources.RecordSource`'s `overlong`, overlong.py), once, when it is built; the iterator raises on
+one. The epoch plan is a pure function of (seed, epoch, dataset); the iterator's state is (seed,
+epoch, position), which a checkpoint stores to resume exactly.
 """
 
 from __future__ import annotations

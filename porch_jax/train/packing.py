@@ -31,8 +31,12 @@ class Span:
 
 @dataclass(frozen=True)
 class SeqRow:
+    """A token sequence and its decisions' target spans. key: the decision it starts with, (episode id, decision
+    index), which messages about the row name (None: unnamed, e.g. a padding row)."""
+
     tokens: tuple[int, ...]
     spans: tuple[Span, ...]
+    key: Key | None = None
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,7 @@ from porch_jax.train import data as data_lib
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train.config import SamplingConfig, TrainConfig
 from porch_jax.train.methods import make_method
+from porch_jax.train.overlong import Overlong
 from porch_jax.train.sources import ActionSampler, RecordSource
 from porch_jax.train.trainer import Trainer
 from porch_jax.typed_config import check
@@ -45,6 +46,9 @@ class DataConfig:
     groups: GRPO: JSONL of {key, context, samples: [{token_ids, logprobs, reward}]}.
     buckets / target_buckets: padded sequence lengths T and target lengths K (one compilation each).
     target_reserve: room for resampled targets (on-policy OPD raises it to opd.max_new_tokens).
+    overlong: a decision over the largest (T, K) with its context: "error" (a DataError naming the episode, the
+        decision and the lengths, before the first step), "drop" (left out) or "cut" (its target cut from the right,
+        its prompt never; a GRPO sample refuses: porch_jax/train/overlong.py). The counts go to WORKDIR/rows.json.
     """
 
     trajectories: str = ""
@@ -54,6 +58,7 @@ class DataConfig:
     buckets: tuple[int, ...] = (256, 512, 1024)
     target_buckets: tuple[int, ...] = (64, 128, 256)
     target_reserve: int = 0
+    overlong: Overlong = "error"
     pad_id: int = 0
     seed: int = 0
 
@@ -92,6 +97,12 @@ class RecordsConfig:
     def __post_init__(self):
         check(self.train.method.layout == "records", "train.method.layout", "launch/train.py trains records")
         check(self.train.method.name != "dagrpo", "train.method.name", "dagrpo runs in the OPOD experiment")
+        check(
+            not (self.data.overlong == "cut" and self.train.method.name == "grpo"),
+            "data.overlong",
+            "'cut' cannot cut a GRPO sample (its advantage is the whole sample's reward, which a cut prefix would take "
+            "credit for); use 'drop' or 'error'",
+        )
 
 
 def records_trainer(
@@ -120,5 +131,6 @@ def records_trainer(
         mesh=mesh_lib.make_mesh(cfg.train.mesh),
         target_reserve=reserve,
         sampler=sampler,
+        overlong=cfg.data.overlong,
     )
     return Trainer(cfg.train, model, method, source, cfg.workdir, tokenizer=tokenizer, stream=stream)

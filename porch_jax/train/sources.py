@@ -5,6 +5,7 @@
         def __call__(self, step, student) -> (batch of global arrays, {metric: float})
         def state(self) -> dict               # the data position, saved with each checkpoint
         def restore(self, state: dict) -> None
+        row_counts: {name: overlong.RowCounts}  # optional: how its rows fared against its largest bucket
 
 `RecordSource`: data.py records (one decision per row), epochs of shuffled buckets, gradient
 accumulation and several hosts; with an `ActionSampler` it replaces OPD targets by student samples.
@@ -12,13 +13,17 @@ accumulation and several hosts; with an `ActionSampler` it replaces OPD targets 
 student samples. `GroupSource`: DA-GRPO groups at expert contexts. `Joined`: several sources'
 views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
 (seed, step), so a resumed run sees the same batches; they run in one process.
+
+Rows longer than a source's largest bucket follow its `overlong` rule ("drop", "cut" or "error"; what "cut" does to
+each row kind is overlong.py's), applied once when the source is built: the source logs the counts and keeps them
+in `row_counts`, which the trainer prints and writes to WORKDIR/rows.json.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Collection, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -29,6 +34,7 @@ from porch_jax.models.sampler import Sampler, SamplingParams
 from porch_jax.train import data as data_lib
 from porch_jax.train import losses
 from porch_jax.train import mesh as mesh_lib
+from porch_jax.train import overlong as overlong_lib
 from porch_jax.train.config import SamplingConfig
 from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, bucket, scored_batch, seq_batch
@@ -85,7 +91,8 @@ class ActionSampler:
 class RecordSource:
     """data.py examples through a resumable `BatchIterator`; with `sampler`, each OPD row's target
     (the "student" and "teacher" views) becomes an action the current student samples under the
-    student view, its sampler log-probabilities kept (the step reports their gap to the trainer's)."""
+    student view, its sampler log-probabilities kept (the step reports their gap to the trainer's).
+    An example over the largest (T, K) bucket follows `overlong` (default "error": a DataError naming it)."""
 
     def __init__(
         self,
@@ -101,8 +108,13 @@ class RecordSource:
         mesh: jax.sharding.Mesh,
         target_reserve: int = 0,
         sampler: ActionSampler | None = None,
+        overlong: overlong_lib.Overlong = "error",
     ):
         self.sampler, self.on_policy = sampler, sampler is not None
+        examples, counts = overlong_lib.examples(
+            examples, max(buckets.lengths), max(buckets.targets), overlong, target_reserve
+        )
+        self.row_counts = {"records": _logged("records", counts)}
         self.batches = data_lib.BatchIterator(
             examples,
             buckets=buckets,
@@ -160,14 +172,11 @@ class _Stateless:
         pass
 
 
-def _fitting(items: Sequence[Any], length: Callable[[Any], int], limit: int) -> list[Any]:
-    """The items within the largest bucket; the rest are left out with a warning, never cut."""
-    kept = [x for x in items if length(x) <= limit]
-    if len(kept) < len(items):
-        log.warning(
-            "%d of %d rows exceed the largest bucket (%d tokens); left out", len(items) - len(kept), len(items), limit
-        )
-    return kept
+def _logged(name: str, counts: overlong_lib.RowCounts) -> overlong_lib.RowCounts:
+    """Logs a source's row counts once, when it is built: a warning when any row was cut or dropped."""
+    level = logging.WARNING if counts.cut or counts.dropped else logging.INFO
+    log.log(level, "%s rows: %s", name, counts.describe())
+    return counts
 
 
 def _targets_bucket(n: int, step: int = 64) -> int:
@@ -175,7 +184,9 @@ def _targets_bucket(n: int, step: int = 64) -> int:
 
 
 class PackedSource(_Stateless):
-    """Batches of packed rows as view `view`, grouped by length bucket so each step compiles once per bucket."""
+    """Batches of packed rows as view `view`, grouped by length bucket so each step compiles once per bucket.
+    A row over the largest bucket follows `overlong` (default "drop"; "cut" keeps its first tokens:
+    overlong.cut_row)."""
 
     def __init__(
         self,
@@ -185,8 +196,10 @@ class PackedSource(_Stateless):
         seed: int,
         mesh: jax.sharding.Mesh,
         view: str = "policy",
+        overlong: overlong_lib.Overlong = "drop",
     ):
-        rows = _fitting(rows, lambda r: len(r.tokens), max(buckets))
+        rows, counts = overlong_lib.seq_rows(rows, max(buckets), overlong)
+        self.row_counts = {view: _logged(view, counts)}
         if not rows:
             raise ValueError("no rows to train on")
         groups: dict[int, list[SeqRow]] = {}
@@ -209,7 +222,9 @@ class PackedSource(_Stateless):
 
 
 class OpdSource(_Stateless):
-    """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student."""
+    """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student.
+    A row whose prompts exceed the largest bucket follows `overlong` (default "drop"); a prompt is never cut, so
+    "cut" drops it too (overlong.py says why), while the sampled continuation has its room reserved."""
 
     on_policy = True
 
@@ -221,8 +236,10 @@ class OpdSource(_Stateless):
         batch: int,
         buckets: Sequence[int],
         mesh: jax.sharding.Mesh,
+        overlong: overlong_lib.Overlong = "drop",
     ):
-        rows = _fitting(rows, lambda r: max(len(r.student), len(r.teacher)), max(buckets))
+        rows, counts = overlong_lib.opd_rows(rows, max(buckets), overlong)
+        self.row_counts = {"opd": _logged("opd", counts)}
         if not rows:
             raise ValueError("no attributable decisions (FLAG=true) to distill")
         self.rows, self.batch, self.buckets, self.mesh, self.seed = rows, batch, tuple(buckets), mesh, sampling.seed
@@ -273,6 +290,7 @@ class Joined(_Stateless):
             raise ValueError("no batch sources to join")
         self.sources = sources
         self.on_policy = any(s.on_policy for s in sources)
+        self.row_counts = {k: v for s in sources for k, v in getattr(s, "row_counts", {}).items()}
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         batch, stats = {}, {}
@@ -284,7 +302,9 @@ class Joined(_Stateless):
 
 
 class GroupSource(_Stateless):
-    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each, scored against the expert."""
+    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each, scored against the expert.
+    A context whose prompt exceeds the largest bucket follows `overlong` (default "drop"; "cut" drops it too: a
+    prompt is never cut)."""
 
     on_policy = True
 
@@ -298,8 +318,10 @@ class GroupSource(_Stateless):
         buckets: Sequence[int],
         available_tools: Collection[str],
         mesh: jax.sharding.Mesh,
+        overlong: overlong_lib.Overlong = "drop",
     ):
-        contexts = _fitting(contexts, lambda c: len(c.prompt), max(buckets))
+        contexts, counts = overlong_lib.expert_contexts(contexts, max(buckets), overlong)
+        self.row_counts = {"dagrpo": _logged("dagrpo", counts)}
         if not contexts:
             raise ValueError("no expert decision contexts")
         self.contexts, self.buckets, self.tools, self.mesh = contexts, tuple(buckets), tuple(available_tools), mesh

@@ -17,7 +17,9 @@ Interfaces:
 
 The trainer owns the mesh, the train state (float32 master weights, AdamW), the frozen copy,
 Orbax checkpoints (resumed from the newest readable one, with the source's position), metrics
-(WORKDIR/metrics.jsonl, progress line with rate and ETA, optional TensorBoard), the finite guard
+(WORKDIR/metrics.jsonl, progress line with rate and ETA, optional TensorBoard), the source's row
+counts (how many rows each source kept, cut and dropped against its largest bucket: a line when
+each run starts and WORKDIR/rows.json), the finite guard
 (`NonFiniteError` names the step before a NaN/inf state can be saved) and exports: the final
 weights as a Hugging Face folder WORKDIR/export with the tokenizer and POLICY_FILE (the policy's
 view and step), and with `export_every` the candidates WORKDIR/exports/step_N of checkpoint
@@ -51,6 +53,7 @@ from porch_jax.train import optim
 from porch_jax.train import step as step_lib
 from porch_jax.train.config import TrainConfig
 from porch_jax.train.methods import Method
+from porch_jax.train.overlong import ROWS_FILE
 from porch_jax.train.sources import BatchSource
 from porch_jax.typed_config import to_dict
 
@@ -153,6 +156,7 @@ class Trainer:
         logger = metrics_lib.MetricsLogger(tb, total, every=cfg.log.every, stream=self.stream)
         if self.start_step:
             logger.text(f"[{self.workdir.name}] resumed from step {self.start_step} ({self.checkpointer.directory})")
+        self._report_rows(logger, primary)
         saved = [] if self.checkpointer is None else self.checkpointer.steps()
         history, last_good = [], saved[-1] if saved else None
         # What launch/export.py needs to rebuild the state from a checkpoint alone.
@@ -189,6 +193,16 @@ class Trainer:
             path = self.export(step=total)
             logger.text(f"exported Hugging Face folder to {path}")
         return TrainResult(self.state, history, self.start_step, self.step_fn.num_traces)
+
+    def _report_rows(self, logger: metrics_lib.MetricsLogger, primary: bool) -> None:
+        """The source's row counts (`row_counts`, where it has them): one line, and WORKDIR/rows.json."""
+        counts = getattr(self.source, "row_counts", None) or {}
+        if not counts:
+            return
+        logger.text("rows: " + "; ".join(f"{name} {c.describe()}" for name, c in counts.items()))
+        if primary and self.workdir is not None:
+            rows = {name: c.to_json() for name, c in counts.items()}
+            (self.workdir / ROWS_FILE).write_text(json.dumps(rows, indent=1) + "\n")
 
     def export(self, path: str | Path | None = None, *, step: int | None = None) -> Path:
         """The current weights as an HF folder with the tokenizer and the policy's view (and the step)."""
