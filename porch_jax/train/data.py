@@ -107,10 +107,21 @@ class PromptMismatch(DataError):
     what the model saw (a different chat template, tokenizer or transformers version on the server)."""
 
 
-def decision_prompt(tokenizer, episode_id: str, decision, tools: Sequence[Mapping] | None = None) -> list[int]:
+def template_kwargs(episode) -> dict[str, Any]:
+    """What the episode's orchestrator template was rendered with (its thinking switch; none in older records)."""
+    return dict(episode.meta.get("template_kwargs") or {})
+
+
+def decision_prompt(
+    tokenizer,
+    episode_id: str,
+    decision,
+    tools: Sequence[Mapping] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
+) -> list[int]:
     """The decision's prompt ids as we render its context, checked against the server's ``prompt_token_ids`` when
     the record holds them; a mismatch raises ``PromptMismatch`` naming the decision and the first differing token."""
-    ours = prompt_ids(tokenizer, decision.context, tools)
+    ours = prompt_ids(tokenizer, decision.context, tools, **(template_kwargs or {}))
     theirs = [int(t) for t in decision.prompt_token_ids]
     if theirs and theirs != ours:
         i = next((k for k, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b), min(len(ours), len(theirs)))
@@ -138,7 +149,8 @@ def sft_examples(episodes: Iterable, tokenizer, *, tools: Sequence[Mapping] | No
             decision_key(ep.episode_id, d.index),
             {
                 "policy": View(
-                    tuple(decision_prompt(tokenizer, ep.episode_id, d, tools)), tuple(decision_target(tokenizer, d))
+                    tuple(decision_prompt(tokenizer, ep.episode_id, d, tools, template_kwargs(ep))),
+                    tuple(decision_target(tokenizer, d)),
                 )
             },
         )
@@ -169,13 +181,13 @@ def opod_examples(
         hint = hints.get((ep.episode_id, d.index))
         if not ep.outcome.success and not hint:
             continue
-        prompt = tuple(decision_prompt(tokenizer, ep.episode_id, d, tools))
+        prompt = tuple(decision_prompt(tokenizer, ep.episode_id, d, tools, template_kwargs(ep)))
         target = tuple(decision_target(tokenizer, d))
         views = {}
         if ep.outcome.success:
             views["rwr"] = View(prompt, target)
         if hint:
-            teacher = tuple(prompt_ids(tokenizer, teacher_context(d.context, hint), tools))
+            teacher = tuple(prompt_ids(tokenizer, teacher_context(d.context, hint), tools, **template_kwargs(ep)))
             views["student"] = View(prompt, target)
             views["teacher"] = View(teacher, target)
         examples.append(Example(decision_key(ep.episode_id, d.index), views))

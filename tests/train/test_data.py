@@ -211,3 +211,26 @@ def test_token_sources_count_the_retokenized_rows(tok, eps):
     counts = D.token_sources([dataclasses.replace(ep, decisions=marked)])
     valid = sum(d.action is not None for d in ep.decisions)
     assert counts["none"] == int(ep.decisions[0].action is not None) and sum(counts.values()) == valid
+
+
+def test_recorded_template_kwargs_render_the_prompt_the_server_saw(tok, eps):
+    """A Qwen3-style template with thinking switched off at rollout (Sampling.thinking=False) renders another
+    generation prompt; training renders with the episode's recorded template kwargs, and without them the
+    server's prompt ids catch the drift."""
+    import copy
+
+    thinking = copy.deepcopy(tok)
+    thinking.chat_template = (
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}{% if add_generation_prompt %}"
+        "<|assistant|>{% if enable_thinking is defined and not enable_thinking %}<think></think>{% endif %}{% endif %}"
+    )
+    ep = eps[0]
+    d = next(d for d in ep.decisions if d.action is not None)
+    served = prompt_ids(thinking, d.context, enable_thinking=False)
+    assert served != prompt_ids(thinking, d.context)
+    d = dataclasses.replace(d, prompt_token_ids=served, token_source="server")
+    recorded = dataclasses.replace(ep, decisions=[d], meta={**ep.meta, "template_kwargs": {"enable_thinking": False}})
+    (example,) = D.sft_examples([recorded], thinking)
+    assert list(example.views["policy"].prompt) == served
+    with pytest.raises(D.PromptMismatch):
+        D.sft_examples([dataclasses.replace(recorded, meta={**ep.meta, "template_kwargs": {}})], thinking)
