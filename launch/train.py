@@ -7,7 +7,8 @@
     # JAX_PROCESS_ID in the environment)
     python -m launch.train --config=... --coordinator_address=10.0.0.1:1234 --num_processes=2 --process_id=0
 
-A rerun with the same workdir resumes from its newest readable checkpoint. The config's schema is
+A rerun with the same workdir resumes from its newest readable checkpoint; WORKDIR/config.json records the
+config, and a rerun with another one is refused, naming the keys that differ. The config's schema is
 porch_jax/train/records.py `RecordsConfig`; an unknown key or a bad value is a flags error naming it.
 The final weights are exported to WORKDIR/export (launch/export.py exports any other step).
 """
@@ -86,6 +87,7 @@ def build_examples(config: records.RecordsConfig, tokenizer):
 def main(argv: list[str]) -> None:
     del argv
     config = _CONFIG.value
+    records.claim_workdir(config)  # before any work: a workdir of another config is refused, naming the keys
 
     from porch_jax import runtime
     from porch_jax.train import distributed

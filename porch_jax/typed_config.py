@@ -28,6 +28,10 @@ float field takes an int or a float, a bool field takes a bool, a str field a st
 list or tuple (so a config read back from JSON converts again) and holds a tuple; `dict[str, X]` holds a dict;
 `Optional[X]` takes None; `Any` / `object` takes any plain data (ConfigDicts turned into dicts).
 
+A resumable run records its config in its run directory (`claim_run_dir`): a rerun with the same config resumes, a
+rerun with another one is refused, naming the keys that differ with both values, except the keys the launcher lets a
+relaunch change (where its models are served, how patiently, how many workers).
+
 Experiment variants are arguments of `get_config(arg)` in one convention, `parse_arg` (as big_vision's):
 `--config=experiments/x.py:seed_set=3,benchmark=humaneval`, or a first bare value for the first key
 (`--config=experiments/maca_gsm_hard.py:humaneval`).
@@ -38,9 +42,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import json
+import os
+import tempfile
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union
 
 from absl import flags
@@ -50,7 +58,10 @@ T = TypeVar("T")
 __all__ = [
     "ConfigError",
     "ConfigFlag",
+    "RunDirError",
+    "changes",
     "check",
+    "claim_run_dir",
     "define_config_flag",
     "diff",
     "from_dict",
@@ -238,6 +249,66 @@ def diff(a: Any, b: Any, prefix: str = "") -> list[str]:
                 out.extend(diff(a[key], b[key], name))
         return out
     return [] if a == b else [prefix or "<root>"]
+
+
+def changes(before: Any, after: Any, *, ignore: Iterable[str] = (), prefix: str = "") -> list[str]:
+    """ "key: before -> after" for each dotted key whose value differs between two configs (dataclasses or their
+    `to_dict` forms), in key order; a key in `ignore` is left out with everything under it, and a key on one side
+    only shows as '<absent>' on the other."""
+    return _changes(to_dict(before), to_dict(after), frozenset(ignore), prefix)
+
+
+def _changes(before: Any, after: Any, ignore: frozenset[str], key: str) -> list[str]:
+    if key in ignore:
+        return []
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [
+            change
+            for k in sorted(set(before) | set(after), key=str)
+            for change in _changes(
+                before.get(k, "<absent>"), after.get(k, "<absent>"), ignore, f"{key}.{k}" if key else str(k)
+            )
+        ]
+    return [] if before == after else [f"{key or '<root>'}: {before!r} -> {after!r}"]
+
+
+class RunDirError(ValueError):
+    """A run directory that holds a run of another config, or a config record that does not read; the message
+    names the directory and the keys that differ."""
+
+
+def claim_run_dir(
+    run_dir: str | os.PathLike[str], config: Any, *, may_change: Iterable[str] = (), file: str = "config.json"
+) -> Path:
+    """Makes `run_dir` the run of `config` (a dataclass or its `to_dict` form): records it as RUN_DIR/`file` where
+    no run has yet, or checks that the recorded config is the same but for the dotted keys in `may_change` (each
+    with everything under it), so a rerun after a crash resumes and another config never resumes another run's
+    state. The first record stays. Raises `RunDirError` naming the keys that differ, with both values. Returns the
+    record's path."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path, current = run_dir / file, json.loads(json.dumps(to_dict(config)))
+    if not path.exists():
+        fd, partial = tempfile.mkstemp(prefix=f".{file}.", suffix=".partial", dir=run_dir)
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(current, indent=2, sort_keys=True) + "\n")
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)  # atomic: a crash never leaves a torn record
+        return path
+    try:
+        recorded = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunDirError(
+            f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
+        ) from e
+    differ = _changes(recorded, current, frozenset(may_change), "")
+    if differ:
+        shown = "; ".join(differ[:8]) + ("; ..." if len(differ) > 8 else "")
+        raise RunDirError(
+            f"{run_dir} holds a run of another config ({shown}), recorded in {path.name}: choose another run "
+            "directory, or delete it to start over"
+        )
+    return path
 
 
 def _parse_scalar(text: str, default: Any, key: str) -> Any:

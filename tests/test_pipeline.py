@@ -152,3 +152,49 @@ def test_learning_rate_grid_needs_the_configured_rate_and_selection():
     config.opod.opd = None
     with pytest.raises(ConfigError, match="config.opod.opd: missing"):
         from_dict(ExperimentConfig, config)
+
+
+def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, monkeypatch):
+    """RUN_DIR/config.json records the typed config: a rerun with another one is refused before any stage, naming
+    the keys; one that differs only in the evaluation's concurrency goes on. Over seed sets more sets may join
+    (each set's folder records its own config)."""
+    from dataclasses import replace
+
+    from experiments.quickstart import get_config
+    from porch_jax.opod import experiment
+    from porch_jax.opod.config import ExperimentConfig, with_seed_set
+    from porch_jax.typed_config import RunDirError, claim_run_dir, from_dict
+
+    config = get_config()
+    config.run_dir = str(tmp_path / "run")
+    cfg = from_dict(ExperimentConfig, config)
+    claim_run_dir(cfg.run_dir, cfg, may_change=experiment.RESUME_MAY_CHANGE)
+    stages = []
+
+    class Started(Exception):
+        pass
+
+    def start(run, cfg):
+        stages.append(cfg.run_dir)
+        raise Started
+
+    monkeypatch.setattr(experiment.Run, "__init__", start)
+    with pytest.raises(Started):  # past the claim: the first stage starts
+        experiment.run_pipeline(replace(cfg, eval=replace(cfg.eval, concurrency=cfg.eval.concurrency + 1)))
+    assert stages == [cfg.run_dir]
+    other = replace(cfg, sft=replace(cfg.sft, steps=cfg.sft.steps + 1), seed=cfg.seed + 1)
+    with pytest.raises(RunDirError, match=rf"another config \(seed: {cfg.seed} -> {cfg.seed + 1}; sft\.steps: "):
+        experiment.run_pipeline(other)
+    assert stages == [cfg.run_dir]
+
+    sets = replace(cfg, run_dir=str(tmp_path / "sets"), seed_sets=(0, 1))
+    claim_run_dir(sets.run_dir, sets, may_change=experiment.RESUME_MAY_CHANGE)
+    ran = []
+    monkeypatch.setattr(experiment, "run_pipeline", lambda c: ran.append(c.run_dir))
+    monkeypatch.setattr(experiment, "report_seed_sets", lambda base, seed_sets: None)
+    monkeypatch.setattr(experiment.runtime, "tune_malloc", lambda: None)  # process settings of a real run
+    monkeypatch.setattr(experiment.jax.config, "update", lambda name, value: None)
+    experiment.run(replace(sets, seed_sets=(0, 1, 2)))
+    assert ran == [with_seed_set(sets, k).run_dir for k in (0, 1, 2)]
+    with pytest.raises(RunDirError, match=r"another config \(rwr\.steps: \d+ -> 1\)"):
+        experiment.run(replace(sets, rwr=replace(sets.rwr, steps=1)))

@@ -13,7 +13,18 @@ import pytest
 from absl import flags
 from ml_collections import ConfigDict
 
-from porch_jax.typed_config import ConfigError, check, define_config_flag, diff, from_dict, parse_arg, to_dict
+from porch_jax.typed_config import (
+    ConfigError,
+    RunDirError,
+    changes,
+    check,
+    claim_run_dir,
+    define_config_flag,
+    diff,
+    from_dict,
+    parse_arg,
+    to_dict,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,3 +226,28 @@ def test_optional_flag_is_none_without_config(monkeypatch, tmp_path):
     monkeypatch.setattr(sys, "argv", ["prog"])
     fv(["prog"])
     assert holder.value is None
+
+
+def test_claim_run_dir_records_then_refuses_another_config_naming_the_keys(tmp_path):
+    run = tmp_path / "run"
+    base = Experiment(name="a", seeds=(0, 1), optimizer=Optimizer(learning_rate=0.01))
+    path = claim_run_dir(run, base, may_change={"debug", "optimizer.warmup"})
+    assert path == run / "config.json" and json.loads(path.read_text()) == to_dict(base)
+    assert claim_run_dir(run, base) == path  # the same config resumes
+    allowed = dataclasses.replace(base, debug=True, optimizer=dataclasses.replace(base.optimizer, warmup=5))
+    claim_run_dir(run, allowed, may_change={"debug", "optimizer.warmup"})
+    assert json.loads(path.read_text()) == to_dict(base)  # the first record stays
+    claim_run_dir(run, allowed, may_change={"debug", "optimizer"})  # a key covers everything under it
+    other = dataclasses.replace(allowed, seeds=(0, 2), optimizer=Optimizer(learning_rate=0.02, warmup=5))
+    with pytest.raises(RunDirError) as info:
+        claim_run_dir(run, other, may_change={"debug", "optimizer.warmup"})
+    assert str(info.value) == (
+        f"{run} holds a run of another config (optimizer.learning_rate: 0.01 -> 0.02; seeds: [0, 1] -> [0, 2]), "
+        "recorded in config.json: choose another run directory, or delete it to start over"
+    )
+    assert isinstance(info.value, ValueError)
+    assert changes({"a": 1}, {"b": 1}) == ["a: 1 -> '<absent>'", "b: '<absent>' -> 1"]
+    (run / "settings.json").write_text('{"name": ')  # a torn record
+    with pytest.raises(RunDirError, match=r"settings\.json is not the JSON a run records .*delete .* to start over"):
+        claim_run_dir(run, base, file="settings.json")
+    assert not list(run.glob("*.partial"))

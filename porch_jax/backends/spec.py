@@ -71,6 +71,14 @@ class EndpointSpec:
 
 
 ENDPOINT_FIELDS = tuple(EndpointSpec.__dataclass_fields__)
+# Where an endpoint is served and how patiently it is called: what a relaunch after a crash may change (a restarted
+# server moves) without changing the run (`typed_config.claim_run_dir`'s may_change).
+TRANSPORT_FIELDS = ("urls", "api_key_env", "timeout_s", "max_retries", "backoff_s", "cooldown_s")
+
+
+def transport_keys(*prefixes: str) -> frozenset[str]:
+    """The dotted keys of TRANSPORT_FIELDS under each endpoint key in `prefixes` (e.g. "orchestrator")."""
+    return frozenset(f"{prefix}.{name}" for prefix in prefixes for name in TRANSPORT_FIELDS)
 
 
 def add_endpoint_flags(parser, role: str) -> None:

@@ -25,6 +25,7 @@ import numpy as np
 from absl import logging
 
 from porch_jax.backends import Backend
+from porch_jax.backends.spec import transport_keys
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
@@ -53,7 +54,7 @@ from porch_jax.maca.prior import (
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import VARIANTS, GRPOConfig, Variant
 from porch_jax.train.mesh import make_mesh
-from porch_jax.typed_config import to_dict
+from porch_jax.typed_config import claim_run_dir, to_dict
 
 __all__ = ["GATE_GAMMAS", "gate_report", "run", "tables"]  # GATE_GAMMAS: Fig. 8's default grid (maca/config.py)
 
@@ -192,7 +193,8 @@ class Setup:
 
 def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
-    claim_run_dir(Path(cfg.run_dir), cfg)  # the prior and the training runs resume from what it holds
+    # the prior and the training runs resume from what RUN_DIR holds; another config there is refused
+    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE)
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     world, train, evals, spool = build_world(cfg, backend)
@@ -549,58 +551,9 @@ def run_lm_check(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> d
     return out
 
 
-# where the agents are served and how patiently: a relaunch after a crash may point at a restarted server
-RESUME_MAY_CHANGE = frozenset(
-    {
-        "backend.endpoint.urls",
-        "backend.endpoint.timeout_s",
-        "backend.endpoint.max_retries",
-        "backend.endpoint.backoff_s",
-        "backend.endpoint.cooldown_s",
-        "backend.endpoint.api_key_env",
-        "baselines.concurrency",
-    }
-)
-
-
-def claim_run_dir(run_dir: Path, cfg: MacaConfig) -> None:
-    """Makes RUN_DIR this config's: records the config there, or, where a run already recorded one, checks that it
-    is the same, so a rerun after a crash resumes (every training run from its checkpoint, the prior from its
-    cache) and a changed config never resumes another run's state."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path, current = run_dir / "config.json", to_dict(cfg)
-    if not path.exists():
-        partial = path.with_suffix(".json.partial")
-        analysis.write_json(partial, current)
-        partial.replace(path)  # atomic: a crash never leaves a torn record
-        return
-    try:
-        recorded = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(
-            f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
-        ) from e
-    differ = _differences(recorded, current, ignore=RESUME_MAY_CHANGE)
-    if differ:
-        raise ValueError(
-            f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
-            f"{'; ...' if len(differ) > 8 else ''}): choose another run_dir, or delete it to start over"
-        )
-
-
-def _differences(before: Any, after: Any, *, ignore: frozenset[str] = frozenset(), key: str = "") -> list[str]:
-    """ "key: before -> after" for each dotted config key whose value differs, except those in `ignore`."""
-    if key in ignore:
-        return []
-    if isinstance(before, dict) and isinstance(after, dict):
-        return [
-            d
-            for k in sorted(set(before) | set(after))
-            for d in _differences(
-                before.get(k, "<absent>"), after.get(k, "<absent>"), ignore=ignore, key=f"{key}.{k}" if key else k
-            )
-        ]
-    return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
+# where the agents are served and how patiently, and where the run directory is: a relaunch after a crash may point
+# at a restarted server
+RESUME_MAY_CHANGE = transport_keys("backend.endpoint") | {"baselines.concurrency", "run_dir"}
 
 
 def run(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:

@@ -229,12 +229,17 @@ def _dotted(path: tuple) -> str:
     return ".".join(str(p) for p in path)
 
 
-def _tensor_files(path: Path) -> list[Path]:
+def _tensor_files(path: Path) -> tuple[list[Path], dict[str, str] | None]:
+    """The folder's safetensors files and, where it has an index, the index's tensor -> file map."""
     index = path / "model.safetensors.index.json"
+    weight_map = None
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index} has no 'weight_map'")
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map")
+        except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as e:
+            raise CheckpointError(f"{index} is not a JSON object ({e})") from e
+        if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+            raise CheckpointError(f"{index} has no 'weight_map' of tensor names to file names")
         files = [path / f for f in sorted(set(weight_map.values()))]
     else:
         files = sorted(path.glob("*.safetensors"))
@@ -243,19 +248,36 @@ def _tensor_files(path: Path) -> list[Path]:
     for file in files:
         if not file.is_file():
             raise CheckpointError(f"weights file {file.name} listed in {index.name} is missing")
-    return files
+    return files, weight_map
 
 
 def _tensor_slices(path: Path) -> Iterator[tuple[str, Any]]:
-    """(name, safetensors slice) of every tensor; a slice reads only the part it is indexed with."""
+    """(name, safetensors slice) of every tensor; a slice reads only the part it is indexed with. With an index,
+    every tensor it lists must be in the file it names, and each file's tensors must be listed there."""
+    files, weight_map = _tensor_files(path)
+    index = "model.safetensors.index.json"
     seen: set[str] = set()
-    for file in _tensor_files(path):
-        with safe_open(file, framework="numpy") as f:
+    for file in files:
+        with _open_safetensors(file) as f:
             for name in f.keys():  # noqa: SIM118 (a safetensors handle, not a dict)
                 if name in seen:
                     raise CheckpointError(f"tensor {name!r} appears in more than one file ({file.name})")
+                if weight_map is not None and weight_map.get(name) != file.name:
+                    listed = weight_map.get(name)
+                    where = f"lists it in {listed}" if listed else "does not list it"
+                    raise CheckpointError(f"tensor {name!r} is in {file.name}, but {index} {where}")
                 seen.add(name)
                 yield name, f.get_slice(name)
+    missing = sorted(set(weight_map or ()) - seen)
+    if missing:
+        raise CheckpointError(f"{index} lists {len(missing)} tensor(s) no file holds: {', '.join(missing[:8])}")
+
+
+def _open_safetensors(file: Path) -> Any:
+    try:
+        return safe_open(file, framework="numpy")
+    except Exception as e:  # safetensors' SafetensorError (a torn header, a cut file) names no file
+        raise CheckpointError(f"{file} is not a readable safetensors file ({type(e).__name__}: {e})") from e
 
 
 def _load_array(hf_tensor, rule: WeightRule, var: nnx.Variable, sharding) -> jax.Array:
@@ -295,33 +317,60 @@ def from_pretrained(
     """
     path = Path(path)
     config = ModelConfig.from_pretrained(path)
-    spec = _spec(config)
     param_dtype = param_dtype or dtype
+    graphdef, state, targets = _abstract(config, dtype, param_dtype, **model_kwargs)
+    values: dict[str, jax.Array] = {}
+    for ours, rule, hf_tensor in _matched_tensors(path, config, targets):
+        var = targets[ours]
+        sharding = variable_sharding(var, mesh, rules or RULES) if mesh is not None else None
+        values[ours] = _load_array(hf_tensor, rule, var, sharding)
+    flat = [(p, v.replace(values[_dotted(p)])) for p, v in nnx.to_flat_state(state)]
+    return nnx.merge(graphdef, nnx.from_flat_state(flat))
+
+
+def check_pretrained(path: str | Path) -> ModelConfig:
+    """The config of HF folder `path`, after checking its tensors against it as `from_pretrained` does (each one
+    maps to a parameter and has the shape the config implies, none is missing, an index matches the files) without
+    reading any tensor data. Raises ConfigError / CheckpointError naming the field or tensor at fault."""
+    path = Path(path)
+    config = ModelConfig.from_pretrained(path)
+    _, _, targets = _abstract(config, jnp.float32, jnp.float32)
+    for _ in _matched_tensors(path, config, targets):
+        pass
+    return config
+
+
+def _abstract(config: ModelConfig, dtype, param_dtype, **model_kwargs: Any) -> tuple[Any, Any, dict[str, Any]]:
+    """The model of `config` without memory: its graphdef, abstract state and parameters by dotted path."""
+    spec = _spec(config)
     abstract = nnx.eval_shape(
         lambda: spec.model_cls(config, rngs=nnx.Rngs(0), dtype=dtype, param_dtype=param_dtype, **model_kwargs)
     )
     graphdef, state = nnx.split(abstract)
-    targets = {_dotted(p): v for p, v in nnx.to_flat_state(state)}
+    return graphdef, state, {_dotted(p): v for p, v in nnx.to_flat_state(state)}
+
+
+def _matched_tensors(path: Path, config: ModelConfig, targets: dict[str, Any]) -> Iterator[tuple[str, WeightRule, Any]]:
+    """(parameter path, rule, safetensors slice) of each of the folder's tensors that is a parameter, after checking
+    its name and shape; once all are through, that no parameter lacks its tensor."""
+    spec = _spec(config)
     ignored = spec.ignored + (spec.ignored_when_tied if config.tie_word_embeddings else ())
-    values: dict[str, jax.Array] = {}
+    found: set[str] = set()
     for name, hf_tensor in _tensor_slices(path):
         if any(re.fullmatch(pattern, name) for pattern in ignored):
             continue
         ours, rule = _match(spec, name, hf=True)
         if ours not in targets:
             raise CheckpointError(f"unexpected tensor {name!r} in {path} (no parameter {ours!r} in this config)")
-        var = targets[ours]
-        expected, shape = rule.hf_shape(var.shape), tuple(hf_tensor.get_shape())
+        expected, shape = rule.hf_shape(targets[ours].shape), tuple(hf_tensor.get_shape())
         if shape != expected:
             raise CheckpointError(f"tensor {name!r} has shape {shape}, but the config implies {expected}")
-        sharding = variable_sharding(var, mesh, rules or RULES) if mesh is not None else None
-        values[ours] = _load_array(hf_tensor, rule, var, sharding)
-    missing = [ours for ours in targets if ours not in values]
+        found.add(ours)
+        yield ours, rule, hf_tensor
+    missing = [ours for ours in targets if ours not in found]
     if missing:
         names = [_match(spec, ours, hf=False)[0] for ours in missing]
         raise CheckpointError(f"{len(names)} tensor(s) missing from {path}: {', '.join(names)}")
-    flat = [(p, v.replace(values[_dotted(p)])) for p, v in nnx.to_flat_state(state)]
-    return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
 def _match(spec: ModelSpec, name: str, *, hf: bool) -> tuple[str, WeightRule]:

@@ -11,7 +11,8 @@ seeded tasks -> results table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
-their newest checkpoint). Rerunning a finished run only rebuilds the report.
+their newest checkpoint). Rerunning a finished run only rebuilds the report. The run directory records
+its config (config.json); a rerun with another config is refused, naming the keys that differ.
 
 `cfg` is the typed ExperimentConfig (porch_jax/opod/config.py) that launch/pipeline.py builds and checks
 once; nothing here reads a ConfigDict. With `seed_sets` (`--config=experiments/quickstart.py:seed_sets=8`,
@@ -65,7 +66,7 @@ from porch_jax.train.data import hint_table
 from porch_jax.train.methods import make_method
 from porch_jax.train.trainer import Trainer, selection_candidates
 from porch_jax.trajectories import TrajectoryStore
-from porch_jax.typed_config import to_dict
+from porch_jax.typed_config import claim_run_dir
 
 
 class Run:
@@ -209,7 +210,9 @@ def run(cfg: ExperimentConfig) -> None:
     if not seed_sets:
         run_pipeline(cfg)
         return
-    write_config(cfg, base / "config.json")  # each set's own config is in its folder
+    claim_run_dir(
+        base, cfg, may_change=RESUME_MAY_CHANGE | {"seed_sets"}
+    )  # more sets may join; each set claims its own
     for k in seed_sets:
         print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
         run_pipeline(with_seed_set(cfg, k))
@@ -228,15 +231,16 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
 
 
-def write_config(cfg: ExperimentConfig, path: Path) -> None:
-    """The typed config as JSON (every key, defaults included): the record of what the run in its folder ran."""
-    path.write_text(json.dumps(to_dict(cfg), indent=1, sort_keys=True))
+# What a rerun into the same RUN_DIR may change: where it is and the episodes evaluated in flight.
+RESUME_MAY_CHANGE = frozenset({"run_dir", "eval.concurrency"})
 
 
 def run_pipeline(cfg: ExperimentConfig) -> None:
-    """One seed set's whole loop in cfg.run_dir (module docstring)."""
+    """One seed set's whole loop in cfg.run_dir (module docstring). RUN_DIR/config.json records the typed config
+    (every key, defaults included); a rerun with another one (but for RESUME_MAY_CHANGE) is refused, naming the
+    keys, before any stage runs."""
+    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE)
     run = Run(cfg)
-    write_config(cfg, run / "config.json")
 
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
     sampler_len = cfg.policy.max_len

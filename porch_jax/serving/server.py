@@ -9,6 +9,10 @@ key passed through the environment (not the command line, which ``ps`` shows):
 ``VLLM_SERVER_DEV_MODE=1`` (``weight_reload=True``) exposes the endpoints that
 ``porch_jax.serving.weights`` uses to swap weights without a restart.
 
+Before anything starts, the folder is checked as vLLM would load it (``folder.check_folder``: config, architecture,
+tensor shapes, tokenizer files), and a policy folder meant to be pushed into the server against it
+(``folder.check_same_tokenizer``), so a bad folder is named at once instead of minutes into vLLM's log.
+
 Readiness is two checks: ``/v1/models`` answers, then a one-token completion succeeds (an engine
 that starts but cannot run the model, e.g. an attention head size its CPU kernels lack, fails
 only on the first request). Any failure stops the server and raises ``ServerError`` with the
@@ -31,10 +35,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import httpx2 as httpx
 from ml_collections import ConfigDict, config_dict
+
+from porch_jax.serving.folder import check_folder, check_same_tokenizer
+
+if TYPE_CHECKING:
+    from porch_jax.serving.weights import WeightSync
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CPU_VENV = REPO_ROOT / ".venv-vllm"
@@ -130,6 +139,8 @@ class VLLMServer:
     serves; ``server.base_url`` and ``server.model`` are what ``VLLMBackend`` needs.
 
     ``run_dir`` holds the server log and vLLM's cache and RPC folders. ``port=0`` picks a free one.
+    ``policy_dir``: the folder of a policy whose weights will be pushed into this server (``weight_sync``); the
+    start refuses one whose tokenizer or chat template differs from ``model_dir``'s.
     """
 
     def __init__(
@@ -140,10 +151,12 @@ class VLLMServer:
         api_key: str,
         port: int = 0,
         config: ServerConfig = ServerConfig(),
+        policy_dir: str | Path | None = None,
     ):
         if not api_key:
             raise ValueError("api_key must be non-empty: an open server accepts any client")
         self.model_dir, self.run_dir = Path(model_dir).resolve(), Path(run_dir).resolve()
+        self.policy_dir = None if policy_dir is None else Path(policy_dir).resolve()
         self.api_key, self.config = api_key, config
         self.port = port or free_port(config.host)
         self.log_path = self.run_dir / "vllm_server.log"
@@ -220,8 +233,20 @@ class VLLMServer:
                 env.pop(name, None)
         return env
 
+    def check_policy(self, policy_dir: str | Path) -> None:
+        """Raises ``FolderError`` unless ``policy_dir``'s tokenizer and chat template are the served folder's, naming
+        what differs (the server renders and tokenizes every prompt with its own)."""
+        check_same_tokenizer(policy_dir, self.model_dir)
+
+    def weight_sync(self, **kwargs: Any) -> WeightSync:
+        """A ``WeightSync`` into this server that checks every pushed folder against the served one."""
+        from porch_jax.serving.weights import WeightSync  # imported here: this module needs no JAX
+
+        return WeightSync(self.base_url, api_key=self.api_key, model=self.model, served_dir=self.model_dir, **kwargs)
+
     def start(self) -> Self:
-        """Starts the subprocess and blocks until it serves (or raises ``ServerError``)."""
+        """Starts the subprocess and blocks until it serves (or raises ``ServerError``). A folder vLLM would refuse,
+        or a ``policy_dir`` that does not match it, raises ``FolderError`` before anything starts."""
         if self.process is not None:
             raise ServerError(f"server on port {self.port} already started")
         device = self.config.resolved_device()
@@ -229,8 +254,9 @@ class VLLMServer:
             raise ServerError(missing)
         if device == "gpu" and importlib.util.find_spec("vllm") is None:
             raise ServerError("vllm is not installed in this environment (pip install -e '.[serve]')")
-        if not (self.model_dir / "config.json").is_file():
-            raise ServerError(f"{self.model_dir} is not a model folder (no config.json)")
+        check_folder(self.model_dir)
+        if self.policy_dir is not None:
+            self.check_policy(self.policy_dir)
         (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with open(self.log_path, "wb") as log:

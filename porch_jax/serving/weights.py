@@ -12,6 +12,10 @@ keeps the OLD embedding as the output head (measured: gap 0.8 after reload, 5e-7
 ``export_for_serving`` therefore writes the head explicitly (``lm_head.safetensors``, which
 ``from_pretrained`` and transformers ignore for tied models), and ``push`` refuses a tied folder
 without it.
+
+``push`` checks the folder as vLLM would load it (``folder.check_folder``, no tokenizer needed) and, given the served
+folder (``served_dir``, as ``VLLMServer.weight_sync`` passes it), that it is the served model with the served
+tokenizer, so a reload never puts another model's weights into the server.
 """
 
 from __future__ import annotations
@@ -30,6 +34,14 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from porch_jax.models import save_pretrained
+from porch_jax.serving.folder import (
+    TOKENIZER_FILES,
+    FolderError,
+    check_folder,
+    check_same_model,
+    check_same_tokenizer,
+    tokenizer_fingerprint,
+)
 
 HEAD_FILE = "lm_head.safetensors"
 
@@ -48,17 +60,15 @@ def export_for_serving(model: Any, path: str | Path, tokenizer: Any = None) -> P
 
 
 def check_weights_folder(path: str | Path) -> Path:
-    """Raises ``WeightSyncError`` unless ``path`` holds a config and weights a reload can fully apply."""
-    path = Path(path).resolve()
-    config_file = path / "config.json"
-    if not config_file.is_file():
-        raise WeightSyncError(f"{path} has no config.json")
-    files = sorted(path.glob("*.safetensors"))
-    if not files:
-        raise WeightSyncError(f"{path} has no *.safetensors files")
-    if json.loads(config_file.read_text()).get("tie_word_embeddings", False):
+    """Raises ``WeightSyncError`` unless ``path`` holds a config and weights a reload can fully apply (naming the
+    file, field or tensor at fault)."""
+    try:
+        path = check_folder(path, tokenizer=False)
+    except FolderError as e:
+        raise WeightSyncError(str(e)) from e
+    if json.loads((path / "config.json").read_text()).get("tie_word_embeddings", False):
         names = set()
-        for file in files:
+        for file in sorted(path.glob("*.safetensors")):
             with safe_open(file, framework="numpy") as f:
                 names.update(f.keys())
         if "lm_head.weight" not in names:
@@ -77,10 +87,21 @@ def model_prompt_logprobs(model: Any, token_ids: Sequence[int]) -> np.ndarray:
 
 
 class WeightSync:
-    """Control-plane client of one server (one per server of an executor pool)."""
+    """Control-plane client of one server (one per server of an executor pool). ``served_dir``: the folder the
+    server serves; given, ``push`` refuses a folder of another model or tokenizer."""
 
-    def __init__(self, base_url: str, *, api_key: str, model: str, timeout_s: float = 300.0):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str,
+        model: str,
+        timeout_s: float = 300.0,
+        served_dir: str | Path | None = None,
+    ):
         self.base_url, self.model = base_url.rstrip("/"), model
+        self.served_dir = None if served_dir is None else Path(served_dir).resolve()
+        self._served_tokenizer: dict[str, Any] | None = None
         self._client = httpx.Client(
             base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s, trust_env=False
         )
@@ -100,9 +121,11 @@ class WeightSync:
 
         ``pause_mode``: "wait" lets in-flight requests finish on the old weights, "keep" freezes
         them and continues them on the new ones, "abort" cancels them. If the reload fails the
-        server stays paused (resuming would serve half-loaded weights) and this raises.
+        server stays paused (resuming would serve half-loaded weights) and this raises. A folder that fails
+        ``check_weights_folder`` or, with ``served_dir``, ``check_served`` raises before the server is paused.
         """
         path = check_weights_folder(weights_dir)
+        self.check_served(path)
         t0 = time.perf_counter()
         self._post("/pause", mode=pause_mode)
         try:
@@ -113,6 +136,20 @@ class WeightSync:
             raise WeightSyncError(f"{e}; the server is left paused with possibly partial weights") from e
         self._post("/resume")
         return time.perf_counter() - t0
+
+    def check_served(self, path: str | Path) -> None:
+        """Raises ``WeightSyncError`` unless folder ``path`` is the served model (``served_dir``'s config) and, where
+        it has a tokenizer, has the served tokenizer and chat template; nothing to check without ``served_dir``."""
+        if self.served_dir is None:
+            return
+        try:
+            check_same_model(path, self.served_dir)
+            if any((Path(path) / name).is_file() for name in TOKENIZER_FILES):
+                if self._served_tokenizer is None:
+                    self._served_tokenizer = tokenizer_fingerprint(self.served_dir)
+                check_same_tokenizer(path, self.served_dir, served_fingerprint=self._served_tokenizer)
+        except FolderError as e:
+            raise WeightSyncError(f"{self.base_url}: {e}") from e
 
     def prompt_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
         """The server's logprob of each token given the ones before it: ``[len(token_ids) - 1]``."""

@@ -20,7 +20,7 @@ from porch_jax.train.methods import make_method
 from porch_jax.train.overlong import Overlong
 from porch_jax.train.sources import ActionSampler, RecordSource
 from porch_jax.train.trainer import Trainer
-from porch_jax.typed_config import check
+from porch_jax.typed_config import check, claim_run_dir
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +103,18 @@ class RecordsConfig:
             "'cut' cannot cut a GRPO sample (its advantage is the whole sample's reward, which a cut prefix would take "
             "credit for); use 'drop' or 'error'",
         )
+
+
+# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, and the mesh (a
+# checkpoint restores onto another mesh shape).
+RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"})
+
+
+def claim_workdir(cfg: RecordsConfig) -> None:
+    """Records `cfg` as WORKDIR/config.json, or refuses a workdir that records another config (but for
+    RESUME_MAY_CHANGE), naming the keys that differ: a rerun resumes from the newest checkpoint, which must be
+    this config's run."""
+    claim_run_dir(cfg.workdir, cfg, may_change=RESUME_MAY_CHANGE)
 
 
 def records_trainer(

@@ -17,6 +17,7 @@ from porch_jax.models import (
     CheckpointError,
     ConfigError,
     ModelConfig,
+    check_pretrained,
     from_pretrained,
     init_model,
     save_pretrained,
@@ -141,10 +142,11 @@ def edit_config(folder, edit):
         "rope_type",
     ],
 )
-def test_bad_folder_error_names_the_culprit(folder, breaks, message):
+@pytest.mark.parametrize("load", [from_pretrained, check_pretrained], ids=["from_pretrained", "check_pretrained"])
+def test_bad_folder_error_names_the_culprit(folder, breaks, message, load):
     breaks(folder)
     with pytest.raises((CheckpointError, ConfigError), match=message.replace(".", r"\.")):
-        from_pretrained(folder)
+        load(folder)
 
 
 def test_config_round_trips_through_hf_dict():

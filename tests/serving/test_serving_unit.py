@@ -16,7 +16,7 @@ import pytest
 
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.serving import ServerConfig, ServerError, VLLMServer
+from porch_jax.serving import FolderError, ServerConfig, ServerError, VLLMServer
 from porch_jax.serving.weights import HEAD_FILE, WeightSyncError, check_weights_folder, export_for_serving
 
 
@@ -29,12 +29,10 @@ def fake_venv(tmp_path: Path, script: str) -> str:
     return str(python.parent.parent)
 
 
-@pytest.fixture
-def model_dir(tmp_path) -> Path:
-    folder = tmp_path / "model"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    return folder
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A folder that passes the start's folder check, so the fake server behind it runs."""
+    return make_tiny_model(tmp_path_factory.mktemp("served") / "model")
 
 
 def server(tmp_path: Path, model_dir: Path, script: str, **config) -> VLLMServer:
@@ -93,7 +91,7 @@ def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, mo
     gpu_cmd = gpu.command()
     assert "--enforce-eager" not in gpu_cmd and gpu_cmd[gpu_cmd.index("--tensor-parallel-size") + 1] == "2"
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu.environment()
-    with pytest.raises(ServerError, match="not a model folder"):
+    with pytest.raises(FolderError, match="is not a model folder \\(no config.json\\)"):
         server(tmp_path / "b", tmp_path, "exit 0\n").start()
 
 

@@ -99,3 +99,26 @@ def test_pipeline_launcher_names_an_unknown_key_or_a_bad_value(tmp_path, overrid
     out = _run([*command, f"--config.run_dir={tmp_path}", override])
     assert out.returncode != 0 and named in out.stderr and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "expert.jsonl").exists()  # stopped before any stage ran
+
+
+def test_a_rerun_into_a_workdir_of_another_config_is_refused(tmp_path):
+    """WORKDIR/config.json records the run's config: a rerun that changes only the checkpoint and log cadence or
+    the mesh resumes; the launcher refuses another config before any work, naming the key with both values."""
+    from dataclasses import replace
+
+    from porch_jax.train import records
+
+    c = tiny_data.config(tmp_path / "run")
+    cfg = tiny_data.typed(c)
+    records.claim_workdir(cfg)
+    train = replace(
+        cfg.train, mesh=(2, 1, 1), log=replace(cfg.train.log, every=1), checkpoint=replace(cfg.train.checkpoint, keep=1)
+    )
+    records.claim_workdir(replace(cfg, train=train))
+    config = tiny_data.write_config(c, tmp_path / "c.py")
+    out = _run(tiny_data.launch_command(config, "--config.train.optimizer.learning_rate=0.5"))
+    assert out.returncode != 0, out.stdout[-2000:]
+    assert "holds a run of another config (train.optimizer.learning_rate: 0.003 -> 0.5)" in out.stderr, out.stderr[
+        -2000:
+    ]
+    assert not (tmp_path / "run" / "checkpoints").exists()

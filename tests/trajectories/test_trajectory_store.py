@@ -185,3 +185,35 @@ def test_token_source_is_checked():
     d["decisions"][0]["token_source"] = "guessed"
     with pytest.raises(RecordError, match=r"decisions\[0\]\.token_source.*must be one of"):
         EpisodeRecord.from_dict(d)
+
+
+def _version_1_line(i: int) -> str:
+    """A line as a store written before schema version 2 holds it: no token provenance, no server prompt ids."""
+    d = make_record(i).to_dict()
+    d["schema_version"] = 1
+    for decision in d["decisions"]:
+        del decision["token_source"], decision["prompt_token_ids"]
+    return json.dumps(d)
+
+
+def test_a_version_1_store_reads_and_resumes_with_version_2_lines(tmp_path):
+    path = tmp_path / "ep.jsonl"
+    path.write_text(_version_1_line(0) + "\n" + _version_1_line(1) + "\n")
+    old = TrajectoryStore(path).read()
+    assert [r.schema_version for r in old] == [SCHEMA_VERSION] * 2
+    assert [d.token_source for d in old[0].decisions] == ["sampler", "none"]
+    with TrajectoryStore(path) as writer:  # a resumed run appends current records to the old store
+        writer.append(make_record(2))
+    assert [r.episode_id for r in TrajectoryStore(path).read()] == ["ep0", "ep1", "ep2"]
+    assert [json.loads(line)["schema_version"] for line in path.read_text().splitlines()] == [1, 1, SCHEMA_VERSION]
+
+
+@pytest.mark.parametrize("version", [99, 0, "2", None])
+def test_a_line_of_a_version_this_code_does_not_know_is_refused_by_name(tmp_path, version):
+    path = tmp_path / "ep.jsonl"
+    path.write_text(_version_1_line(0) + "\n" + _line(schema_version=version) + "\n")
+    expected = f"{path}:2: field 'schema_version': unsupported schema_version {version!r} (this code reads 1, 2)"
+    for read in (TrajectoryStore(path).read, TrajectoryStore(path).episode_ids):  # episode_ids: what a resume reads
+        with pytest.raises(RecordError) as info:
+            read()
+        assert str(info.value) == expected
