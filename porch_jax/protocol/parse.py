@@ -4,7 +4,11 @@ Mirrors vLLM's hermes parser: a call is ``<tool_call>{json}</tool_call>`` (an un
 ``<tool_call>`` is read to the end of the text, as when generation stops at max tokens). Text
 before the call and ``<think>`` blocks are ignored. Any failure raises a ``ProtocolError`` whose
 ``observation`` is short enough to hand back to the model as its next observation; arbitrary
-input never raises anything else.
+input never raises anything else (``PROTOCOL_ERRORS`` lists every class).
+
+A reply that is only whitespace is ``EmptyReply``; a final ``<tool_call>`` that never closes and
+is not complete JSON is ``UnclosedToolCall``; a reply the backend cut at its token limit
+(``truncated=True``: finish_reason "length") with no complete call in it is ``Truncated``.
 """
 
 from __future__ import annotations
@@ -58,12 +62,30 @@ class NoToolCall(ProtocolError):
     kind = "no_tool_call"
 
 
+class EmptyReply(NoToolCall):
+    """Nothing but whitespace."""
+
+    kind = "empty_reply"
+
+
 class MultipleToolCalls(ProtocolError):
     kind = "multiple_tool_calls"
 
 
 class MalformedJSON(ProtocolError):
     kind = "malformed_json"
+
+
+class UnclosedToolCall(MalformedJSON):
+    """A final ``<tool_call>`` without ``</tool_call>`` whose body is not complete JSON."""
+
+    kind = "unclosed_tool_call"
+
+
+class Truncated(ProtocolError):
+    """Cut at the token limit before a complete call (no call, or an unclosed one that does not parse)."""
+
+    kind = "truncated"
 
 
 class UnknownAction(ProtocolError):
@@ -76,6 +98,22 @@ class BadArguments(ProtocolError):
 
 class ToolNotAllowed(ProtocolError):
     kind = "tool_not_allowed"
+
+
+# Every error a parse can raise; records count invalid replies by class name (INVALID_KINDS, the keys of an episode's
+# meta["invalid_kinds"]).
+PROTOCOL_ERRORS: tuple[type[ProtocolError], ...] = (
+    NoToolCall,
+    EmptyReply,
+    MultipleToolCalls,
+    MalformedJSON,
+    UnclosedToolCall,
+    Truncated,
+    UnknownAction,
+    BadArguments,
+    ToolNotAllowed,
+)
+INVALID_KINDS: tuple[str, ...] = tuple(e.__name__ for e in PROTOCOL_ERRORS)
 
 
 _THINK_END = "</think>"
@@ -95,17 +133,30 @@ def strip_thinking(text: str) -> str:
     return text if start < 0 else text[:start]
 
 
-def extract_call(text: str) -> dict[str, Any]:
-    """The single tool call in ``text`` as ``{"name": str, "arguments": dict}``."""
-    bodies = [m.group(1) if m.group(1) is not None else m.group(2) for m in _CALL_RE.finditer(strip_thinking(text))]
-    if not bodies:
+def extract_call(text: str, *, truncated: bool = False) -> dict[str, Any]:
+    """The single tool call in ``text`` as ``{"name": str, "arguments": dict}``. ``truncated``: the text stopped at
+    the backend's token limit, so a missing or unfinished call is reported as ``Truncated``."""
+    if not text.strip():
+        raise EmptyReply("empty reply.")
+    matches = list(_CALL_RE.finditer(strip_thinking(text)))
+    if not matches:
+        if truncated:
+            raise Truncated("reply cut at the token limit before any <tool_call>; write the call first.")
         raise NoToolCall("no <tool_call> found.")
-    if len(bodies) > 1:
-        raise MultipleToolCalls(f"{len(bodies)} tool calls found; one action per reply.")
+    if len(matches) > 1:
+        raise MultipleToolCalls(f"{len(matches)} tool calls found; one action per reply.")
+    closed = matches[0].group(1) is not None
+    body = matches[0].group(1) if closed else matches[0].group(2)
     try:
-        call = json.loads(bodies[0])
+        call = json.loads(body)
     except (ValueError, RecursionError) as e:  # JSONDecodeError is a ValueError; so is a huge int
-        raise MalformedJSON(f"tool call is not valid JSON ({_short(str(e))}).") from None
+        if closed:
+            raise MalformedJSON(f"tool call is not valid JSON ({_short(str(e))}).") from None
+        if truncated:
+            raise Truncated("reply cut at the token limit inside the <tool_call>; keep the call short.") from None
+        raise UnclosedToolCall(
+            f"<tool_call> is never closed and is not valid JSON ({_short(str(e))}); end it with </tool_call>."
+        ) from None
     if not isinstance(call, dict) or not isinstance(call.get("name"), str):
         raise MalformedJSON('tool call must be an object {"name": str, "arguments": object}.')
     args = call.get("arguments", {})
@@ -292,13 +343,15 @@ def subagent_action_from_call(
     return ToolCall(name, args)
 
 
-def parse_orchestrator_action(text: str, **checks: Any) -> OrchestratorAction:
-    """Text -> orchestrator action; ``checks`` as in ``orchestrator_action_from_call``."""
-    return orchestrator_action_from_call(extract_call(text), **checks)
+def parse_orchestrator_action(text: str, *, truncated: bool = False, **checks: Any) -> OrchestratorAction:
+    """Text -> orchestrator action; ``truncated`` as in ``extract_call``, ``checks`` as in
+    ``orchestrator_action_from_call``."""
+    return orchestrator_action_from_call(extract_call(text, truncated=truncated), **checks)
 
 
 def parse_subagent_action(
-    text: str, allowed_tools: Collection[str], comm: Collection[str] = COMM_ACTIONS
+    text: str, allowed_tools: Collection[str], comm: Collection[str] = COMM_ACTIONS, *, truncated: bool = False
 ) -> SubagentAction:
-    """Text -> sub-agent action (a tool from ``allowed_tools`` or a communication action)."""
-    return subagent_action_from_call(extract_call(text), allowed_tools, comm)
+    """Text -> sub-agent action (a tool from ``allowed_tools`` or a communication action); ``truncated`` as in
+    ``extract_call``."""
+    return subagent_action_from_call(extract_call(text, truncated=truncated), allowed_tools, comm)

@@ -236,14 +236,18 @@ class Engine:
             else:
                 try:
                     action = parse_orchestrator_action(
-                        text, available_tools=env.tool_names(), agent_ids=ep.live, revisable=revisable
+                        text,
+                        truncated=result.finish_reason == "length",
+                        available_tools=env.tool_names(),
+                        agent_ids=ep.live,
+                        revisable=revisable,
                     )
                 except ProtocolError as e:
                     error = e.observation
+                    ep.invalid["orchestrator"] += 1  # unparseable replies only: a failed call is a backend error
                     ep.count(ep.invalid_kinds, "orchestrator", type(e).__name__)
             segment: list[SubStep] = []
             if action is None:
-                ep.invalid["orchestrator"] += 1
                 fb = Feedback("invalid", text=error or "")
             else:
                 fb = await self._apply(ep, action, segment)
@@ -345,7 +349,7 @@ class Engine:
             try:
                 if isinstance(result, str):
                     raise _BackendFailure(result)
-                action = parse_subagent_action(text, h.tools, cfg.comm)
+                action = parse_subagent_action(text, h.tools, cfg.comm, truncated=result.finish_reason == "length")
             except (ProtocolError, _BackendFailure) as e:
                 ep.invalid["subagent"] += isinstance(e, ProtocolError)
                 if isinstance(e, ProtocolError):

@@ -7,6 +7,7 @@ import pytest
 from porch_jax.protocol import (
     BadArguments,
     Delegate,
+    EmptyReply,
     FeedbackView,
     Harness,
     MalformedJSON,
@@ -20,6 +21,8 @@ from porch_jax.protocol import (
     Stop,
     Submit,
     ToolNotAllowed,
+    Truncated,
+    UnclosedToolCall,
     UnknownAction,
     comm_feedback,
     harness_update_text,
@@ -41,6 +44,10 @@ def call(name, **arguments):
     "text,error",
     [
         ("I will finish now.", NoToolCall),
+        ("", EmptyReply),
+        (" \n\t", EmptyReply),
+        ('<tool_call>\n{"name": "finish", "arguments": {"answer": "4', UnclosedToolCall),
+        ('<tool_call>{"name": "finish", "arguments": {"answer": "4"}} and then I', UnclosedToolCall),
         ("<think>" + call("finish", answer="x"), NoToolCall),  # an unclosed think block eats the call
         (call("finish", answer="a") + call("finish", answer="b"), MultipleToolCalls),
         ("<tool_call>{'name': 'finish'}</tool_call>", MalformedJSON),
@@ -77,6 +84,27 @@ def test_orchestrator_checks():
 def test_unclosed_call_at_end_is_read_like_vllm():
     text = '<tool_call>\n{"name": "finish", "arguments": {"answer": "42"}}'
     assert parse_orchestrator_action(text).answer == "42"
+    assert parse_orchestrator_action(text, truncated=True).answer == "42"  # cut after a complete call: still read
+
+
+def test_a_reply_cut_at_the_token_limit_is_truncated_when_no_complete_call_is_in_it():
+    cut = '<tool_call>\n{"name": "finish", "arguments": {"answer": "4'
+    for text in (cut, "Let me think about the task step by step and"):
+        with pytest.raises(Truncated) as info:
+            parse_orchestrator_action(text, truncated=True)
+        assert "token limit" in info.value.observation and info.value.kind == "truncated"
+    with pytest.raises(Truncated):
+        parse_subagent_action(cut, ["search"], truncated=True)
+    # what the cut did not cause keeps its own kind
+    with pytest.raises(EmptyReply):
+        parse_orchestrator_action("  ", truncated=True)
+    with pytest.raises(MalformedJSON) as info:
+        parse_orchestrator_action("<tool_call>{'name': 'finish'}</tool_call> and so", truncated=True)
+    assert type(info.value) is MalformedJSON
+    with pytest.raises(MultipleToolCalls):
+        parse_orchestrator_action(call("finish", answer="a") + "<tool_call>{", truncated=True)
+    with pytest.raises(UnknownAction):
+        parse_orchestrator_action(call("launch") + " and more", truncated=True)
 
 
 def test_lenient_forms():

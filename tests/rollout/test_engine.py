@@ -127,7 +127,7 @@ def test_parse_failures_are_observations_and_counted():
     assert rec.decisions[1].context[-1]["content"] == rec.decisions[0].feedback  # the model sees the error
     assert rec.meta["invalid"]["orchestrator"] == 1 and rec.meta["invalid"]["subagent"] >= 1
     assert rec.meta["invalid_kinds"]["orchestrator"] == {"NoToolCall": 1}
-    assert rec.meta["invalid_kinds"]["subagent"].get("MalformedJSON", 0) >= 1
+    assert rec.meta["invalid_kinds"]["subagent"].get("UnclosedToolCall", 0) >= 1
     assert rec.decisions[1].segment[0].kind == "error"
     assert rec.outcome.success
 
@@ -140,6 +140,9 @@ def test_backend_exceptions_never_escape():
     rec = run(Engine(WorkplaceEnv, Broken(), Broken(), EngineConfig(max_decisions=3)), quiet("cab"))
     assert not rec.outcome.success and rec.outcome.reason.startswith("decision_limit")
     assert rec.meta["backend_errors"]["orchestrator"] == 3
+    assert rec.meta["backend_error_kinds"]["orchestrator"] == {"other": 3}
+    # a failed call is a backend error, not an unparseable reply: the invalid count stays the sum of its kinds
+    assert rec.meta["invalid"]["orchestrator"] == 0 and rec.meta["invalid_kinds"]["orchestrator"] == {}
 
 
 class ShortContext:
