@@ -5,20 +5,30 @@
 
 from typing import Any
 
+from porch_jax.serving.architectures import (
+    EXPORTED_ARCHITECTURES,
+    ArchitectureError,
+    check_vllm_architecture,
+    registered_architectures,
+)
 from porch_jax.serving.server import ServerConfig, ServerError, VLLMServer, cpu_python, free_port, vllm_cpu_missing
 
 _WEIGHTS = ("WeightSync", "WeightSyncError", "check_weights_folder", "export_for_serving", "model_prompt_logprobs")
 __all__ = [
+    "EXPORTED_ARCHITECTURES",
+    "ArchitectureError",
     "ServerConfig",
     "ServerError",
     "VLLMServer",
     "WeightSync",
     "WeightSyncError",
+    "check_vllm_architecture",
     "check_weights_folder",
     "cpu_python",
     "export_for_serving",
     "free_port",
     "model_prompt_logprobs",
+    "registered_architectures",
     "vllm_cpu_missing",
 ]
 

@@ -231,6 +231,9 @@ class VLLMServer:
             raise ServerError("vllm is not installed in this environment (pip install -e '.[serve]')")
         if not (self.model_dir / "config.json").is_file():
             raise ServerError(f"{self.model_dir} is not a model folder (no config.json)")
+        from porch_jax.serving.architectures import check_vllm_architecture  # imports this module
+
+        check_vllm_architecture(self.model_dir, self.config)  # before a start of minutes fails on it
         (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
         with open(self.log_path, "wb") as log:
