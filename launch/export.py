@@ -6,6 +6,7 @@
 The checkpoint holds the train state and the run's config (its TrainConfig, model config.json and
 the policy's view), so nothing else is needed; the tokenizer comes from --tokenizer, else the run's
 final export, else none. The folder gets POLICY_FILE (view and step), as the trainer's exports do.
+Its architecture is checked against those this machine's vLLM registers before anything is written.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def export_step(checkpoint_dir: str | Path, out: str | Path, *, step: int | None
 
     from porch_jax.envs.views import POLICY_FILE
     from porch_jax.models import ModelConfig, init_model
+    from porch_jax.models.io import export_config
+    from porch_jax.serving.architectures import check_vllm_architecture
     from porch_jax.train import checkpoint as ckpt_lib
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import optim
@@ -55,6 +58,7 @@ def export_step(checkpoint_dir: str | Path, out: str | Path, *, step: int | None
             )
         cfg = from_dict(TrainConfig, saved["train"], path="checkpoint config.train")
         config = ModelConfig.from_hf(saved["model"])
+        check_vllm_architecture(export_config(config))
         model = nnx.eval_shape(lambda: init_model(config, seed=0))
         tx = optim.make_optimizer(cfg.optimizer, cfg.optimizer.total_steps or cfg.steps)
         mesh = mesh_lib.make_mesh((1,) * len(cfg.mesh))

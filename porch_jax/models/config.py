@@ -13,16 +13,22 @@ from pathlib import Path
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("qwen3", "qwen3_5_text", "qwen3_5", "llama", "qwen2")
+# Hybrid models (Gated DeltaNet + attention). "qwen3_5" is the multimodal checkpoint layout: its
+# config.json nests the text model under text_config, which is all we load and all we write back
+# (as model_type "qwen3_5_text": the vision tower is never loaded, so an export has none).
+HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+# The model_type an export writes for each model_type read, and the architecture it names (what
+# transformers' AutoModelForCausalLM and vLLM's registry resolve).
+EXPORT_MODEL_TYPES = {"qwen3_5": "qwen3_5_text"}
 ARCHITECTURES = {
     "qwen3": "Qwen3ForCausalLM",
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3_5_text": "Qwen3_5ForCausalLM",
-    "qwen3_5": "Qwen3_5ForConditionalGeneration",
 }
-# Hybrid models (Gated DeltaNet + attention). "qwen3_5" is the multimodal checkpoint layout: its
-# config.json nests the text model under text_config, which is all we load.
-HYBRID_MODEL_TYPES = ("qwen3_5_text", "qwen3_5")
+# text_config keys of a multimodal Qwen3.5 that its text-only export leaves out: the MTP
+# (speculative) head's, since its weights are not loaded, so not written.
+_DROPPED_TEXT_KEYS = ("mtp_",)
 LAYER_TYPES = ("full_attention", "linear_attention")
 _LINEAR_FIELDS = (
     "linear_num_key_heads",
@@ -89,7 +95,8 @@ class ModelConfig:
     linear_conv_kernel_dim: int = 0
     attn_output_gate: bool = False
     partial_rotary_factor: float = 1.0
-    # A multimodal checkpoint's whole config.json (JSON text), so saving writes that layout back.
+    # A multimodal checkpoint's whole config.json (JSON text): the text_config keys we do not model
+    # (mRoPE sections, SSM dtype, ...) go into the text-only export as they were.
     multimodal_config: str | None = None
     # Llama 3.x long-context RoPE (None: plain RoPE at rope_theta).
     rope_scaling: RopeScaling | None = None
@@ -202,7 +209,9 @@ class ModelConfig:
         if not isinstance(text, dict):
             raise ConfigError("config of model_type 'qwen3_5' is missing required field 'text_config'")
         tied = hf.get("tie_word_embeddings", text.get("tie_word_embeddings", False))
-        config = cls.from_hf(text | {"model_type": "qwen3_5_text", "tie_word_embeddings": tied})
+        # Token ids the text config leaves out come from the outer one.
+        tokens = {k: hf[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text.get(k) is None and k in hf}
+        config = cls.from_hf(text | tokens | {"model_type": "qwen3_5_text", "tie_word_embeddings": tied})
         return dataclasses.replace(config, model_type="qwen3_5", multimodal_config=json.dumps(hf))
 
     @classmethod
@@ -216,8 +225,18 @@ class ModelConfig:
             raise ConfigError(f"{file} is not valid JSON: {e}") from e
         return cls.from_hf(hf)
 
+    @property
+    def export_model_type(self) -> str:
+        """The model_type `to_hf` writes: "qwen3_5_text" for a multimodal Qwen3.5, else model_type."""
+        return EXPORT_MODEL_TYPES.get(self.model_type, self.model_type)
+
     def to_hf(self) -> dict[str, Any]:
-        """A config.json dict that transformers (and vLLM) read as the same model."""
+        """A config.json dict that transformers (and vLLM) read as the same model.
+
+        A multimodal Qwen3.5 ("qwen3_5") is written as its text model alone: model_type
+        "qwen3_5_text", architecture Qwen3_5ForCausalLM, the text fields flat (no text_config or
+        vision_config), with the text_config keys we do not model kept and MTP's dropped.
+        """
         out = dataclasses.asdict(self)
         scaling = out.pop("rope_scaling")
         if isinstance(self.eos_token_id, tuple):
@@ -231,8 +250,10 @@ class ModelConfig:
             rope["partial_rotary_factor"] = self.partial_rotary_factor
         if self.model_type in HYBRID_MODEL_TYPES:
             out.update(hybrid, layer_types=list(self.layer_types))
+        model_type = self.export_model_type
         out.update(
-            architectures=[ARCHITECTURES[self.model_type]],
+            model_type=model_type,
+            architectures=[ARCHITECTURES[model_type]],
             hidden_act="silu",
             attention_bias=False,
             mlp_bias=False,
@@ -242,23 +263,12 @@ class ModelConfig:
             rope_parameters=rope,
             use_cache=True,
         )
-        if self.model_type != "qwen3_5":
+        if not multimodal:
             return out
-        # Back into the multimodal file it came from; keys we do not model (vision, mRoPE
-        # sections, MTP) are kept as they were.
-        outer = json.loads(multimodal) if multimodal else {}
-        text = outer.get("text_config", {})
-        out.update(
-            model_type="qwen3_5_text",
-            architectures=text.get("architectures"),
-            rope_parameters=(text.get("rope_parameters") or {}) | rope,
-        )
-        return outer | {
-            "model_type": "qwen3_5",
-            "architectures": [ARCHITECTURES["qwen3_5"]],
-            "tie_word_embeddings": self.tie_word_embeddings,
-            "text_config": text | out,
-        }
+        text = json.loads(multimodal).get("text_config") or {}
+        kept = {k: v for k, v in text.items() if not k.startswith(_DROPPED_TEXT_KEYS)}
+        out["rope_parameters"] = (text.get("rope_parameters") or {}) | rope
+        return kept | out
 
     @property
     def num_groups(self) -> int:

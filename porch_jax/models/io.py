@@ -3,7 +3,9 @@
 Each model type has a `ModelSpec`: its class and a table of `WeightRule`s from HF tensor names
 to our module paths. The table is used both ways (import and export), every tensor is checked
 against the shape the config implies, and nothing is silently dropped or left uninitialised.
-A new architecture registers another spec in `MODEL_SPECS`.
+A new architecture registers another spec in `MODEL_SPECS`. Export uses the spec of
+`ModelConfig.export_model_type`: a multimodal Qwen3.5 is read with its "model.language_model." names
+and written as a text-only Qwen3_5ForCausalLM folder.
 
 With a mesh, every process reads only the parts of each tensor that its own devices hold
 (safetensors slices into `jax.make_array_from_callback`), so a model larger than one host's
@@ -204,10 +206,12 @@ MODEL_SPECS: dict[str, ModelSpec] = {
 }
 
 
-def _spec(config: ModelConfig) -> ModelSpec:
-    if config.model_type not in MODEL_SPECS:
-        raise CheckpointError(f"model_type {config.model_type!r} has no registered model class")
-    return MODEL_SPECS[config.model_type]
+def _spec(config: ModelConfig, *, export: bool = False) -> ModelSpec:
+    """The spec that reads a folder of `config`'s model_type, or (export) that writes its export."""
+    model_type = config.export_model_type if export else config.model_type
+    if model_type not in MODEL_SPECS:
+        raise CheckpointError(f"model_type {model_type!r} has no registered model class")
+    return MODEL_SPECS[model_type]
 
 
 def init_model(
@@ -388,15 +392,34 @@ def _to_numpy(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def save_pretrained(model: nnx.Module, path: str | Path, tokenizer=None) -> Path:
-    """Writes config.json, generation_config.json and model.safetensors in HF layout.
+def export_config(config: ModelConfig, param_dtype=jnp.float32) -> dict[str, Any]:
+    """The config.json `save_pretrained` writes for `config` (no parameters needed): `config.to_hf()`
+    with the weights' dtype; a multimodal Qwen3.5 is its text model alone (see `ModelConfig.to_hf`)."""
+    return config.to_hf() | {"dtype": str(np.dtype(param_dtype))}
 
-    The folder loads in transformers' AutoModelForCausalLM and in vLLM. Sharded (even
-    multi-host) parameters are gathered; only process 0 writes.
+
+def export_tensor_shapes(model: nnx.Module) -> dict[str, tuple[int, ...]]:
+    """HF name -> shape of every tensor `save_pretrained` writes for `model` (an abstract model from
+    `nnx.eval_shape` will do: nothing is read or allocated)."""
+    spec = _spec(model.config, export=True)
+    shapes = {}
+    for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        hf_name, rule = _match(spec, _dotted(p), hf=False)
+        shapes[hf_name] = rule.hf_shape(tuple(var.shape))
+    return shapes
+
+
+def save_pretrained(model: nnx.Module, path: str | Path, tokenizer=None) -> Path:
+    """Writes config.json (`export_config`), generation_config.json and model.safetensors in HF layout.
+
+    The folder loads in transformers' AutoModelForCausalLM and in vLLM. A model read from a
+    multimodal Qwen3.5 folder is written as a text-only one (Qwen3_5ForCausalLM: `model.layers.*`,
+    no vision tower, no MTP head). Sharded (even multi-host) parameters are gathered; only
+    process 0 writes.
     """
     path = Path(path)
     config: ModelConfig = model.config
-    spec = _spec(config)
+    spec = _spec(config, export=True)
     tensors = {}
     for p, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
         hf_name, rule = _match(spec, _dotted(p), hf=False)
@@ -404,10 +427,9 @@ def save_pretrained(model: nnx.Module, path: str | Path, tokenizer=None) -> Path
     if jax.process_index() != 0:
         return path
     path.mkdir(parents=True, exist_ok=True)
-    hf_config = config.to_hf() | {"dtype": str(np.dtype(model.param_dtype))}
+    hf_config = export_config(config, model.param_dtype)
     (path / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
-    text = hf_config.get("text_config", hf_config)  # a multimodal config nests the text model's fields
-    generation = {k: text[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if text[k] is not None}
+    generation = {k: hf_config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if hf_config[k] is not None}
     (path / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
     save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
     if tokenizer is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import jax
@@ -12,14 +13,22 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
-from transformers import AutoModelForCausalLM, Qwen3_5TextConfig  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, Qwen3_5TextConfig  # noqa: E402
 from transformers import Qwen3_5ForCausalLM as TorchQwen3_5  # noqa: E402
 
-from porch_jax.models import ConfigError, ModelConfig, from_pretrained, save_pretrained  # noqa: E402
+from porch_jax.models import (  # noqa: E402
+    ConfigError,
+    ModelConfig,
+    export_config,
+    export_tensor_shapes,
+    from_pretrained,
+)
 from porch_jax.models.presets import preset  # noqa: E402
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM  # noqa: E402
 from porch_jax.models.sampler import Sampler, SamplingParams  # noqa: E402
 from porch_jax.models.tiny import make_tiny_model  # noqa: E402
+from porch_jax.serving import check_vllm_architecture  # noqa: E402
+from porch_jax.serving.weights import export_for_serving  # noqa: E402
 
 VOCAB = 97
 BASE = dict(
@@ -246,20 +255,26 @@ def test_gradients_match_transformers(hybrid, cpu_kernels):
     assert all(np.isfinite(g).all() and np.abs(g).max() > 0 for g in ours.values())
 
 
-def test_multimodal_folder_loads_text_and_saves_back_in_its_layout(tmp_path):
-    hf = torch_model("4layers_mqa_untied", seed=2)
+def multimodal_folder(hf: TorchQwen3_5, path) -> tuple[dict[str, np.ndarray], dict]:
+    """Writes `hf` as the text half of a multimodal Qwen3.5 checkpoint (text weights under
+    model.language_model., a vision tower and an MTP head our loader must drop, text_config keys we do not
+    model); returns its tensors and config.json."""
     text = {k: v.detach().numpy() for k, v in hf.state_dict().items()}
     tensors = {k.replace("model.", "model.language_model.", 1): v for k, v in text.items()}
-    tensors |= {  # what a text loader must drop
+    tensors |= {
         "model.visual.patch_embed.proj.weight": np.ones((8, 3, 2, 2, 2), np.float32),
         "model.visual.merger.linear_fc1.weight": np.ones((8, 8), np.float32),
         "mtp.fc.weight": np.ones((48, 96), np.float32),
         "mtp.layers.0.mlp.up_proj.weight": np.ones((80, 48), np.float32),
     }
-    source = tmp_path / "multimodal"
-    source.mkdir()
-    save_file(tensors, str(source / "model.safetensors"), metadata={"format": "pt"})
-    text_config = hf.config.to_dict() | {"mtp_num_hidden_layers": 1}
+    path.mkdir()
+    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+    text_config = hf.config.to_dict() | {"mtp_num_hidden_layers": 1, "mamba_ssm_dtype": "float32"}
+    rotary_half = int(hf.config.head_dim * hf.config.rope_parameters["partial_rotary_factor"]) // 2
+    text_config["rope_parameters"] = text_config["rope_parameters"] | {
+        "mrope_section": [rotary_half - 2, 1, 1],
+        "mrope_interleaved": True,
+    }
     multimodal = {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",
@@ -269,25 +284,47 @@ def test_multimodal_folder_loads_text_and_saves_back_in_its_layout(tmp_path):
         "video_token_id": 91,
         "tie_word_embeddings": False,
     }
-    (source / "config.json").write_text(json.dumps(multimodal))
+    (path / "config.json").write_text(json.dumps(multimodal))
+    return tensors, multimodal
 
-    model = from_pretrained(source)
+
+def test_multimodal_folder_loads_text_and_exports_a_text_only_folder(tmp_path):
+    """Loads the text model of a multimodal folder; the export is a Qwen3_5ForCausalLM folder that vLLM
+    registers, transformers loads with the same logits, and our loader reads back as the same model."""
+    hf = torch_model("4layers_mqa_untied", seed=2)
+    tensors, multimodal = multimodal_folder(hf, tmp_path / "multimodal")
+    model = from_pretrained(tmp_path / "multimodal")
+    assert model.config.model_type == "qwen3_5"
     ids = np.random.RandomState(7).randint(0, VOCAB, (2, 40))
-    np.testing.assert_allclose(forward(model, ids), torch_logits(hf, ids), atol=1e-4, rtol=0)
+    ours = forward(model, ids)
+    np.testing.assert_allclose(ours, torch_logits(hf, ids), atol=1e-4, rtol=0)
 
-    saved = save_pretrained(model, tmp_path / "saved")
-    written = load_file(saved / "model.safetensors")
-    assert set(written) == {k for k in tensors if k.startswith("model.language_model.") or k == "lm_head.weight"}
-    for key, value in written.items():
-        np.testing.assert_array_equal(value, tensors[key])
+    saved = export_for_serving(model, tmp_path / "saved")
     config = json.loads((saved / "config.json").read_text())
-    assert config["model_type"] == "qwen3_5" and config["architectures"] == ["Qwen3_5ForConditionalGeneration"]
-    assert config["vision_config"] == multimodal["vision_config"] and config["image_token_id"] == 90
-    assert config["text_config"]["model_type"] == "qwen3_5_text"
-    assert config["text_config"]["layer_types"] == text_config["layer_types"]
-    assert config["text_config"]["mtp_num_hidden_layers"] == 1
-    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()  # text part, via transformers
-    np.testing.assert_allclose(torch_logits(reloaded, ids), torch_logits(hf, ids), atol=1e-5, rtol=0)
+    assert config["model_type"] == "qwen3_5_text" and config["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert not {"text_config", "vision_config", "image_token_id", "video_token_id"} & set(config)
+    text_config = multimodal["text_config"]
+    for key in ("hidden_size", "num_hidden_layers", "layer_types", "linear_num_value_heads", "head_dim"):
+        assert config[key] == text_config[key], key
+    assert config["rope_parameters"] == text_config["rope_parameters"]  # mRoPE sections kept
+    assert config["mamba_ssm_dtype"] == "float32" and "mtp_num_hidden_layers" not in config  # no MTP weights
+    assert check_vllm_architecture(saved) == "Qwen3_5ForCausalLM"
+
+    written = load_file(saved / "model.safetensors")
+    assert set(written) == set(hf.state_dict())  # transformers' Qwen3_5ForCausalLM names
+    for key, value in written.items():
+        source = "lm_head.weight" if key == "lm_head.weight" else key.replace("model.", "model.language_model.", 1)
+        np.testing.assert_array_equal(value, tensors[source])
+
+    reloaded = AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+    assert type(reloaded) is TorchQwen3_5
+    gap = np.abs(torch_logits(reloaded, ids) - ours).max()
+    print(f"\nexported folder in transformers' Qwen3_5ForCausalLM vs our model: max |logit gap| {gap:.3g}")
+    assert gap <= 1e-4
+
+    ours_again = from_pretrained(saved)
+    assert ours_again.config == dataclasses.replace(model.config, model_type="qwen3_5_text", multimodal_config=None)
+    np.testing.assert_array_equal(forward(ours_again, ids), ours)
 
 
 def test_tiny_qwen3_5_folder_loads_in_transformers(tmp_path):
@@ -330,6 +367,45 @@ def test_9b_preset_parameter_count_without_allocating():
     count = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
     assert count == count_9b_text_parameters(hf)
     assert 8.5e9 < count < 9.5e9
+
+
+def multimodal_9b() -> dict:
+    """The 9B's checkpoint layout: its text model nested under text_config, beside a vision tower and MTP."""
+    text = preset("qwen3.5-9b") | {"mtp_num_hidden_layers": 1, "eos_token_id": 248044}
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "text_config": text,
+        "vision_config": {"model_type": "qwen3_5_vision", "depth": 27, "hidden_size": 1152, "out_hidden_size": 4096},
+        "image_token_id": 248056,
+        "tie_word_embeddings": False,
+    }
+
+
+@pytest.mark.parametrize("layout", ["text", "multimodal"])
+def test_9b_export_is_a_text_only_folder_transformers_builds_without_allocating(layout, tmp_path):
+    """The config.json a 9B export writes (the export code path, no parameters): Qwen3_5ForCausalLM,
+    registered by vLLM, and transformers builds from it (on the meta device) exactly the tensors we write."""
+    config = ModelConfig.from_hf(preset("qwen3.5-9b") if layout == "text" else multimodal_9b())
+    exported = export_config(config, jnp.bfloat16)
+    assert exported["model_type"] == "qwen3_5_text" and exported["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert not {"text_config", "vision_config", "image_token_id"} & set(exported)
+    assert "mtp_num_hidden_layers" not in exported and exported["dtype"] == "bfloat16"
+    fields = dict(vocab_size=248320, hidden_size=4096, num_hidden_layers=32, head_dim=256, tie_word_embeddings=False)
+    assert {k: exported[k] for k in fields} == fields
+    assert exported["layer_types"] == preset("qwen3.5-9b")["layer_types"]
+    rope = exported["rope_parameters"]
+    assert rope["rope_theta"] == 10_000_000.0 and rope["partial_rotary_factor"] == 0.25
+    if layout == "multimodal":
+        assert rope["mrope_section"] == [11, 11, 10] and exported["eos_token_id"] == 248044
+    assert check_vllm_architecture(exported) == "Qwen3_5ForCausalLM"
+
+    (tmp_path / "config.json").write_text(json.dumps(exported))
+    with torch.device("meta"):
+        theirs = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))
+    assert type(theirs) is TorchQwen3_5
+    abstract = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0)))
+    assert export_tensor_shapes(abstract) == {k: tuple(v.shape) for k, v in theirs.state_dict().items()}
 
 
 @pytest.mark.parametrize(

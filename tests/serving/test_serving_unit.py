@@ -7,6 +7,9 @@ hangs or forks, standing in for vLLM so each failure path runs in milliseconds.
 
 from __future__ import annotations
 
+import importlib.util
+import json
+import shutil
 import os
 import time
 from pathlib import Path
@@ -16,7 +19,18 @@ import pytest
 
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.serving import FolderError, ServerConfig, ServerError, VLLMServer
+from porch_jax.serving import (
+    EXPORTED_ARCHITECTURES,
+    ArchitectureError,
+    FolderError,
+    ServerConfig,
+    ServerError,
+    VLLMServer,
+    check_vllm_architecture,
+    registered_architectures,
+    vllm_cpu_missing,
+)
+from porch_jax.serving.architectures import registry_file
 from porch_jax.serving.weights import HEAD_FILE, WeightSyncError, check_weights_folder, export_for_serving
 
 
@@ -105,3 +119,63 @@ def test_export_for_serving_writes_the_tied_head_and_still_loads(tmp_path):
     np.testing.assert_array_equal(np.asarray(reloaded.embed_tokens[...]), np.asarray(model.embed_tokens[...]))
     with pytest.raises(WeightSyncError, match="no config.json"):
         check_weights_folder(tmp_path)
+
+
+def test_registry_is_read_from_the_installed_vllm():
+    """With vLLM installed for this machine's default server (the vllm-cpu venv, or this env's vllm on a
+    GPU), its registry.py is read; only without one does the check fall back to our list."""
+    config = ServerConfig()
+    registry = registered_architectures(config)
+    if config.resolved_device() == "gpu":
+        installed = importlib.util.find_spec("vllm") is not None
+    else:
+        installed = vllm_cpu_missing(config) is None
+    print(f"\nvLLM architectures from {registry.source}: {len(registry.architectures)}")
+    if installed:
+        assert registry.source == str(registry_file(config)) and registry.source.endswith("registry.py")
+        assert len(registry.architectures) > 100 and set(EXPORTED_ARCHITECTURES) <= registry.architectures
+        assert "Qwen3_5ForConditionalGeneration" in registry.architectures  # a multimodal entry is read too
+    else:
+        assert registry.architectures == frozenset(EXPORTED_ARCHITECTURES)
+
+
+def fake_registry(tmp_path: Path) -> ServerConfig:
+    """A venv holding a registry.py laid out as vLLM 0.32's: dicts merged into _VLLM_MODELS."""
+    file = tmp_path / "venv/lib/python3.11/site-packages/vllm/model_executor/models/registry.py"
+    file.parent.mkdir(parents=True)
+    file.write_text(
+        '_TEXT = {"LlamaForCausalLM": ("llama", "LlamaForCausalLM"), "Qwen3_5ForCausalLM": ("qwen3_5", "X")}\n'
+        "_EMBED: dict[str, tuple[str, str]] = {\n"
+        '    "LlamaModel": ("llama", "LlamaForCausalLM"),\n'
+        "    **{k: v for k, v in _TEXT.items() if k.startswith('Llama')},\n"
+        "}\n"
+        '_VLLM_MODELS = {**_TEXT, **_EMBED, "MambaForCausalLM": ("mamba", "MambaForCausalLM")}\n'
+        '_OTHER = {"NotServed": ("x", "y")}\n'
+    )
+    return ServerConfig(device="cpu", cpu_venv=str(tmp_path / "venv"))
+
+
+def test_architecture_check_reads_the_registry_and_names_what_is_missing(tmp_path):
+    config = fake_registry(tmp_path)
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    registry = registered_architectures(config)
+    assert registry.architectures == {"LlamaForCausalLM", "Qwen3_5ForCausalLM", "LlamaModel", "MambaForCausalLM"}
+    assert check_vllm_architecture({"architectures": ["Nope", "Qwen3_5ForCausalLM"]}, config) == "Qwen3_5ForCausalLM"
+    (model_dir / "config.json").write_text(json.dumps({"architectures": ["NotServed"], "model_type": "x"}))
+    with pytest.raises(ArchitectureError, match=r"\['NotServed'\].*registry\.py.*registered: LlamaForCausalLM, Llama"):
+        check_vllm_architecture(model_dir, config)
+    with pytest.raises(ArchitectureError, match=r"\[\] .*not registered"):
+        check_vllm_architecture({"model_type": "x"}, config)
+
+
+def test_server_refuses_an_unregistered_architecture_before_starting(tmp_path, model_dir):
+    """Without a registry in its venv the check uses our list, which has no multimodal Qwen3.5."""
+    marker = tmp_path / "started"
+    model_dir = Path(shutil.copytree(model_dir, tmp_path / "multimodal"))  # the shared folder stays as it is
+    hf = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps(hf | {"architectures": ["Qwen3_5ForConditionalGeneration"]}))
+    s = server(tmp_path, model_dir, f"touch {marker}\nexit 1\n")
+    with pytest.raises(ArchitectureError, match="Qwen3_5ForConditionalGeneration.*no vLLM here.*Qwen3_5ForCausalLM"):
+        s.start()
+    assert not marker.exists() and s.process is None
