@@ -30,7 +30,7 @@ from porch_jax.maca import analysis, baselines
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
 from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
-from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
+from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, router_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     AgentWorld,
     Constraint,
@@ -41,7 +41,7 @@ from porch_jax.maca.orchestrator import (
     synthetic_tasks,
     synthetic_world,
 )
-from porch_jax.maca.pools import load_pool
+from porch_jax.maca.pools import AgentPool, load_pool
 from porch_jax.maca.prior import (
     PriorConfig,
     edge_probs,
@@ -181,6 +181,28 @@ def lm_factory(cfg: LMConfig, names: Sequence[str]) -> Callable[[int], ActionPol
     )
 
 
+def router_factory(cfg: LMConfig, pool: AgentPool) -> Callable[[int], ActionPolicy]:
+    """w/o pi_theta's "pretrained_lm" router: the Hugging Face folder's LM, untrained, routing inside Eq. 11's
+    mask by the chat-template router prompt (`lm_policy.router_policy`). The seed changes nothing (no sampling,
+    no initialisation), so the model is loaded once."""
+    if not cfg.model_path:
+        raise ValueError("the pretrained LM router needs no_policy_lm.model_path (a Hugging Face folder)")
+    from transformers import AutoTokenizer
+
+    from porch_jax.models import from_pretrained
+
+    shape = cfg.mesh
+    mesh = make_mesh(shape) if int(np.prod(shape)) > 1 else None
+    router = router_policy(
+        from_pretrained(cfg.model_path),
+        AutoTokenizer.from_pretrained(cfg.model_path),
+        pool,
+        max_task_words=cfg.max_task_words or None,
+        mesh=mesh,
+    )
+    return lambda seed: router
+
+
 @dataclasses.dataclass
 class Setup:
     study: analysis.Study
@@ -246,6 +268,7 @@ def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[
         cfg.graphspec.gamma,
         eval_rollout,
         cfg.no_policy_structure,
+        router_factory(cfg.no_policy_lm, world.pool) if cfg.no_policy_structure == "pretrained_lm" else None,
     )
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     validation = None
@@ -571,7 +594,8 @@ def claim_run_dir(run_dir: Path, cfg: MacaConfig) -> None:
         raise ValueError(
             f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
         ) from e
-    differ = _differences(recorded, current, ignore=RESUME_MAY_CHANGE)
+    # a key the record lacks came after the run was recorded; at its default it keeps the behaviour the run had
+    differ = _differences(recorded, current, ignore=RESUME_MAY_CHANGE, defaults=to_dict(MacaConfig(cfg.run_dir)))
     if differ:
         raise ValueError(
             f"{run_dir} holds a run of another config ({'; '.join(differ[:8])}"
@@ -579,16 +603,29 @@ def claim_run_dir(run_dir: Path, cfg: MacaConfig) -> None:
         )
 
 
-def _differences(before: Any, after: Any, *, ignore: frozenset[str] = frozenset(), key: str = "") -> list[str]:
-    """ "key: before -> after" for each dotted config key whose value differs, except those in `ignore`."""
+_NO_DEFAULT = object()
+
+
+def _differences(
+    before: Any, after: Any, *, ignore: frozenset[str] = frozenset(), defaults: Any = _NO_DEFAULT, key: str = ""
+) -> list[str]:
+    """ "key: before -> after" for each dotted config key whose value differs, except those in `ignore` and those
+    absent from `before` whose value in `after` is their value in `defaults` (the config's defaults, same nesting)."""
     if key in ignore:
         return []
+    if before == "<absent>" and defaults is not _NO_DEFAULT and after == defaults:
+        return []
     if isinstance(before, dict) and isinstance(after, dict):
+        nested = defaults if isinstance(defaults, dict) else {}
         return [
             d
             for k in sorted(set(before) | set(after))
             for d in _differences(
-                before.get(k, "<absent>"), after.get(k, "<absent>"), ignore=ignore, key=f"{key}.{k}" if key else k
+                before.get(k, "<absent>"),
+                after.get(k, "<absent>"),
+                ignore=ignore,
+                defaults=nested.get(k, _NO_DEFAULT),
+                key=f"{key}.{k}" if key else k,
             )
         ]
     return [] if before == after else [f"{key}: {before!r} -> {after!r}"]
