@@ -138,8 +138,13 @@ def get_config() -> ConfigDict:
     # "most_probable" the path pi_prior makes most probable, STOP included (exact search; compared in
     # docs/results/maca_synthetic.md);
     # "reference" pi_ref (the untrained policy) greedy under GraphSpec's mask: the paper's reading for a pretrained
-    # LM policy (its Table 3 w/o pi_theta equals its Table 11 router + mask); here pi_ref is a random head
+    # LM policy (its Table 3 w/o pi_theta equals its Table 11 router + mask); here pi_ref is a random head;
+    # "pretrained_lm" the paper's reading itself: the instruction LM in no_policy_lm.model_path, untrained, scoring
+    # the agents the mask allows in its chat template (porch_jax/maca/lm_policy.py router_policy), e.g.
+    # --config.no_policy_structure=pretrained_lm --config.no_policy_lm.model_path=<SmolLM2-135M-Instruct folder>
+    # (docs/results/maca_pretrained_router.md); max_task_words bounds the task text the router reads
     c.no_policy_structure = "greedy"
+    c.no_policy_lm = ConfigDict({"model_path": "", "max_task_words": 64})
     # held-out sensitivity; the configured (chosen) value reuses the main run
     c.sweeps = ConfigDict(
         {"gamma": (0.2, 0.3, 0.4, 0.5, 0.6), "prior_kl_weight": (0.005, 0.01, 0.02, 0.05, 0.1, 0.3, 0.7)}

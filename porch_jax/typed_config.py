@@ -258,15 +258,27 @@ def changes(before: Any, after: Any, *, ignore: Iterable[str] = (), prefix: str 
     return _changes(to_dict(before), to_dict(after), frozenset(ignore), prefix)
 
 
-def _changes(before: Any, after: Any, ignore: frozenset[str], key: str) -> list[str]:
+_NO_DEFAULT = object()
+
+
+def _changes(before: Any, after: Any, ignore: frozenset[str], key: str, defaults: Any = _NO_DEFAULT) -> list[str]:
+    """ "key: before -> after" per dotted key whose value differs, except keys in `ignore` and keys the record
+    lacks whose current value is their default (a field added since the run was recorded, keeping its behaviour)."""
     if key in ignore:
         return []
+    if before == "<absent>" and defaults is not _NO_DEFAULT and after == defaults:
+        return []
     if isinstance(before, dict) and isinstance(after, dict):
+        nested = defaults if isinstance(defaults, dict) else {}
         return [
             change
             for k in sorted(set(before) | set(after), key=str)
             for change in _changes(
-                before.get(k, "<absent>"), after.get(k, "<absent>"), ignore, f"{key}.{k}" if key else str(k)
+                before.get(k, "<absent>"),
+                after.get(k, "<absent>"),
+                ignore,
+                f"{key}.{k}" if key else str(k),
+                nested.get(k, _NO_DEFAULT),
             )
         ]
     return [] if before == after else [f"{key or '<root>'}: {before!r} -> {after!r}"]
@@ -278,13 +290,19 @@ class RunDirError(ValueError):
 
 
 def claim_run_dir(
-    run_dir: str | os.PathLike[str], config: Any, *, may_change: Iterable[str] = (), file: str = "config.json"
+    run_dir: str | os.PathLike[str],
+    config: Any,
+    *,
+    may_change: Iterable[str] = (),
+    file: str = "config.json",
+    defaults: Any = None,
 ) -> Path:
     """Makes `run_dir` the run of `config` (a dataclass or its `to_dict` form): records it as RUN_DIR/`file` where
     no run has yet, or checks that the recorded config is the same but for the dotted keys in `may_change` (each
     with everything under it), so a rerun after a crash resumes and another config never resumes another run's
-    state. The first record stays. Raises `RunDirError` naming the keys that differ, with both values. Returns the
-    record's path."""
+    state. The first record stays. With `defaults` (the config's defaults, a dataclass or its dict) a key the record
+    lacks is no difference while its value is its default. Raises `RunDirError` naming the keys that differ, with
+    both values. Returns the record's path."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path, current = run_dir / file, json.loads(json.dumps(to_dict(config)))
@@ -301,7 +319,8 @@ def claim_run_dir(
         raise RunDirError(
             f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
         ) from e
-    differ = _changes(recorded, current, frozenset(may_change), "")
+    known = _NO_DEFAULT if defaults is None else json.loads(json.dumps(to_dict(defaults)))
+    differ = _changes(recorded, current, frozenset(may_change), "", known)
     if differ:
         shown = "; ".join(differ[:8]) + ("; ..." if len(differ) > 8 else "")
         raise RunDirError(

@@ -41,7 +41,7 @@ from porch_jax.maca.graphspec import (
     gate,
     relevance,
 )
-from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
+from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, router_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     STOP,
     AgentWorld,
@@ -167,6 +167,7 @@ __all__ = [
     "relevance",
     "relevance_scores",
     "rollout",
+    "router_policy",
     "run_variant",
     "sample_edges",
     "step_rewards",

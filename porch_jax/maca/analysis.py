@@ -307,13 +307,14 @@ def top2_mass(episodes: Sequence[Episode]) -> float:
 # Variants and sweeps.
 # ---------------------------------------------------------------------------------------------------
 
-NO_POLICY_READINGS = (*STRUCTURES, "reference")  # what "w/o pi_theta" acts by (Study.structure)
+NO_POLICY_READINGS = (*STRUCTURES, "reference", "pretrained_lm")  # what "w/o pi_theta" acts by (Study.structure)
 
 
 @dataclasses.dataclass(frozen=True)
 class Study:
     """Everything a variant run needs: the world, task splits with their GraphSpec parts (q [M, N],
-    p [M, N, N]), a policy factory, the GRPO settings and the evaluation rollout."""
+    p [M, N, N]), a policy factory, the GRPO settings and the evaluation rollout; for the "pretrained_lm"
+    reading of w/o pi_theta also `make_router`, the factory of the pretrained LM router."""
 
     world: AgentWorld
     train_tasks: Sequence[OrchestrationTask]
@@ -326,14 +327,21 @@ class Study:
     grpo: GRPOConfig
     gamma: float
     eval_rollout: RolloutConfig
-    # w/o pi_theta: a structure it commits to ("greedy" / "most_probable": prior.PriorPolicy), or "reference":
-    # pi_ref, the untrained policy pi_theta starts from, acting greedily under GraphSpec's mask (`run_variant`)
+    # w/o pi_theta: a structure it commits to ("greedy" / "most_probable": prior.PriorPolicy), "reference":
+    # pi_ref, the untrained policy pi_theta starts from, acting greedily under GraphSpec's mask, or
+    # "pretrained_lm": `make_router`'s pretrained LM, untrained, acting greedily under the mask (`run_variant`)
     structure: str = "greedy"
+    make_router: Callable[[int], ActionScorer] | None = None
 
     def __post_init__(self) -> None:
         if self.structure not in NO_POLICY_READINGS:
             raise ValueError(
                 f"structure (no_policy_structure) must be one of {NO_POLICY_READINGS}, got {self.structure!r}"
+            )
+        if self.structure == "pretrained_lm" and self.make_router is None:
+            raise ValueError(
+                'structure "pretrained_lm" routes w/o pi_theta by a pretrained LM: the study needs make_router '
+                "(experiment.router_factory; config no_policy_lm.model_path)"
             )
 
     def specs(self, variant: Variant, gamma: float | None = None) -> tuple[dict | None, dict | None]:
@@ -367,12 +375,12 @@ def run_variant(
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
-    if not variant.learn and study.structure == "reference":
-        # the paper's reading with a pretrained policy: its w/o pi_theta on GSM-Hard (Table 3, 47.96%) is its frozen
-        # router inside the mask (Table 11, 47.47%); with a from-scratch head pi_ref is an arbitrary initialisation
-        return evaluate(
-            variant.name, study.make_policy(seed), study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed
-        ), []
+    if not variant.learn and study.structure in ("reference", "pretrained_lm"):
+        # the paper's reading: its w/o pi_theta on GSM-Hard (Table 3, 47.96%) is its pretrained router, untrained,
+        # inside the mask (Table 11, 47.47%); "pretrained_lm" is that router, "reference" pi_ref (with a
+        # from-scratch head an arbitrary initialisation)
+        router = study.make_router(seed) if study.structure == "pretrained_lm" else study.make_policy(seed)
+        return evaluate(variant.name, router, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     if not variant.learn:  # structure-centric: executes the structure GraphSpec commits to (PriorPolicy)
         policy = PriorPolicy(
             eval_specs, constraint.edge_threshold, study.structure, study.eval_rollout.max_steps, study.grpo.stop_floor

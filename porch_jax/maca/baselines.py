@@ -24,10 +24,10 @@ from porch_jax.backends import Backend, ChatRequest, CostMeter, MeteredBackend, 
 from porch_jax.envs.benchmarks.answers import extract_choice, extract_code, extract_number
 from porch_jax.envs.benchmarks.base import Answer, BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
+from porch_jax.maca.orchestrator import STOP, router_prompt
 from porch_jax.maca.policy import structural_mask
 from porch_jax.maca.pools import AgentPool
 
-STOP = "STOP"
 COT_SUFFIX = "\n\nLet's think step by step."
 ROUTER_MODES = ("none", "hint", "mask")
 BASELINES = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
@@ -157,15 +157,6 @@ def parse_router_choice(text: str, names: Sequence[str]) -> str | None:
     return mentioned[0] if len(mentioned) == 1 else None
 
 
-def _router_prompt(task: str, pool: AgentPool, shown: np.ndarray, transcript: list[str], hint: str) -> str:
-    agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown, strict=False) if s)
-    so_far = "\n\n".join(transcript) if transcript else "(nothing yet)"
-    return (
-        f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
-        f"Work so far:\n{so_far}\n\nReply with exactly one agent name, or {STOP}."
-    )
-
-
 def _graphspec_hint(pool: AgentPool, spec: GraphSpec, prev: int) -> str:
     relevant = ", ".join(
         f"{a.name} ({q:.2f})" for a, q, keep in zip(pool, spec.relevance, spec.retained, strict=False) if keep
@@ -212,7 +203,11 @@ async def llm_router(
         shown = mask[:-1] if mode == "mask" else np.ones(len(pool), bool)
         hint = _graphspec_hint(pool, spec, prev) if mode == "hint" else ""
         reply = await _ask(
-            metered, None, _router_prompt(prompt, pool, shown, transcript, hint), role="router", sampling=sampling
+            metered,
+            None,
+            router_prompt(prompt, pool, shown, "\n\n".join(transcript) if transcript else "(nothing yet)", hint),
+            role="router",
+            sampling=sampling,
         )
         decisions += 1
         choice = parse_router_choice(reply, pool.names)

@@ -229,6 +229,9 @@ class MacaConfig:
     encoder: "minilm", "hashing" (a test stand-in) or a sentence-transformers folder / hub id.
     systems: the Table 3 variants trained (maca/train.py VARIANTS).
     no_policy_structure: what w/o pi_theta executes (analysis.NO_POLICY_READINGS).
+    no_policy_lm: the "pretrained_lm" reading's router: a pretrained instruction LM's Hugging Face folder
+        (model_path; "" with every other reading), untrained, scoring the agents GraphSpec's mask allows in its chat
+        template (lm_policy.router_policy); max_task_words bounds the task text it reads; overrides stay empty.
     prior: structural prior learning (Algorithm 1, lines 3-7); its gamma / temperature come from graphspec.
     gate_gammas: Fig. 8's grid.
     """
@@ -250,6 +253,7 @@ class MacaConfig:
     lambda_selection: LambdaSelectionConfig = LambdaSelectionConfig()
     systems: tuple[str, ...] = ("maca",)
     no_policy_structure: str = "greedy"
+    no_policy_lm: LMConfig = LMConfig(max_task_words=64)
     sweeps: SweepsConfig = SweepsConfig()
     lm_check: LMCheckConfig = LMCheckConfig()
     baselines: BaselinesConfig = BaselinesConfig()
@@ -267,6 +271,22 @@ class MacaConfig:
             "no_policy_structure",
             f"must be one of {NO_POLICY_READINGS}, got {self.no_policy_structure!r}",
         )
+        router = self.no_policy_lm
+        if self.no_policy_structure == "pretrained_lm":
+            check(
+                bool(router.model_path),
+                "no_policy_lm.model_path",
+                "the pretrained_lm reading needs a pretrained instruction LM's Hugging Face folder (e.g. "
+                "porch_jax.models.smollm2.smollm2_folder())",
+            )
+        else:
+            check(
+                not router.model_path,
+                "no_policy_lm.model_path",
+                f"is read only by no_policy_structure='pretrained_lm' (it is {self.no_policy_structure!r}): set that "
+                "reading, or leave model_path empty",
+            )
+        check(not router.overrides, "no_policy_lm.overrides", "must be empty: the router is the folder's model")
         check(self.prior.gamma == PriorConfig.gamma, "prior.gamma", "set graphspec.gamma instead")
         check(self.prior.temperature == PriorConfig().temperature, "prior.temperature", "set graphspec.temperature")
         check(

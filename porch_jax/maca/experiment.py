@@ -31,7 +31,7 @@ from porch_jax.maca import analysis, baselines
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
 from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
-from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, tiny_lm
+from porch_jax.maca.lm_policy import ActionPolicy, head_policy, lm_policy, router_policy, tiny_lm
 from porch_jax.maca.orchestrator import (
     AgentWorld,
     Constraint,
@@ -42,7 +42,7 @@ from porch_jax.maca.orchestrator import (
     synthetic_tasks,
     synthetic_world,
 )
-from porch_jax.maca.pools import load_pool
+from porch_jax.maca.pools import AgentPool, load_pool
 from porch_jax.maca.prior import (
     PriorConfig,
     edge_probs,
@@ -181,6 +181,28 @@ def lm_factory(cfg: LMConfig, names: Sequence[str]) -> Callable[[int], ActionPol
     )
 
 
+def router_factory(cfg: LMConfig, pool: AgentPool) -> Callable[[int], ActionPolicy]:
+    """w/o pi_theta's "pretrained_lm" router: the Hugging Face folder's LM, untrained, routing inside Eq. 11's
+    mask by the chat-template router prompt (`lm_policy.router_policy`). The seed changes nothing (no sampling,
+    no initialisation), so the model is loaded once."""
+    if not cfg.model_path:
+        raise ValueError("the pretrained LM router needs no_policy_lm.model_path (a Hugging Face folder)")
+    from transformers import AutoTokenizer
+
+    from porch_jax.models import from_pretrained
+
+    shape = cfg.mesh
+    mesh = make_mesh(shape) if int(np.prod(shape)) > 1 else None
+    router = router_policy(
+        from_pretrained(cfg.model_path),
+        AutoTokenizer.from_pretrained(cfg.model_path),
+        pool,
+        max_task_words=cfg.max_task_words or None,
+        mesh=mesh,
+    )
+    return lambda seed: router
+
+
 @dataclasses.dataclass
 class Setup:
     study: analysis.Study
@@ -194,7 +216,7 @@ class Setup:
 def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
     # the prior and the training runs resume from what RUN_DIR holds; another config there is refused
-    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE)
+    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE, defaults=MacaConfig(cfg.run_dir))
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     world, train, evals, spool = build_world(cfg, backend)
@@ -247,6 +269,7 @@ def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[
         cfg.graphspec.gamma,
         eval_rollout,
         cfg.no_policy_structure,
+        router_factory(cfg.no_policy_lm, world.pool) if cfg.no_policy_structure == "pretrained_lm" else None,
     )
     best = analysis.best_achievable(spool, evals, cfg.rollout.max_steps) if spool is not None else None
     validation = None

@@ -7,6 +7,9 @@ masks and normalises over the allowed set (so an invalid action is never chosen)
   A from-scratch LM gives every token about 1/V, so summed log-probs alone would rank actions by name
   length; `uniform_offset` adds len(name) * log V (a constant per action: it moves the starting point to
   about uniform over the allowed set and leaves every gradient unchanged). Turn it off for a pretrained LM.
+- `router_policy`: a pretrained instruction LM as a router, untrained: each state is rendered as Table 11's
+  router prompt listing the agents H allows (`orchestrator.render_router_state`) in the model's chat template,
+  and each allowed name is scored as the assistant's reply (MACA's w/o pi_theta, `analysis.Study.make_router`).
 - `HeadScorer`: a small MLP over state features (the task's sentence embedding, the last agent, the
   agents called, the remaining budget): the same policy interface, fast enough for CPU sweeps.
 
@@ -30,14 +33,16 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from porch_jax.maca.orchestrator import STOP, State, bucket, render_state
+from porch_jax.maca.orchestrator import STOP, State, bucket, render_router_state, render_state
 from porch_jax.maca.policy import masked_log_probs
+from porch_jax.maca.pools import AgentPool
 from porch_jax.models import KVCache, ModelConfig, init_model
 from porch_jax.models.sharding import data_sharding, shard_model
 from porch_jax.train.mesh import replicated
 
 Inputs = dict[str, np.ndarray]
 Encoder = Callable[[Sequence[State], np.ndarray], Inputs]  # (states, masks padded to the batch bucket)
+Render = Callable[[State, np.ndarray], str]  # (state, its allowed set bool [A]) -> the text the LM reads
 
 
 def pad_masks(masks: np.ndarray, rows: int) -> np.ndarray:
@@ -60,7 +65,9 @@ _log_probs = jax.jit(policy_log_probs, static_argnums=0)
 
 class ActionPolicy:
     """A scorer module plus the host-side encoder of its inputs. Batches are padded to powers of two of
-    at least `min_rows` rows: every new shape costs a compilation, which for an LM is seconds.
+    at least `min_rows` rows: every new shape costs a compilation, which for an LM is seconds. With `max_rows`,
+    a call scores its states in chunks of at most that many rows (the memory an LM's per-action KV cache takes
+    grows with the rows scored at once); `inputs` and `scored` (the trainer's path) never chunk.
 
     With a `mesh` (train.mesh.make_mesh: data, fsdp, tensor) the parameters are placed by the model's logical
     axes, as the trainers place them (an LM's matrices over fsdp and tensor; a module without annotations,
@@ -68,12 +75,23 @@ class ActionPolicy:
     under the mesh; GRPO's trainer builds a mesh of the same shape for its updates, so the same code trains a
     policy too large for one device."""
 
-    def __init__(self, module: nnx.Module, encode: Encoder, *, min_rows: int = 8, mesh: Mesh | None = None):
+    def __init__(
+        self,
+        module: nnx.Module,
+        encode: Encoder,
+        *,
+        min_rows: int = 8,
+        max_rows: int | None = None,
+        mesh: Mesh | None = None,
+    ):
+        if max_rows is not None and max_rows < 1:
+            raise ValueError(f"max_rows must be >= 1 or None, got {max_rows}")
         if mesh is not None:
             shard_model(module, mesh)
         self.graphdef, self.params = nnx.split(module)
         self.encode = encode
         self.min_rows = min_rows
+        self.max_rows = max_rows
         self.mesh = mesh
 
     def placement(self) -> contextlib.AbstractContextManager:
@@ -99,8 +117,11 @@ class ActionPolicy:
             return _log_probs(self.graphdef, self.params if params is None else params, inputs, masks)
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> np.ndarray:
-        inputs, padded = self.inputs(states, masks)
-        return np.asarray(self.scored(inputs, padded))[: len(states)]
+        if self.max_rows is None or len(states) <= self.max_rows:
+            inputs, padded = self.inputs(states, masks)
+            return np.asarray(self.scored(inputs, padded))[: len(states)]
+        step = self.max_rows
+        return np.concatenate([self(states[i : i + step], masks[i : i + step]) for i in range(0, len(states), step)])
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -136,7 +157,9 @@ class LMScorer(nnx.Module):
 
 @dataclasses.dataclass
 class LMEncoder:
-    """Renders states as text and lists the allowed (state, action) pairs the LM scorer continues."""
+    """Renders states as text and lists the allowed (state, action) pairs the LM scorer continues. `render`
+    (default: `render_state`, the compact text) turns a state and its allowed set into the prompt; each action's
+    continuation is `action_prefix` + its name."""
 
     tokenizer: Any
     names: Sequence[str]
@@ -145,9 +168,11 @@ class LMEncoder:
     uniform_offset: bool = True
     length_multiple: int = 64  # prompt lengths are padded up to a multiple of this
     min_pairs: int = 256  # (state, action) pairs are padded to a power of two at least this
+    render: Render | None = None
+    action_prefix: str = " "
 
     def __post_init__(self) -> None:
-        ids = [self.tokenizer.encode(" " + a, add_special_tokens=False) for a in (*self.names, STOP)]
+        ids = [self.tokenizer.encode(self.action_prefix + a, add_special_tokens=False) for a in (*self.names, STOP)]
         width = max(map(len, ids))
         self.action_ids = np.zeros((len(ids), width), np.int32)
         self.action_mask = np.zeros((len(ids), width), bool)
@@ -159,7 +184,10 @@ class LMEncoder:
         self.pad_id = self.tokenizer.pad_token_id or 0
 
     def __call__(self, states: Sequence[State], masks: np.ndarray) -> Inputs:
-        texts = [render_state(s, self.names, max_task_words=self.max_task_words) for s in states]
+        if self.render is None:
+            texts = [render_state(s, self.names, max_task_words=self.max_task_words) for s in states]
+        else:
+            texts = [self.render(s, m) for s, m in zip(states, masks, strict=False)]
         encoded = [self.tokenizer.encode(t, add_special_tokens=False) for t in texts]
         rows = len(masks)
         t = -(-max(map(len, encoded)) // self.length_multiple) * self.length_multiple
@@ -206,6 +234,59 @@ def lm_policy(
 ) -> ActionPolicy:
     encoder = LMEncoder(tokenizer, names, lm.config.vocab_size, max_task_words, uniform_offset)
     return ActionPolicy(LMScorer(lm), encoder, min_rows=min_rows, mesh=mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatRouterRender:
+    """`render_router_state` as the user turn of the tokenizer's chat template, the assistant's turn opened: the
+    agent's name is the reply's first tokens."""
+
+    tokenizer: Any
+    pool: AgentPool
+    max_task_words: int | None = None
+
+    def __post_init__(self) -> None:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "the pretrained LM router needs a tokenizer with a chat template (an instruction model's folder); "
+                f"{type(self.tokenizer).__name__} has none"
+            )
+
+    def __call__(self, state: State, allowed: np.ndarray) -> str:
+        text = render_router_state(state, self.pool, allowed, max_task_words=self.max_task_words)
+        return self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
+        )
+
+
+def router_policy(
+    lm: nnx.Module,
+    tokenizer: Any,
+    pool: AgentPool,
+    *,
+    max_task_words: int | None = None,
+    max_rows: int = 8,
+    min_pairs: int = 64,
+    length_multiple: int = 128,
+    mesh: Mesh | None = None,
+) -> ActionPolicy:
+    """A pretrained chat LM routing inside Eq. 11's mask, untrained: l(a | s) = log p_LM(name_a | router prompt
+    of s), the name right after the opened assistant turn, no per-action offset. States are scored `max_rows`
+    at a time (padded to that many rows, so few shapes compile), their allowed pairs padded to a power of two of
+    at least `min_pairs`, prompts to a multiple of `length_multiple` tokens."""
+    render = ChatRouterRender(tokenizer, pool, max_task_words)
+    encoder = LMEncoder(
+        tokenizer,
+        pool.names,
+        lm.config.vocab_size,
+        max_task_words,
+        uniform_offset=False,
+        length_multiple=length_multiple,
+        min_pairs=min_pairs,
+        render=render,
+        action_prefix="",
+    )
+    return ActionPolicy(LMScorer(lm), encoder, min_rows=max_rows, max_rows=max_rows, mesh=mesh)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -71,6 +71,29 @@ def render_state(state: State, names: Sequence[str], *, max_task_words: int | No
     return f"Task: {task}\nCalled: {called}\nBudget left: {max(state.remaining, 0)}\nNext:"
 
 
+def router_prompt(task: str, pool: AgentPool, shown: np.ndarray, so_far: str, hint: str = "") -> str:
+    """The LLM router's user turn (Table 11): the task, the agents `shown` (bool [N]) with their descriptions,
+    STOP, an optional GraphSpec hint and the work so far; the reply is one agent name or STOP."""
+    agents = "\n".join(f"- {a.name}: {a.description}" for a, s in zip(pool, shown, strict=False) if s)
+    return (
+        f"Task:\n{task}\n\nAgents you can call:\n{agents}\n- {STOP}: end; the latest answer is final.\n{hint}\n"
+        f"Work so far:\n{so_far}\n\nReply with exactly one agent name, or {STOP}."
+    )
+
+
+def render_router_state(
+    state: State, pool: AgentPool, allowed: np.ndarray, *, max_task_words: int | None = None
+) -> str:
+    """A state as the router prompt a pretrained instruction LM reads: the task (its first `max_task_words`
+    words), the agents Eq. 11's H allows (`allowed`: bool [N + 1], STOP last and always listed), the agents called
+    so far in order and the budget left."""
+    words = state.task.prompt.split()
+    task = " ".join(words[:max_task_words] if max_task_words else words)
+    called = "\n".join(f"{k}. {pool.agents[i].name}" for k, i in enumerate(state.history, 1)) or "(nothing yet)"
+    so_far = f"{called}\nBudget left: {max(state.remaining, 0)} tokens"
+    return router_prompt(task, pool, np.asarray(allowed)[: len(pool)], so_far)
+
+
 @dataclasses.dataclass(frozen=True)
 class Step:
     """One decision: the state, the allowed set H (bool [A]), the rollout policy's log-probs [A], the

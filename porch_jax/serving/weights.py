@@ -34,6 +34,8 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from porch_jax.models import save_pretrained
+from porch_jax.models.io import export_config
+from porch_jax.serving.architectures import check_vllm_architecture
 from porch_jax.serving.folder import (
     TOKENIZER_FILES,
     FolderError,
@@ -42,8 +44,6 @@ from porch_jax.serving.folder import (
     check_same_tokenizer,
     tokenizer_fingerprint,
 )
-from porch_jax.models.io import export_config
-from porch_jax.serving.architectures import check_vllm_architecture
 from porch_jax.serving.server import ServerConfig
 
 HEAD_FILE = "lm_head.safetensors"

@@ -407,6 +407,145 @@ def test_without_pi_theta_reference_reading_is_the_untrained_policy_under_the_ma
         dataclasses.replace(small_study, structure="oracle")
 
 
+def _eval_subset(study, indices):
+    """The study with its eval tasks (and their GraphSpec parts) cut to `indices`."""
+    return dataclasses.replace(
+        study,
+        eval_tasks=[study.eval_tasks[i] for i in indices],
+        q_eval=study.q_eval[indices],
+        p_eval=study.p_eval[indices],
+    )
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_folder(tmp_path_factory):
+    """A tiny random Qwen3 written as a Hugging Face folder (tokenizer with Qwen's chat template)."""
+    from porch_jax.models.tiny import make_tiny_model
+
+    return make_tiny_model(
+        tmp_path_factory.mktemp("tiny_router"),
+        "qwen3",
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        num_hidden_layers=1,
+    )
+
+
+def test_without_pi_theta_pretrained_lm_reading_routes_inside_the_mask(small_study, tiny_chat_folder):
+    """no_policy_structure="pretrained_lm": w/o pi_theta is a pretrained LM's folder, untrained, scoring the agents
+    GraphSpec's mask allows in its chat-template router prompt. It trains nothing, never leaves the mask, and
+    repeats exactly; scoring in chunks of rows gives the unchunked scores."""
+    from porch_jax.maca.config import LMConfig
+    from porch_jax.maca.experiment import router_factory
+    from porch_jax.maca.lm_policy import router_policy
+    from porch_jax.models import from_pretrained
+
+    pool = small_study.world.pool
+    make_router = router_factory(LMConfig(model_path=str(tiny_chat_folder), max_task_words=12), pool)
+    study = _eval_subset(small_study, [0, 1, 2])
+    study = dataclasses.replace(
+        study,
+        structure="pretrained_lm",
+        make_router=make_router,
+        eval_rollout=dataclasses.replace(study.eval_rollout, max_steps=2),
+        gamma=0.6,  # a gate: fewer agents listed, shorter prompts
+    )
+    first, history = run_variant(study, VARIANTS["no_policy"], seed=0)
+    again, _ = run_variant(study, VARIANTS["no_policy"], seed=1)
+    steps = [s for e in first.episodes for s in e.steps]
+    assert history == [] and steps and first.summary["invalid_action_rate"] == 0.0
+    assert all(s.mask[s.action] for s in steps)  # every action inside H
+    assert all(np.isneginf(s.log_probs[~s.mask]).all() and np.isfinite(s.log_probs[s.mask]).all() for s in steps)
+    assert [e.path for e in again.episodes] == [e.path for e in first.episodes]
+    for a, b in zip((s for e in again.episodes for s in e.steps), steps, strict=True):
+        np.testing.assert_array_equal(a.log_probs, b.log_probs)
+    assert again.summary["expected_accuracy"] == first.summary["expected_accuracy"]
+
+    states, masks = [s.state for s in steps], np.stack([s.mask for s in steps])
+    router = make_router(0)
+    text = router.encode.render(states[0], masks[0])
+    assert "<|im_start|>assistant" in text and "Reply with exactly one agent name" in text
+    listed = [a for a in pool.names if f"- {a}:" in text]
+    assert listed == [a for a, ok in zip(pool.names, masks[0][:-1], strict=True) if ok]
+    lm = from_pretrained(str(tiny_chat_folder))
+    tokenizer = router.encode.tokenizer
+    chunked = router_policy(lm, tokenizer, pool, max_task_words=12, max_rows=2)(states, masks)
+    whole = router_policy(lm, tokenizer, pool, max_task_words=12, max_rows=64)(states, masks)
+    np.testing.assert_allclose(chunked[masks], whole[masks], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="make_router"):
+        dataclasses.replace(small_study, structure="pretrained_lm")
+
+
+def test_pretrained_lm_reading_config_is_checked_and_old_run_dirs_still_resume(tmp_path):
+    """The pretrained_lm reading needs no_policy_lm.model_path and no other reading takes one; a run recorded
+    before no_policy_lm existed resumes with it at its default, and is refused with it set."""
+    from experiments.maca_synthetic import get_config
+    from porch_jax.maca.experiment import RESUME_MAY_CHANGE
+    from porch_jax.typed_config import claim_run_dir
+
+    def config(**changes):
+        cfg = get_config()
+        cfg.run_dir = str(tmp_path / "run")
+        cfg.update(changes)
+        return from_dict(MacaConfig, cfg)
+
+    with pytest.raises(ConfigError, match="no_policy_lm.model_path: the pretrained_lm reading needs"):
+        config(no_policy_structure="pretrained_lm")
+    with pytest.raises(ConfigError, match="no_policy_lm.model_path: is read only by"):
+        config(no_policy_lm={"model_path": "/some/folder"})
+    with pytest.raises(ConfigError, match="no_policy_lm.overrides"):
+        config(no_policy_structure="pretrained_lm", no_policy_lm={"model_path": "/f", "overrides": {"hidden_size": 8}})
+    assert config(no_policy_structure="pretrained_lm", no_policy_lm={"model_path": "/f"}).no_policy_lm.model_path
+    cfg = config()
+    (tmp_path / "run").mkdir()
+    recorded = to_dict(cfg)
+    del recorded["no_policy_lm"]  # as a run recorded before the key existed
+    (tmp_path / "run" / "config.json").write_text(json.dumps(recorded))
+    def claim(c):  # as the experiment claims its run directory
+        claim_run_dir(c.run_dir, c, may_change=RESUME_MAY_CHANGE, defaults=MacaConfig(c.run_dir))
+
+    claim(cfg)  # accepted: the key at its default
+    routed = config(no_policy_structure="pretrained_lm", no_policy_lm={"model_path": "/f"})
+    with pytest.raises(ValueError, match="another config .*no_policy_lm: '<absent>'"):
+        claim(routed)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_without_pi_theta_pretrained_lm_on_smollm2(small_study, smollm2_dir):
+    """The real SmolLM2-135M-Instruct as w/o pi_theta's router on one synthetic task per family (2 agent calls at
+    most, a gate at 0.6 so fewer agents are listed): every action inside H, finite scores, and a router that
+    prefers some agents (not uniform)."""
+    from transformers import AutoTokenizer
+
+    from porch_jax.maca.lm_policy import router_policy
+    from porch_jax.models import from_pretrained
+
+    families = [next(i for i, t in enumerate(small_study.eval_tasks) if t.family == f) for f in ("qa", "math", "code")]
+    study = _eval_subset(small_study, families)
+    study = dataclasses.replace(study, eval_rollout=dataclasses.replace(study.eval_rollout, max_steps=2), gamma=0.6)
+    router = router_policy(
+        from_pretrained(smollm2_dir),
+        AutoTokenizer.from_pretrained(smollm2_dir),
+        study.world.pool,
+        max_task_words=48,
+        max_rows=4,
+    )
+    study = dataclasses.replace(study, structure="pretrained_lm", make_router=lambda seed: router)
+    evaluation, _ = run_variant(study, VARIANTS["no_policy"])
+    names = [*study.world.pool.names, "STOP"]
+    for e in evaluation.episodes:
+        print(f"SmolLM2 router, {e.task.family}: {' -> '.join(names[s.action] for s in e.steps)}")
+    print("SmolLM2 router summary:", evaluation.summary)
+    steps = [s for e in evaluation.episodes for s in e.steps]
+    assert evaluation.summary["invalid_action_rate"] == 0.0 and all(s.mask[s.action] for s in steps)
+    assert all(np.isfinite(s.log_probs[s.mask]).all() for s in steps)
+    top = np.mean([np.exp(s.log_probs).max() * s.mask.sum() for s in steps])  # 1: uniform over the allowed set
+    assert top > 2.0, top
+
+
 def test_committed_structure_order():
     """w/o pi_theta's next agent: START's choice, then the strongest edge above the threshold from the agent
     called last to a retained, not yet called agent, then STOP (action N)."""

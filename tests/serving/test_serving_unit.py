@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
 import os
+import shutil
 import time
 from pathlib import Path
 
