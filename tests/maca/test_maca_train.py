@@ -503,6 +503,7 @@ def test_pretrained_lm_reading_config_is_checked_and_old_run_dirs_still_resume(t
     recorded = to_dict(cfg)
     del recorded["no_policy_lm"]  # as a run recorded before the key existed
     (tmp_path / "run" / "config.json").write_text(json.dumps(recorded))
+
     def claim(c):  # as the experiment claims its run directory
         claim_run_dir(c.run_dir, c, may_change=RESUME_MAY_CHANGE, defaults=MacaConfig(c.run_dir))
 
