@@ -61,7 +61,7 @@ def test_chat_returns_sampled_token_ids_and_their_logprobs(vllm_server, tiny_mod
 
 def test_weight_sync_is_checked_against_the_jax_model(vllm_server, tiny_model_dir, prompt_ids, tmp_path):
     model = from_pretrained(tiny_model_dir)
-    with WeightSync(vllm_server.base_url, api_key=vllm_server.api_key, model=vllm_server.model) as sync:
+    with vllm_server.weight_sync() as sync:  # every push is checked against the served folder first
         assert sync.check_parity(model, prompt_ids) < 1e-3
 
         params = nnx.state(model, nnx.Param)
@@ -95,3 +95,14 @@ def test_tied_folder_without_head_is_refused_before_touching_the_server(vllm_ser
         pytest.raises(WeightSyncError, match="export_for_serving"),
     ):
         sync.push(tiny_model_dir)
+
+
+def test_a_folder_of_another_tokenizer_is_refused_before_touching_the_server(vllm_server, tiny_model_dir, tmp_path):
+    from porch_jax.models.tiny import build_tokenizer
+
+    model = from_pretrained(tiny_model_dir)
+    other = export_for_serving(model, tmp_path / "other", tokenizer=build_tokenizer(600))
+    with vllm_server.weight_sync() as sync, pytest.raises(WeightSyncError, match=r"vocab_size: 600 here, 1024 served"):
+        sync.push(other)
+    with WeightSync(vllm_server.base_url, api_key=vllm_server.api_key, model=vllm_server.model) as sync:
+        assert sync.check_parity(model, [1, 2, 3, 4]) < 1e-3  # not paused, still the session's weights

@@ -118,7 +118,6 @@ def test_a_rerun_into_a_workdir_of_another_config_is_refused(tmp_path):
     config = tiny_data.write_config(c, tmp_path / "c.py")
     out = _run(tiny_data.launch_command(config, "--config.train.optimizer.learning_rate=0.5"))
     assert out.returncode != 0, out.stdout[-2000:]
-    assert "holds a run of another config (train.optimizer.learning_rate: 0.003 -> 0.5)" in out.stderr, out.stderr[
-        -2000:
-    ]
+    refusal = "holds a run of another config (train.optimizer.learning_rate: 0.003 -> 0.5)"
+    assert refusal in out.stderr, out.stderr[-2000:]
     assert not (tmp_path / "run" / "checkpoints").exists()
