@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -170,12 +169,11 @@ def test_architecture_check_reads_the_registry_and_names_what_is_missing(tmp_pat
 
 
 def test_server_refuses_an_unregistered_architecture_before_starting(tmp_path, model_dir):
-    """Without a registry in its venv the check uses our list, which has no multimodal Qwen3.5."""
+    """A sound folder whose architecture the venv's vLLM does not register (the fake registry has no Qwen3) is
+    refused before anything starts."""
     marker = tmp_path / "started"
-    model_dir = Path(shutil.copytree(model_dir, tmp_path / "multimodal"))  # the shared folder stays as it is
-    hf = json.loads((model_dir / "config.json").read_text())
-    (model_dir / "config.json").write_text(json.dumps(hf | {"architectures": ["Qwen3_5ForConditionalGeneration"]}))
+    fake_registry(tmp_path)  # the server's venv: its registry.py, then its python
     s = server(tmp_path, model_dir, f"touch {marker}\nexit 1\n")
-    with pytest.raises(ArchitectureError, match="Qwen3_5ForConditionalGeneration.*no vLLM here.*Qwen3_5ForCausalLM"):
+    with pytest.raises(ArchitectureError, match=r"\['Qwen3ForCausalLM'\].*registry\.py"):
         s.start()
     assert not marker.exists() and s.process is None
