@@ -34,8 +34,6 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from porch_jax.models import save_pretrained
-from porch_jax.models.io import export_config
-from porch_jax.serving.architectures import check_vllm_architecture
 from porch_jax.serving.folder import (
     TOKENIZER_FILES,
     FolderError,
@@ -44,7 +42,6 @@ from porch_jax.serving.folder import (
     check_same_tokenizer,
     tokenizer_fingerprint,
 )
-from porch_jax.serving.server import ServerConfig
 
 HEAD_FILE = "lm_head.safetensors"
 
@@ -53,15 +50,10 @@ class WeightSyncError(RuntimeError):
     """A weights folder the server cannot take, a failed reload, or server/model logprobs that disagree."""
 
 
-def export_for_serving(
-    model: Any, path: str | Path, tokenizer: Any = None, *, server: ServerConfig = ServerConfig()
-) -> Path:
-    """``save_pretrained`` plus, for tied embeddings, the output head as its own tensor (see module doc).
-
-    The config's architecture is checked first against those the vLLM of ``server`` registers
-    (``check_vllm_architecture``: this machine's vLLM by default); ``ArchitectureError`` names it.
-    """
-    check_vllm_architecture(export_config(model.config), server)
+def export_for_serving(model: Any, path: str | Path, tokenizer: Any = None) -> Path:
+    """``save_pretrained`` plus, for tied embeddings, the output head as its own tensor (see module doc). The
+    architecture check against vLLM's registry is ``architectures.check_vllm_architecture`` (launch/export.py runs
+    it; a server's start runs ``check_folder``)."""
     path = save_pretrained(model, path, tokenizer=tokenizer)
     if model.config.tie_word_embeddings and jax.process_index() == 0:
         head = np.ascontiguousarray(np.asarray(jax.device_get(model.lm_head_kernel())).T)
