@@ -55,7 +55,8 @@ def get_config() -> ConfigDict:
     c.attribution = ConfigDict(
         {
             "grm": "base_model",
-            "endpoint": {"model": "policy", "urls": ("http://127.0.0.1:8001",), "api_key_env": "BASE_KEY"},
+            "endpoint": c.attribution.endpoint.to_dict()
+            | {"model": "policy", "urls": ("http://127.0.0.1:8001",), "api_key_env": "BASE_KEY"},
             "secondary": True,
             "retries": 1,
             "concurrency": 64,

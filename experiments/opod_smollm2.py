@@ -23,11 +23,13 @@ same file with `model.init_from` pointing at another Hugging Face folder (and a 
 experiments/opod_qwen3_5_9b.py is that config for Qwen3.5-9B.
 """
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
 from ml_collections import ConfigDict
 
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.typed_config import parse_arg
 
 
@@ -74,6 +76,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.attribution = ConfigDict(
         {
             "grm": "base_model",
+            # Empty model: our embedded sampler on model.init_from; or the base model served anywhere (any provider).
+            "endpoint": dataclasses.asdict(EndpointSpec()),
             "secondary": True,
             "retries": 1,
             "concurrency": 8,

