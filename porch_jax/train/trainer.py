@@ -20,7 +20,8 @@ Orbax checkpoints (resumed from the newest readable one, with the source's posit
 (WORKDIR/metrics.jsonl, progress line with rate and ETA, optional TensorBoard), the source's row
 counts (how many rows each source kept, cut and dropped against its largest bucket: a line when
 each run starts and WORKDIR/rows.json), the finite guard
-(`NonFiniteError` names the step before a NaN/inf state can be saved) and exports: the final
+(`NonFiniteError` names the step before a NaN/inf state can be saved), the source's own `check_step`
+(a served sampler's logprob-gap bound, also before the step's state is saved) and exports: the final
 weights as a Hugging Face folder WORKDIR/export with the tokenizer and POLICY_FILE (the policy's
 view and step), and with `export_every` the candidates WORKDIR/exports/step_N of checkpoint
 selection (`selection_candidates`).
@@ -172,6 +173,8 @@ class Trainer:
                 self.state, metrics = self.step_fn(self.state, batch, *args)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()} | host_metrics
                 metrics_lib.check_finite(step, metrics, last_good)
+                if (check := getattr(self.source, "check_step", None)) is not None:
+                    check(step, metrics)  # e.g. the served sampler's logprob-gap bound, before the state is saved
                 if self.on_step is not None:
                     metrics |= self.on_step(step, metrics) or {}
                 history.append(logger.log(step, metrics))
