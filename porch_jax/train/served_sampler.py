@@ -12,7 +12,9 @@ student with `export_for_serving` into `export_dir/step_<s-1>` and reloads it wi
 the first step of every run (a resumed run too) and whenever the server's weights are `push_every` updates behind,
 so it samples with weights at most `push_every - 1` updates old (`sampler_staleness`, logged each step). After a
 push the server's prompt logprobs of a probe (the step's first prompt) must match the student's within
-`push_parity_tol`, else `WeightSyncError`. Only the newest export is kept.
+`push_parity_tol`, else `WeightSyncError`. Only the newest export is kept. A resumed run pushes at its first step
+whatever the cadence, so with push_every > 1 its samples after the resume point may differ from an uninterrupted
+run's (the weights an uninterrupted run's server would hold are not in the checkpoint).
 
 The gap rule (`check_logprob_gap`): the trainer logs `logprob_gap` every step, the mean over the batch's sampled
 tokens of |log pi_trainer - log pi_sampler|, the trainer's logprobs computed in the step from the weights before its
