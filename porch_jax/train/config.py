@@ -106,6 +106,11 @@ class SamplerConfig:
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
 
 
+# SamplerConfig's keys a resumed run may change: how patiently and how widely it talks to the server, not what it
+# samples (launchers add them, under their section's path, to what a rerun may change).
+SAMPLER_TRANSPORT_KEYS = ("push_timeout_s", "request_timeout_s", "concurrency")
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """The student's on-policy samples (OPD actions, GRPO groups): a fresh, reproducible draw per step, by the

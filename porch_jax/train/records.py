@@ -16,7 +16,7 @@ from flax import nnx
 
 from porch_jax.train import data as data_lib
 from porch_jax.train import mesh as mesh_lib
-from porch_jax.train.config import SamplingConfig, TrainConfig
+from porch_jax.train.config import SAMPLER_TRANSPORT_KEYS, SamplingConfig, TrainConfig
 from porch_jax.train.methods import make_method
 from porch_jax.train.overlong import Overlong
 from porch_jax.train.served_sampler import served_action_sampler
@@ -107,9 +107,11 @@ class RecordsConfig:
         )
 
 
-# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, and the mesh (a
-# checkpoint restores onto another mesh shape).
-RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"})
+# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, the mesh (a
+# checkpoint restores onto another mesh shape) and how patiently a served sampler talks to its server.
+RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"}) | {
+    f"opd.sampling.sampler.{key}" for key in SAMPLER_TRANSPORT_KEYS
+}
 
 
 def claim_workdir(cfg: RecordsConfig) -> None:
