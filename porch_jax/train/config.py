@@ -6,11 +6,20 @@ A launcher's experiment schema holds these sections; nothing past the launcher r
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from porch_jax.train.methods import MethodConfig
 from porch_jax.typed_config import check
 
-__all__ = ["CheckpointConfig", "LogConfig", "MethodConfig", "OptimizerConfig", "SamplingConfig", "TrainConfig"]
+__all__ = [
+    "CheckpointConfig",
+    "LogConfig",
+    "MethodConfig",
+    "OptimizerConfig",
+    "SamplerConfig",
+    "SamplingConfig",
+    "TrainConfig",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,13 +70,57 @@ class LogConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class SamplerConfig:
+    """Which sampler draws the student's on-policy samples (train/served_sampler.py holds the served one and its rules).
+
+    Attributes:
+    kind: "embedded" (the JAX sampler on the trainer's own weights) or "vllm" (a vLLM server the current student is
+        pushed into, without a restart).
+    push_every: "vllm": the student is exported and pushed at a step's sampling when the server's weights are this
+        many updates behind (and at the first step of every run), so at most push_every - 1 behind when it samples.
+    max_logprob_gap: "vllm": the bound on a push step's `logprob_gap` (mean |trainer - sampler| logprob of the
+        sampled tokens, the server then holding the trainer's weights); above it the run stops (LogprobGapError).
+    push_timeout_s: "vllm": a push (pause, reload, cache reset, resume) ends within about this or stops the run.
+    request_timeout_s: "vllm": one sampling request ends within this or stops the run.
+    push_parity_tol: "vllm": after each push, the server's and the student's prompt logprobs of a probe (the step's
+        first prompt) may differ by at most this (max over tokens), else the run stops (WeightSyncError); None: no
+        probe, the gap bound alone checks the push.
+    concurrency: "vllm": sampling requests in flight.
+    """
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    push_every: int = 1
+    max_logprob_gap: float = 0.01
+    push_timeout_s: float = 300.0
+    request_timeout_s: float = 300.0
+    push_parity_tol: float | None = 1e-3
+    concurrency: int = 16
+
+    def __post_init__(self):
+        check(self.push_every > 0, "push_every", f"must be > 0, got {self.push_every}")
+        check(self.max_logprob_gap > 0, "max_logprob_gap", f"must be > 0, got {self.max_logprob_gap}")
+        check(self.push_timeout_s > 0, "push_timeout_s", f"must be > 0, got {self.push_timeout_s}")
+        check(self.request_timeout_s > 0, "request_timeout_s", f"must be > 0, got {self.request_timeout_s}")
+        tol = self.push_parity_tol
+        check(tol is None or tol > 0, "push_parity_tol", f"must be > 0 or None (no probe), got {tol}")
+        check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
+
+
+# SamplerConfig's keys a resumed run may change: how patiently and how widely it talks to the server, not what it
+# samples (launchers add them, under their section's path, to what a rerun may change).
+SAMPLER_TRANSPORT_KEYS = ("push_timeout_s", "request_timeout_s", "concurrency")
+
+
+@dataclasses.dataclass(frozen=True)
 class SamplingConfig:
-    """The student's on-policy samples (OPD actions, GRPO groups): a fresh, reproducible draw per step."""
+    """The student's on-policy samples (OPD actions, GRPO groups): a fresh, reproducible draw per step, by the
+    sampler `sampler` names."""
 
     max_new_tokens: int = 64
     temperature: float = 1.0
     top_p: float = 1.0
     seed: int = 0
+    sampler: SamplerConfig = SamplerConfig()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,15 +9,17 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, TextIO
 
 from flax import nnx
 
 from porch_jax.train import data as data_lib
 from porch_jax.train import mesh as mesh_lib
-from porch_jax.train.config import SamplingConfig, TrainConfig
+from porch_jax.train.config import SAMPLER_TRANSPORT_KEYS, SamplingConfig, TrainConfig
 from porch_jax.train.methods import make_method
 from porch_jax.train.overlong import Overlong
+from porch_jax.train.served_sampler import served_action_sampler
 from porch_jax.train.sources import ActionSampler, RecordSource
 from porch_jax.train.trainer import Trainer
 from porch_jax.typed_config import check, claim_run_dir
@@ -105,9 +107,11 @@ class RecordsConfig:
         )
 
 
-# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, and the mesh (a
-# checkpoint restores onto another mesh shape).
-RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"})
+# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, the mesh (a
+# checkpoint restores onto another mesh shape) and how patiently a served sampler talks to its server.
+RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"}) | {
+    f"opd.sampling.sampler.{key}" for key in SAMPLER_TRANSPORT_KEYS
+}
 
 
 def claim_workdir(cfg: RecordsConfig) -> None:
@@ -125,11 +129,17 @@ def records_trainer(
     tokenizer: Any = None,
     pad_id: int | None = None,
     stream: TextIO = sys.stdout,
+    server: Any = None,
 ) -> Trainer:
-    """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them."""
+    """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them. `server`:
+    the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights."""
     method = make_method(cfg.train.method)
     on_policy = method.name == "opod" and cfg.opd.on_policy
-    sampler = ActionSampler(tokenizer, cfg.opd.sampling, max_len=cfg.opd.max_len) if on_policy else None
+    sampler = None
+    if on_policy:
+        export_dir = Path(cfg.workdir) / "served_weights"
+        sampler = served_action_sampler(cfg.opd.sampling, tokenizer, server=server, export_dir=export_dir)
+        sampler = sampler or ActionSampler(tokenizer, cfg.opd.sampling, max_len=cfg.opd.max_len)
     reserve = max(cfg.data.target_reserve, cfg.opd.sampling.max_new_tokens) if on_policy else cfg.data.target_reserve
     source = RecordSource(
         examples,

@@ -6,6 +6,7 @@
         def state(self) -> dict               # the data position, saved with each checkpoint
         def restore(self, state: dict) -> None
         row_counts: {name: overlong.RowCounts}  # optional: how its rows fared against its largest bucket
+        def check_step(self, step, metrics) -> None  # optional: raises when the step's metrics show a fault
 
 `RecordSource`: data.py records (one decision per row), epochs of shuffled buckets, gradient
 accumulation and several hosts; with an `ActionSampler` it replaces OPD targets by student samples.
@@ -13,6 +14,11 @@ accumulation and several hosts; with an `ActionSampler` it replaces OPD targets 
 student samples. `GroupSource`: DA-GRPO groups at expert contexts. `Joined`: several sources'
 views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
 (seed, step), so a resumed run sees the same batches; they run in one process.
+
+The on-policy sources take `sampler=`: None builds the embedded `ActionSampler` for their shapes; a
+served_sampler.ServedActionSampler samples on a vLLM server. A sampler's `stats` (where it has them) join the step's
+host metrics, and its `check_step(step, metrics)` (the served sampler's logprob-gap rule) runs through the source's
+`check_step`, which the trainer calls after each step, before its checkpoint.
 
 Rows longer than a source's largest bucket follow its `overlong` rule ("drop", "cut" or "error"; what "cut" does to
 each row kind is overlong.py's), applied once when the source is built: the source logs the counts and keeps them
@@ -107,7 +113,7 @@ class RecordSource:
         seed: int,
         mesh: jax.sharding.Mesh,
         target_reserve: int = 0,
-        sampler: ActionSampler | None = None,
+        sampler: Any = None,
         overlong: overlong_lib.Overlong = "error",
     ):
         self.sampler, self.on_policy = sampler, sampler is not None
@@ -132,7 +138,10 @@ class RecordSource:
         host = self.batches.next_host_batch()
         if self.sampler is not None:
             host = on_policy_targets(host, self.sampler, student, step)
-        return self.batches.to_global(host), {}
+        return self.batches.to_global(host), sampler_stats(self.sampler)
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        check_step_of(self.sampler, step, metrics)
 
     def state(self) -> dict[str, Any]:
         return self.batches.state.to_json()
@@ -141,9 +150,7 @@ class RecordSource:
         self.batches.state = data_lib.IteratorState.from_json(state)
 
 
-def on_policy_targets(
-    host: data_lib.HostBatch, sampler: ActionSampler, student: nnx.Module, step: int
-) -> data_lib.HostBatch:
+def on_policy_targets(host: data_lib.HostBatch, sampler: Any, student: nnx.Module, step: int) -> data_lib.HostBatch:
     """The host batch with each OPD row's target replaced by the student's sample under the student view."""
     slots = [
         (i, j)
@@ -160,6 +167,18 @@ def on_policy_targets(
     return dataclasses.replace(host, rows=rows)
 
 
+def sampler_stats(sampler: Any) -> dict[str, float]:
+    """The sampler's metrics of its last call (a served sampler's staleness and push time); {} for others."""
+    return dict(getattr(sampler, "stats", None) or {})
+
+
+def check_step_of(obj: Any, step: int, metrics: dict[str, float]) -> None:
+    """`obj.check_step(step, metrics)` where a sampler or source has one (the served sampler's gap rule)."""
+    check = getattr(obj, "check_step", None)
+    if check is not None:
+        check(step, metrics)
+
+
 class _Stateless:
     """A source whose batch is a pure function of (seed, step): nothing to save."""
 
@@ -170,6 +189,9 @@ class _Stateless:
 
     def restore(self, state: dict[str, Any]) -> None:
         pass
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        check_step_of(getattr(self, "sampler", None), step, metrics)
 
 
 def _logged(name: str, counts: overlong_lib.RowCounts) -> overlong_lib.RowCounts:
@@ -237,6 +259,7 @@ class OpdSource(_Stateless):
         buckets: Sequence[int],
         mesh: jax.sharding.Mesh,
         overlong: overlong_lib.Overlong = "drop",
+        sampler: Any = None,
     ):
         rows, counts = overlong_lib.opd_rows(rows, max(buckets), overlong)
         self.row_counts = {"opd": _logged("opd", counts)}
@@ -245,7 +268,7 @@ class OpdSource(_Stateless):
         self.rows, self.batch, self.buckets, self.mesh, self.seed = rows, batch, tuple(buckets), mesh, sampling.seed
         self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
         longest = max(max(len(r.student), len(r.teacher)) for r in rows)
-        self.sampler = ActionSampler(
+        self.sampler = sampler or ActionSampler(
             tokenizer,
             sampling,
             max_len=bucket(longest, buckets) + self.k,
@@ -274,7 +297,7 @@ class OpdSource(_Stateless):
             "sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
             "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
             "sampled_not_action": 1.0 - float(np.mean(keep)),
-        }
+        } | sampler_stats(self.sampler)
         return {"student": student_rows, "teacher": teacher_rows}, stats
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
@@ -300,6 +323,10 @@ class Joined(_Stateless):
             stats |= m
         return batch, stats
 
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        for s in self.sources:
+            check_step_of(s, step, metrics)
+
 
 class GroupSource(_Stateless):
     """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each, scored against the expert.
@@ -319,6 +346,7 @@ class GroupSource(_Stateless):
         available_tools: Collection[str],
         mesh: jax.sharding.Mesh,
         overlong: overlong_lib.Overlong = "drop",
+        sampler: Any = None,
     ):
         contexts, counts = overlong_lib.expert_contexts(contexts, max(buckets), overlong)
         self.row_counts = {"dagrpo": _logged("dagrpo", counts)}
@@ -328,7 +356,7 @@ class GroupSource(_Stateless):
         self.per_step, self.group_size, self.seed = contexts_per_step, group_size, sampling.seed
         self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
         longest = max(len(c.prompt) for c in contexts)
-        self.sampler = ActionSampler(
+        self.sampler = sampler or ActionSampler(
             tokenizer,
             sampling,
             max_len=bucket(longest, buckets) + self.k,
@@ -352,4 +380,5 @@ class GroupSource(_Stateless):
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
         host = {"policy": group, "advantage": advantages.astype(np.float32)}
-        return place(host, self.mesh), {"reward": float(rewards.mean()), "reward_std": float(rewards.std())}
+        stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std())} | sampler_stats(self.sampler)
+        return place(host, self.mesh), stats

@@ -20,7 +20,8 @@ Orbax checkpoints (resumed from the newest readable one, with the source's posit
 (WORKDIR/metrics.jsonl, progress line with rate and ETA, optional TensorBoard), the source's row
 counts (how many rows each source kept, cut and dropped against its largest bucket: a line when
 each run starts and WORKDIR/rows.json), the finite guard
-(`NonFiniteError` names the step before a NaN/inf state can be saved) and exports: the final
+(`NonFiniteError` names the step before a NaN/inf state can be saved), the source's own `check_step`
+(a served sampler's logprob-gap bound: after the step is logged, before its state is exported or saved) and exports: the final
 weights as a Hugging Face folder WORKDIR/export with the tokenizer and POLICY_FILE (the policy's
 view and step), and with `export_every` the candidates WORKDIR/exports/step_N of checkpoint
 selection (`selection_candidates`).
@@ -178,6 +179,8 @@ class Trainer:
                 if log_path is not None:
                     with open(log_path, "a") as f:
                         f.write(json.dumps({"step": step, **history[-1]}) + "\n")
+                if (check := getattr(self.source, "check_step", None)) is not None:
+                    check(step, metrics)  # the served sampler's gap bound: the step is logged, its state never saved
                 if self.exports and export_every and step % export_every == 0 and step < total:  # the last: final
                     self.export(self.candidate_dir(step), step=step)
                 if self.checkpointer is not None and (step % every == 0 or step == total):
