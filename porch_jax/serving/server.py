@@ -287,8 +287,9 @@ class VLLMServer:
             while True:
                 if (code := self.process.poll()) is not None:
                     raise ServerError(f"vLLM server exited with code {code} during startup{self.log_tail()}")
-                try:
-                    if client.get("/v1/models").status_code == 200:
+                try:  # each poll within what is left of the bound, so an accepting but silent server cannot outlast it
+                    left = max(0.1, min(10.0, deadline - time.perf_counter()))
+                    if client.get("/v1/models", timeout=left).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass

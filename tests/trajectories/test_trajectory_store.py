@@ -214,8 +214,8 @@ def test_older_outcomes_read_as_finished_and_may_not_claim_retryable(version):
 def test_retryable_attempts_are_kept_but_only_finished_records_are_read(tmp_path):
     def attempt(i: int, retryable: bool) -> EpisodeRecord:
         r = make_record(i)
-        r.outcome = Outcome(False, 0.0, "backend_unavailable: connection refused", retryable=True) if retryable else (
-            r.outcome
+        r.outcome = (
+            Outcome(False, 0.0, "backend_unavailable: connection refused", retryable=True) if retryable else (r.outcome)
         )
         return r
 
@@ -225,7 +225,11 @@ def test_retryable_attempts_are_kept_but_only_finished_records_are_read(tmp_path
     assert [r.episode_id for r in store.read()] == ["ep0", "ep1"]
     assert store.episode_ids() == {"ep0", "ep1"} and store.retryable_ids() == {"ep2"}
     assert [(r.episode_id, r.outcome.retryable) for r in store] == [
-        ("ep0", False), ("ep1", True), ("ep2", True), ("ep1", False), ("ep2", True)
+        ("ep0", False),
+        ("ep1", True),
+        ("ep2", True),
+        ("ep1", False),
+        ("ep2", True),
     ]
 
 
