@@ -263,7 +263,7 @@ class VLLMServer:
             self.check_policy(self.policy_dir)
         (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:  # appended: a restart keeps the log of the run before it
             self.process = subprocess.Popen(
                 self.command(),
                 env=self.environment(),
