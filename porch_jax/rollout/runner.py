@@ -1,4 +1,5 @@
-"""Concurrent episode runner with resume: every task ends recorded exactly once.
+"""Concurrent episode runner with resume: every task ends with exactly one finished record (after any retryable
+attempts: one per run that the backend's outage cut short).
 
 - Concurrency: ``concurrency`` workers pull tasks from one iterator, so at most that many
   episodes run at once (and no more coroutines exist than workers).
