@@ -137,12 +137,17 @@ def test_a_stalled_server_times_out_and_the_pool_moves_on(smollm2_server, second
     store = TrajectoryStore(tmp_path / "stall.jsonl")
     tasks = make_tasks(6)
 
+    a = stats(backend, smollm2_server)
+    during: dict[str, int] = {}
+
     async def stall(done):
         await wait_until(lambda: b.answered >= 1 and b.inflight >= 1, "the second server to be serving")
         second_server.pause()
+        during.update(a_answered=a.answered, b_inflight=b.inflight)
         try:
             await asyncio.sleep(stall_s)  # longer than the per-call timeout: its in-flight calls time out
         finally:
+            during.update(a_answered=a.answered - during["a_answered"], b_timeouts=b.timeouts)
             second_server.resume()
 
     t0 = time.monotonic()
@@ -153,10 +158,10 @@ def test_a_stalled_server_times_out_and_the_pool_moves_on(smollm2_server, second
     assert b.timeouts >= 1 and backend.retries >= b.timeouts  # timed out, backed off, retried on the other server
     print(
         f"\nstall: 6 calls took {latency:.1f} s, timeout {timeout_s:.0f} s, stall {stall_s:.0f} s; {wall:.1f} s for "
-        f"6 episodes; stalled server: {b}; retries {backend.retries}"
+        f"6 episodes; during the stall {during}; stalled server: {b}; retries {backend.retries}"
     )
-    # No hang: the run ended with the stall (each call to the stalled server gave up after timeout_s), not after it.
-    assert wall < stall_s + 2 * timeout_s + 4 * latency
+    # No hang: while the server was stalled its calls gave up after timeout_s and the run went on with the other.
+    assert during["b_inflight"] >= 1 and during["b_timeouts"] >= 1 and during["a_answered"] >= 1, during
     answered = b.answered
     time.sleep(max(0.0, b.down_until - time.monotonic()) + 0.1)
     asyncio.run(calls(backend, 2))
