@@ -44,9 +44,12 @@ class Step:
 class FakeOpenAIServer:
     """Local test server: step i of ``script`` answers request i (a ``Step``, or a (status, delay_s)
     pair); after the script, every request gets ``default`` (200 with ``OK``). Records each
-    request's path, headers and JSON body."""
+    request's path, headers and JSON body. ``port``: 0 picks a free one; a given one plays a server
+    restarted where a client already points."""
 
-    def __init__(self, script: list[Step | tuple[int, float]] | None = None, default: Step | None = None):
+    def __init__(
+        self, script: list[Step | tuple[int, float]] | None = None, default: Step | None = None, *, port: int = 0
+    ):
         self.script = list(script or [])
         self.default = default or Step()
         self.requests: list[tuple[dict[str, str], dict]] = []
@@ -91,7 +94,7 @@ class FakeOpenAIServer:
             def log_message(self, *args: object) -> None:
                 pass
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True)

@@ -90,6 +90,10 @@ class Backend(Protocol):
 # What went wrong, as runs count it: a prompt over the model's context, overload (429), a server fault (5xx or a
 # malformed reply), no answer in time, no connection, a refused key, another request error, anything else.
 ERROR_KINDS = ("context_length", "rate_limit", "server", "timeout", "connection", "auth", "bad_request", "other")
+# The kinds that say the backend could not answer, not that the request was wrong: the same request may succeed
+# later, on another server or after a restart. An episode cut short by one is a retryable failure (the policy did
+# nothing wrong); the other kinds are the episode's own (a context too long, a bad request) and stay in it.
+UNAVAILABLE_KINDS = ("rate_limit", "server", "timeout", "connection")
 _CONTEXT_LENGTH = re.compile(
     r"maximum context length|max_model_len|maximum model length|context_length_exceeded|context window|"
     r"prompt is too long|longer than the maximum|the sampler takes at most",
@@ -124,6 +128,11 @@ def error_kind(error: BaseException) -> str:
     if isinstance(error, ConnectionError):
         return "connection"
     return "context_length" if _CONTEXT_LENGTH.search(str(error)) else "other"
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` says the backend could not answer (``UNAVAILABLE_KINDS``), after whatever retries it made."""
+    return error_kind(error) in UNAVAILABLE_KINDS
 
 
 def check_single(sampling: Sampling) -> None:

@@ -15,11 +15,19 @@
   the rendering the embedded backend and training use for such templates).
 - Several servers: each attempt goes to the server with the fewest requests in flight (ties
   rotate), skipping servers that failed recently, so an executor pool spreads its load and a dead
-  server stops receiving traffic until its cooldown ends.
+  or stalled server stops receiving traffic until its cooldown ends. A server that refused a
+  connection, dropped one, answered 5xx or gave no reply within ``timeout_s`` is out of rotation
+  for ``cooldown_s``; after it, the next attempt that picks it is the probe: a restarted server
+  (same URL) rejoins with its first answer, a dead one fails that attempt, which moves on to
+  another server, and cools down again. With every server cooling down, attempts go to all of them.
 - Failures: 429, 5xx, timeouts and dropped connections are retried with exponential backoff and
   jitter (``RetryingBackend``), honouring Retry-After, each attempt on a possibly different
   server; 401/403 fail at once, naming the key's variable; other 4xx (e.g. a prompt longer than
   the context) fail at once with the server's message.
+- Bounds: each attempt waits at most ``timeout_s`` for its whole reply (connect, send, the server's
+  generation, read), bounded here rather than by the retry loop so that the server that did not
+  answer is the one marked; a call makes at most ``max_retries + 1`` attempts, so it ends within
+  (max_retries + 1) · timeout_s plus the backoffs, answered or raising ``BackendError``.
 - Connections: one pooled ``httpx2.AsyncClient`` per event loop (``httpx2`` is the httpx API that
   huggingface_hub, hence transformers, already installs).
 """
@@ -29,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import email.utils
 import itertools
+import logging
 import os
 import time
 from collections.abc import Sequence
@@ -42,18 +51,24 @@ from porch_jax.backends.providers import Provider, provider
 from porch_jax.backends.resilient import RetryingBackend
 from porch_jax.protocol.render import chat_inputs
 
+log = logging.getLogger(__name__)
+
 RETRYABLE_STATUS = frozenset({408, 409, 425, 429, 500, 502, 503, 504})
 AUTH_STATUS = frozenset({401, 403})
 
 
 @dataclass
 class ServerStats:
-    """Per-server counters, for load-balancing and the run log."""
+    """Per-server counters, for load-balancing and the run log: attempts sent (``requests``), answered with a
+    completion (``answered``), failed so that the server left the rotation (``failures``; ``timeouts`` of them for
+    no reply in time), and when it may be tried again (``down_until``, on the monotonic clock)."""
 
     url: str
     inflight: int = 0
     requests: int = 0
+    answered: int = 0
     failures: int = 0
+    timeouts: int = 0
     down_until: float = 0.0
 
 
@@ -74,10 +89,10 @@ class OpenAIChatBackend:
 
     ``base_urls`` default to the provider's hosted endpoint. ``api_key_env`` names the variable
     holding the key (default: the provider's); ``api_key`` passes a key held in memory (a server
-    this process started), never one from a config file. ``timeout_s`` bounds each attempt;
-    ``max_retries`` more attempts follow a retryable failure. ``cooldown_s`` keeps a server that
-    refused a connection or failed with 5xx out of the rotation for that long (unless every server
-    is cooling down). ``extra_body`` is merged into every request (provider-specific knobs).
+    this process started), never one from a config file. ``timeout_s`` bounds each attempt, its
+    whole reply included; ``max_retries`` more attempts follow a retryable failure. ``cooldown_s``
+    keeps a server that refused or dropped a connection, failed with 5xx or did not answer in time
+    out of the rotation for that long (unless every server is cooling down). ``extra_body`` is merged into every request (provider-specific knobs).
     ``tools_in_prompt``: the served model's chat template does not render tools, so the schemas are
     written into the system message and no ``tools`` field is sent (``VLLMServer.renders_tools`` tells).
     """
@@ -115,9 +130,11 @@ class OpenAIChatBackend:
         self.max_connections = max_connections
         self.extra_body = dict(extra_body or {})
         self._rotation = itertools.count()
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
         self._retrying = RetryingBackend(
             _Attempt(self),
-            timeout_s=timeout_s,
+            timeout_s=None,  # each attempt bounds itself by timeout_s, to mark the server that did not answer
             max_retries=max_retries,
             backoff_s=backoff_s,
             max_backoff_s=max_backoff_s,
@@ -235,10 +252,18 @@ class _Attempt:
         t0 = time.perf_counter()
         url = f"{server.url}{owner.provider.chat_path}"
         try:
-            response = await owner.client().post(url, json=owner.payload(request))
+            async with asyncio.timeout(owner.timeout_s):
+                response = await owner.client().post(url, json=owner.payload(request))
+        except TimeoutError:  # no whole reply in time: a stalled or overloaded server
+            server.timeouts += 1
+            _mark_down(server, owner.cooldown_s, "no reply")
+            raise BackendError(
+                f"{server.url}: no reply within {owner.timeout_s}s", retryable=True, kind="timeout"
+            ) from None
         except httpx.TransportError as e:  # connect/read errors, dropped connections and httpx timeouts
-            _mark_down(server, owner.cooldown_s)
             kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
+            server.timeouts += kind == "timeout"
+            _mark_down(server, owner.cooldown_s, type(e).__name__)
             raise BackendError(
                 f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True, kind=kind
             ) from None
@@ -252,14 +277,16 @@ class _Attempt:
             raise BackendError(
                 f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}", kind="server"
             ) from None
-        return parse_chat_response(data, latency_s=time.perf_counter() - t0, url=server.url, provider=owner.provider)
+        result = parse_chat_response(data, latency_s=time.perf_counter() - t0, url=server.url, provider=owner.provider)
+        server.answered += 1
+        return result
 
 
 def _status_error(owner: OpenAIChatBackend, server: ServerStats, response: httpx.Response) -> BackendError:
     status = response.status_code
     message = owner.redact(_error_text(response))
     if status >= 500:
-        _mark_down(server, owner.cooldown_s)
+        _mark_down(server, owner.cooldown_s, f"HTTP {status}")
     if status in AUTH_STATUS:
         where = f"the key in ${owner.api_key_env}" if owner.api_key_env else "the API key"
         return BackendError(
@@ -293,9 +320,10 @@ def retry_after_seconds(value: str | None) -> float | None:
     return max(0.0, when.timestamp() - time.time())
 
 
-def _mark_down(server: ServerStats, cooldown_s: float) -> None:
+def _mark_down(server: ServerStats, cooldown_s: float, why: str) -> None:
     server.failures += 1
     server.down_until = time.monotonic() + cooldown_s
+    log.warning("%s out of rotation for %.1fs (%s; failure %d)", server.url, cooldown_s, why, server.failures)
 
 
 def _error_text(response: httpx.Response) -> str:

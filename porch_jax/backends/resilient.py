@@ -25,12 +25,14 @@ def is_retryable(exc: BaseException) -> bool:
 
 
 class RetryingBackend:
-    """``timeout_s`` bounds each attempt; attempt k (from 0) waits backoff_s·2^k·U[0.5, 1.5), capped."""
+    """``timeout_s`` bounds each attempt; attempt k (from 0) waits backoff_s·2^k·U[0.5, 1.5), capped. ``timeout_s``
+    None: the inner backend bounds each attempt itself and raises a ``BackendError`` of kind "timeout" (the HTTP
+    backend does, so that the server that did not answer is the one it takes out of rotation)."""
 
     def __init__(
         self,
         inner: Backend,
-        timeout_s: float = 120.0,
+        timeout_s: float | None = 120.0,
         max_retries: int = 3,
         backoff_s: float = 0.5,
         *,
@@ -38,8 +40,8 @@ class RetryingBackend:
         max_retry_after_s: float = 120.0,
         seed: int | None = None,
     ):
-        if timeout_s <= 0 or max_retries < 0 or backoff_s < 0:
-            raise ValueError("timeout_s must be > 0, max_retries and backoff_s >= 0")
+        if (timeout_s is not None and timeout_s <= 0) or max_retries < 0 or backoff_s < 0:
+            raise ValueError("timeout_s must be > 0 (or None), max_retries and backoff_s >= 0")
         self.inner, self.timeout_s, self.max_retries = inner, timeout_s, max_retries
         self.backoff_s, self.max_backoff_s, self.max_retry_after_s = backoff_s, max_backoff_s, max_retry_after_s
         self._rng = random.Random(seed)
@@ -57,6 +59,8 @@ class RetryingBackend:
                 log.debug("retry %d/%d in %.3fs after %r", attempt, self.max_retries, delay, last)
                 await asyncio.sleep(delay)
             try:
+                if self.timeout_s is None:
+                    return await self.inner.chat(request)
                 return await asyncio.wait_for(self.inner.chat(request), self.timeout_s)
             except TimeoutError as e:  # an alias of TimeoutError since 3.11
                 last = e
@@ -64,9 +68,10 @@ class RetryingBackend:
                 if not is_retryable(e):
                     raise
                 last = e
-        kind = "timed out" if isinstance(last, TimeoutError) else f"failed ({last!r})"
+        kind = "timed out" if error_kind(last) == "timeout" else f"failed ({last!r})"
+        bound = f" (timeout {self.timeout_s}s)" if self.timeout_s is not None else f"; last: {last}"
         raise BackendError(
-            f"{request.role} call {kind} on all {self.max_retries + 1} attempts (timeout {self.timeout_s}s)",
+            f"{request.role} call {kind} on all {self.max_retries + 1} attempts{bound}",
             retryable=False,
             kind=error_kind(last),
         ) from last

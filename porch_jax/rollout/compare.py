@@ -119,7 +119,7 @@ class ComparisonConfig:
     run_dir: RUN_DIR/<system>.jsonl (resumable), settings.json, results.json.
     processes: systems run in parallel processes (episodes are CPU-bound); 1: in this process.
     concurrency: episodes in flight per system (the runner's workers).
-    episode_timeout_s: an episode past it is recorded as an error (None: no limit).
+    episode_timeout_s: an episode past it is recorded as an error (every episode is bounded).
     engine: how an episode runs (rollout/config.py ``EngineConfig``; its ``system`` is each system's): the budgets
         (every task carries tighter ones of its own; the engine takes the smaller), the decision cap, the sampling
         of each role (max tokens, temperature, thinking), the evidence kept, the context rule, few-shot.
@@ -133,7 +133,7 @@ class ComparisonConfig:
     seed_start: int = 0
     processes: int = 2
     concurrency: int = 16
-    episode_timeout_s: float | None = 60.0
+    episode_timeout_s: float = 60.0
     engine: EngineConfig = EngineConfig()
     orchestrator: EndpointSpec = EndpointSpec()
     executor: EndpointSpec = EndpointSpec()
@@ -150,7 +150,7 @@ class ComparisonConfig:
         check(self.processes > 0, "processes", f"must be > 0, got {self.processes}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
         timeout = self.episode_timeout_s
-        check(timeout is None or timeout > 0, "episode_timeout_s", f"must be > 0 or None, got {timeout}")
+        check(timeout > 0, "episode_timeout_s", f"must be > 0, got {timeout}")
 
 
 def role_backend(endpoint: EndpointSpec, scripted: Any) -> Backend:

@@ -8,7 +8,10 @@ acts only when a sub-agent returns); ReAct is one agent with every tool and the 
 
 Every model reply goes through the protocol parser, scripted or not; a reply that does not parse
 is an observation to the model and a counted invalid action, never a crash, and so is a backend
-failure. Time is the global count of sub-agent steps: notifications arrive on it, budgets are
+failure of the request's own making (a context too long, a bad request). A backend that could not
+answer at all (``backends.base.UNAVAILABLE_KINDS``: down, stalled or overloaded past its retries)
+ends the episode as a retryable failure instead: the outage is not the policy's doing, so the
+record says ``outcome.retryable`` and a resumed run plays the episode again. Time is the global count of sub-agent steps: notifications arrive on it, budgets are
 counted on it, and each decision records it, so intervention delay can be measured.
 """
 
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from porch_jax.backends import Backend, ChatRequest, ChatResult, CostMeter, MeteredBackend
-from porch_jax.backends.base import error_kind
+from porch_jax.backends.base import error_kind, unavailable
 from porch_jax.envs.base import Environment, Feedback, MemoryItem, OrchestratorView, SubagentView, Turn
 from porch_jax.protocol import (
     Delegate,
@@ -129,12 +132,17 @@ class Engine:
             min(b.max_agents, getattr(task, "max_agents", None) or b.max_agents),
             getattr(task, "seed", 0) if seed is None else seed,
         )
-        if self.cfg.system == "react":
-            answer, decisions, ended, extra = await self._react(ep)
-        else:
-            answer, decisions, ended, extra = await self._orchestrate(ep)
-        score = env.score(answer)
-        reason = score.reason if ended == "finish" else f"{ended}; {score.reason}"
+        try:
+            if self.cfg.system == "react":
+                answer, decisions, ended, extra = await self._react(ep)
+            else:
+                answer, decisions, ended, extra = await self._orchestrate(ep)
+            score = env.score(answer)
+            reason = score.reason if ended == "finish" else f"{ended}; {score.reason}"
+            outcome = Outcome(score.success, score.score, reason)
+        except _Unavailable as e:  # a placeholder record: no decisions, the cause and the counts so far
+            answer, decisions, ended, extra = None, [], "backend_unavailable", {}
+            outcome = Outcome(False, 0.0, f"backend_unavailable: {e}"[:2000], retryable=True)
         meta = {
             "steps": ep.clock,
             "total_budget": ep.total,
@@ -162,7 +170,7 @@ class Engine:
             system=self.system_name,
             config_hash=self._hash,
             seed=ep.seed,
-            outcome=Outcome(score.success, score.score, reason),
+            outcome=outcome,
             cost={role: RoleCost(**c) for role, c in meter.to_dict().items()},
             decisions=decisions,
             meta=meta,
@@ -170,7 +178,8 @@ class Engine:
 
     # ---- backend calls -----------------------------------------------------------------------
     async def _chat(self, ep: _Episode, backend: Backend, request: ChatRequest) -> ChatResult | str:
-        """The result, or an error string when the backend failed (after its own retries)."""
+        """The result, or an error string when the backend failed (after its own retries); raises ``_Unavailable``
+        when the backend could not answer at all, which ends the episode as retryable."""
         ep.last_error_kind = None
         try:
             return await backend.chat(request)
@@ -178,6 +187,8 @@ class Engine:
             ep.backend_errors[request.role] += 1
             ep.last_error_kind = error_kind(e)
             ep.count(ep.error_kinds, request.role, ep.last_error_kind)
+            if unavailable(e):
+                raise _Unavailable(f"{request.role} call: {type(e).__name__}: {e}") from e
             return f"Error (backend): {type(e).__name__}: {str(e)[:120]}"
 
     # ---- orchestrated systems ----------------------------------------------------------------
@@ -435,6 +446,10 @@ class Engine:
 
 class _BackendFailure(Exception):
     pass
+
+
+class _Unavailable(Exception):
+    """The backend could not answer a call (``backends.base.unavailable``): the episode ends as retryable."""
 
 
 def _drop_oldest_turn(messages: list[dict[str, Any]]) -> None:

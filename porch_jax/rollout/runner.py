@@ -1,11 +1,19 @@
-"""Concurrent episode runner with resume: every task ends recorded exactly once.
+"""Concurrent episode runner with resume: every task ends with exactly one finished record (after any retryable
+attempts: one per run that the backend's outage cut short).
 
 - Concurrency: ``concurrency`` workers pull tasks from one iterator, so at most that many
   episodes run at once (and no more coroutines exist than workers).
-- Resume: tasks whose key is already in the store are skipped, so rerunning after a crash or a
-  ``kill -9`` finishes the remaining tasks and never records one twice.
+- Resume: a task is done when the store holds a finished record for its key (``outcome.retryable``
+  False), so rerunning after a crash or a ``kill -9`` plays the remaining tasks and the retryable
+  ones, and never records a finished one twice.
 - Every episode ends recorded: if ``episode_fn`` raises, times out or returns a record the store
-  would reject, a failure record (``success=False``, ``reason="error: ..."``) takes its place.
+  would reject, a failure record (``success=False``, ``reason="error: ..."``) takes its place. A
+  raised failure that says the backend could not answer (``backends.base.unavailable``: every
+  server down or stalled past the retries) is recorded as retryable (``reason="backend_unavailable:
+  ..."``), like the engine's own records of such episodes: the rerun plays it again.
+- Every wait is bounded: each episode by ``episode_timeout_s`` (an episode past it is a finished
+  failure, "error: episode timed out": the rerun would meet the same bound), so the run ends within
+  about ceil(tasks / concurrency) of those bounds.
 - One writer: workers hand records to a single writer task that appends and fsyncs in a thread,
   so lines never interleave and the event loop never blocks on disk.
 
@@ -22,6 +30,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from porch_jax.backends.base import unavailable
 from porch_jax.progress import ProgressLine
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore, encode_record
 
@@ -63,20 +72,22 @@ def error_record(task: Any, key: str, reason: str) -> EpisodeRecord:
 class RunSummary:
     total: int
     skipped: int  # already in the store
-    completed: int  # recorded by this run
+    completed: int  # recorded by this run, retryable attempts included
     succeeded: int
     errors: int  # recorded with an "error: ..." reason
     wall_s: float
+    retryable: int = 0  # recorded as retryable (the backend could not answer): a rerun plays these again
 
     @property
     def failed(self) -> int:
-        return self.completed - self.succeeded
+        """Finished failures: recorded, not successful, not retryable."""
+        return self.completed - self.succeeded - self.retryable
 
 
 class _Progress:
     def __init__(self, todo: int, skipped: int, enabled: bool, interval_s: float):
         self.todo, self.skipped = todo, skipped
-        self.done = self.ok = self.errors = 0
+        self.done = self.ok = self.errors = self.retryable = 0
         self.line = (
             ProgressLine(
                 todo, lambda s: print(f"[runner] {s}", file=sys.stderr, flush=True), every_s=interval_s, unit="ep"
@@ -89,19 +100,21 @@ class _Progress:
         self.done += 1
         self.ok += record.outcome.success
         self.errors += record.outcome.reason.startswith("error:")
+        self.retryable += record.outcome.retryable
         if self.line is not None:
             self.line(
                 self.done,
-                f"{self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.skipped} skipped earlier)",
+                f"{self.done}/{self.todo} done ({self.ok} ok, {self.errors} errors, {self.retryable} retryable, "
+                f"{self.skipped} skipped earlier)",
             )
 
 
 async def _run_one(
-    task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float | None, on_error: ErrorRecordFn
+    task: Any, key: str, episode_fn: EpisodeFn, timeout_s: float, on_error: ErrorRecordFn
 ) -> EpisodeRecord:
+    retryable = False
     try:
-        coro = episode_fn(task)
-        record = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+        record = await asyncio.wait_for(episode_fn(task), timeout_s)
         if not isinstance(record, EpisodeRecord):
             raise TypeError(f"episode_fn returned {type(record).__name__}, not EpisodeRecord")
         if not record.episode_id:
@@ -118,8 +131,11 @@ async def _run_one(
     except TimeoutError:
         reason, tb = f"error: episode timed out after {timeout_s}s", traceback.format_exc()
     except Exception as e:
-        reason, tb = f"error: {type(e).__name__}: {e}", traceback.format_exc()
+        retryable = unavailable(e)
+        label = "backend_unavailable" if retryable else "error"
+        reason, tb = f"{label}: {type(e).__name__}: {e}", traceback.format_exc()
     record = on_error(task, key, reason[:2000])
+    record.outcome.retryable = retryable
     record.meta.setdefault("traceback", tb[-4000:])
     return record
 
@@ -132,16 +148,19 @@ async def run_episodes(
     progress: bool = True,
     *,
     key: Callable[[Any], str] = task_key,
-    episode_timeout_s: float | None = None,
+    episode_timeout_s: float = 3600.0,
     on_error: ErrorRecordFn = error_record,
     progress_interval_s: float = 5.0,
 ) -> RunSummary:
-    """Run ``episode_fn`` over the tasks not yet in ``store``; returns counts and wall time.
+    """Run ``episode_fn`` over the tasks not finished in ``store``; returns counts and wall time.
 
-    Raises only for a bad call (duplicate task keys, concurrency < 1) or a failed write.
+    Raises only for a bad call (duplicate task keys, concurrency < 1, a bound that is not a positive number of
+    seconds) or a failed write.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if not (isinstance(episode_timeout_s, int | float) and 0 < episode_timeout_s < float("inf")):
+        raise ValueError(f"episode_timeout_s must be a finite number of seconds > 0, got {episode_timeout_s!r}")
     t0 = time.monotonic()
     keyed = [(key(t), t) for t in tasks]
     keys = [k for k, _ in keyed]
@@ -187,4 +206,5 @@ async def run_episodes(
         succeeded=prog.ok,
         errors=prog.errors,
         wall_s=time.monotonic() - t0,
+        retryable=prog.retryable,
     )

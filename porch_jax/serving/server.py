@@ -15,8 +15,12 @@ tensor shapes, tokenizer files), and a policy folder meant to be pushed into the
 
 Readiness is two checks: ``/v1/models`` answers, then a one-token completion succeeds (an engine
 that starts but cannot run the model, e.g. an attention head size its CPU kernels lack, fails
-only on the first request). Any failure stops the server and raises ``ServerError`` with the
-tail of the server log.
+only on the first request). Both together are bounded by ``startup_timeout_s``. Any failure stops
+the server and raises ``ServerError`` with the tail of the server log.
+
+Faults on purpose (tests, drills): ``kill()`` SIGKILLs the process group as a crash would,
+``pause()`` / ``resume()`` SIGSTOP / SIGCONT it (a server that stalls: connections are accepted by
+the kernel, nothing answers), and ``start()`` after a kill or a stop serves again on the same port.
 """
 
 from __future__ import annotations
@@ -265,7 +269,7 @@ class VLLMServer:
             self.check_policy(self.policy_dir)
         (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        with open(self.log_path, "wb") as log:
+        with open(self.log_path, "ab") as log:  # appended: a restart keeps the log of the run before it
             self.process = subprocess.Popen(
                 self.command(),
                 env=self.environment(),
@@ -289,8 +293,9 @@ class VLLMServer:
             while True:
                 if (code := self.process.poll()) is not None:
                     raise ServerError(f"vLLM server exited with code {code} during startup{self.log_tail()}")
-                try:
-                    if client.get("/v1/models").status_code == 200:
+                try:  # each poll within what is left of the bound, so an accepting but silent server cannot outlast it
+                    left = max(0.1, min(10.0, deadline - time.perf_counter()))
+                    if client.get("/v1/models", timeout=left).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass
@@ -300,9 +305,16 @@ class VLLMServer:
                         f"{self.config.startup_timeout_s:.0f} s{self.log_tail()}"
                     )
                 time.sleep(0.5)
-            smoke = client.post(
-                "/v1/completions", timeout=120.0, json={"model": self.model, "prompt": "hello", "max_tokens": 1}
-            )
+            left = max(1.0, deadline - time.perf_counter())  # the first completion shares the startup bound
+            try:
+                smoke = client.post(
+                    "/v1/completions", timeout=left, json={"model": self.model, "prompt": "hello", "max_tokens": 1}
+                )
+            except httpx.TimeoutException:
+                raise ServerError(
+                    f"vLLM server did not answer its first completion within "
+                    f"{self.config.startup_timeout_s:.0f} s of starting{self.log_tail()}"
+                ) from None
             if smoke.status_code != 200:
                 raise ServerError(
                     f"vLLM server failed its first completion (HTTP {smoke.status_code}: "
@@ -320,13 +332,40 @@ class VLLMServer:
         parts += [f"--- {self.log_path}: last {lines} lines ---", *text[-lines:]]
         return "\n".join(parts)
 
+    @property
+    def pgid(self) -> int:
+        """The server's process group (start_new_session=True: the leader's pid); ServerError when not started."""
+        if self.process is None:
+            raise ServerError(f"server on port {self.port} is not running")
+        return self.process.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group at once, as a crash would (no shutdown, in-flight requests cut), and reap
+        it; ``start()`` serves again on the same port."""
+        pgid = self.pgid
+        _killpg(pgid, signal.SIGKILL)
+        assert self.process is not None
+        self.process.wait(timeout=self.config.stop_timeout_s)
+        self.process = None
+        atexit.unregister(self.stop)
+
+    def pause(self) -> None:
+        """SIGSTOP the process group: the server stalls (its port still accepts connections; nothing answers)."""
+        _killpg(self.pgid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """SIGCONT the process group after ``pause``."""
+        _killpg(self.pgid, signal.SIGCONT)
+
     def stop(self) -> None:
-        """SIGTERM to the whole process group (vLLM's engine runs in a child), then SIGKILL to whatever
-        is left. Interrupted, it leaves ``process`` set and its atexit hook armed, so it runs again."""
+        """SIGTERM to the whole process group (vLLM's engine runs in a child; SIGCONT too, so a paused server
+        handles it), then SIGKILL to whatever is left. Interrupted, it leaves ``process`` set and its atexit hook
+        armed, so it runs again."""
         process = self.process
         if process is not None:
             pgid = process.pid  # start_new_session=True: the leader's pid is the group id
             _killpg(pgid, signal.SIGTERM)
+            _killpg(pgid, signal.SIGCONT)
             try:
                 process.wait(timeout=self.config.stop_timeout_s)
             except subprocess.TimeoutExpired:

@@ -13,9 +13,10 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Literal, TypeVar, Union
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Version 1 lacks the decisions' token provenance; it reads with token_source inferred (ids present: "sampler").
-READABLE_VERSIONS = (1, 2)
+# Versions 1 and 2 lack ``outcome.retryable``; their outcomes read as finished (retryable False).
+READABLE_VERSIONS = (1, 2, 3)
 TokenSource = Literal["sampler", "server", "none"]  # backends.base.TOKEN_SOURCES
 DecisionKey = tuple[str, int]  # (episode_id, decision index): how attribution rows and training rows name a decision
 
@@ -36,9 +37,15 @@ class RecordError(ValueError):
 
 @dataclass
 class Outcome:
+    """How an episode ended. ``retryable``: the episode did not finish because its backend could not answer (every
+    server down, stalled or overloaded past the retries; ``reason`` starts with "backend_unavailable: "), so the
+    record is a placeholder, not a result: the store's ``read`` leaves it out and a resumed run plays the episode
+    again. A finished episode, failed or not, has ``retryable`` False."""
+
     success: bool
     score: float
     reason: str
+    retryable: bool = False
 
 
 @dataclass
@@ -120,7 +127,7 @@ class EpisodeRecord:
         if not isinstance(d, dict):
             raise RecordError(f"expected a JSON object, got {type(d).__name__}")
         version = d.get("schema_version")
-        if version not in READABLE_VERSIONS:
+        if type(version) is not int or version not in READABLE_VERSIONS:  # True == 1, so the type first
             raise RecordError(
                 f"unsupported schema_version {version!r} (this code reads {', '.join(map(str, READABLE_VERSIONS))})",
                 field="schema_version",
@@ -130,11 +137,13 @@ class EpisodeRecord:
                 for name in ("token_source", "prompt_token_ids"):
                     if isinstance(decision, dict) and name in decision:
                         raise RecordError("not a field of schema_version 1", field=f"decisions[{i}].{name}")
+        if version < 3 and isinstance(d.get("outcome"), dict) and "retryable" in d["outcome"]:
+            raise RecordError(f"not a field of schema_version {version}", field="outcome.retryable")
         record = _build(cls, d, "")
         if version == 1:
             for decision in record.decisions:
                 decision.token_source = "sampler" if decision.action_token_ids else "none"
-            record.schema_version = SCHEMA_VERSION
+        record.schema_version = SCHEMA_VERSION
         return record
 
 

@@ -9,6 +9,12 @@ parse is corruption, not a crash artefact: readers raise ``RecordError`` with fi
 
 One writer per file: the writer holds an exclusive ``flock`` so two runs cannot interleave lines.
 (The file mechanics live in ``trajectories.jsonl``, shared with the attribution job.)
+
+Finished and retryable records: an episode cut short because its backend could not answer is recorded with
+``outcome.retryable`` (a placeholder, so the attempt and its cause stay on disk), and a resumed run plays it again,
+appending its next record. So one episode id may have several lines: retryable attempts, then at most one finished
+record (the runner never replays a finished episode). ``read`` and ``episode_ids`` see finished episodes only (what
+training, reports and resume take); iterating the store yields every line, attempts included.
 """
 
 from __future__ import annotations
@@ -21,7 +27,8 @@ from porch_jax.trajectories.schema import EpisodeRecord, RecordError
 
 
 class TrajectoryStore(AppendOnlyJsonl):
-    """``append`` / ``append_many`` (durable), ``read`` / iteration (validated), ``episode_ids``."""
+    """``append`` / ``append_many`` (durable); ``read`` and ``episode_ids`` (finished episodes), ``retryable_ids``
+    (episodes a rerun plays again) and iteration (every line), all validated."""
 
     writer_name = "another TrajectoryStore or process"
 
@@ -37,10 +44,18 @@ class TrajectoryStore(AppendOnlyJsonl):
             yield _decode(raw, str(self.path), lineno)
 
     def read(self) -> list[EpisodeRecord]:
-        return list(self)
+        """The finished records (``outcome.retryable`` False), in file order; retryable attempts are left out."""
+        return [r for r in self if not r.outcome.retryable]
 
     def episode_ids(self) -> set[str]:
-        return {r.episode_id for r in self}
+        """The ids of finished episodes: what a resumed run skips."""
+        return {r.episode_id for r in self.read()}
+
+    def retryable_ids(self) -> set[str]:
+        """The ids with retryable attempts and no finished record: what a resumed run plays again."""
+        records = list(self)
+        finished = {r.episode_id for r in records if not r.outcome.retryable}
+        return {r.episode_id for r in records if r.outcome.retryable} - finished
 
 
 def encode_record(record: EpisodeRecord) -> bytes:

@@ -109,6 +109,53 @@ def test_refused_connection_fails_over_and_cools_down(fake):
     assert stats[fake.url].requests == 4
 
 
+def test_a_dead_server_is_probed_after_its_cooldown_and_rejoins_when_restarted(fake):
+    dead = closed_port_url()
+    b = backend([dead, fake.url], cooldown_s=0.3)
+    stats = {s.url: s for s in b.servers}
+
+    async def calls(n: int) -> None:
+        async with b:
+            for _ in range(n):
+                assert (await b.chat(req())).token_ids == [668, 668]
+
+    asyncio.run(calls(4))
+    assert (stats[dead].failures, stats[dead].answered) == (1, 0)  # refused once, then out of rotation
+    time.sleep(0.4)
+    asyncio.run(calls(2))  # after the cooldown the rotation tries it again: refused, and the call moves on
+    assert (stats[dead].failures, stats[dead].answered) == (2, 0)
+    restarted = FakeOpenAIServer(port=int(dead.rsplit(":", 1)[1]))  # the server back on the same port
+    try:
+        time.sleep(0.4)
+        asyncio.run(calls(2))
+        assert stats[dead].answered >= 1 and len(restarted.requests) == stats[dead].answered
+        assert stats[dead].failures == 2
+    finally:
+        restarted.close()
+
+
+def test_a_stalled_server_times_out_leaves_the_rotation_and_the_pool_moves_on():
+    stalled, healthy = FakeOpenAIServer(default=Step(delay=5.0)), FakeOpenAIServer()
+    try:
+        b = backend([stalled.url, healthy.url], timeout_s=0.4, cooldown_s=60.0)
+
+        async def run():
+            async with b:
+                return await asyncio.gather(*(b.chat(req()) for _ in range(6)))
+
+        t0 = time.perf_counter()
+        results = asyncio.run(run())
+        wall = time.perf_counter() - t0
+        stats = {s.url: s for s in b.servers}
+        assert all(r.token_ids == [668, 668] for r in results) and wall < 3.0
+        assert stats[stalled.url].answered == 0 and stats[stalled.url].timeouts == stats[stalled.url].requests >= 1
+        assert stats[healthy.url].answered == 6 and b.retries == stats[stalled.url].timeouts
+        assert stats[stalled.url].down_until > time.monotonic() + 50  # out of rotation for its cooldown
+    finally:
+        stalled.close()
+        healthy.close()
+
+
 def test_concurrent_requests_spread_over_servers():
     servers = [FakeOpenAIServer([(200, 0.2)] * 8) for _ in range(2)]
     try:

@@ -145,6 +145,29 @@ def test_backend_exceptions_never_escape():
     assert rec.meta["invalid"]["orchestrator"] == 0 and rec.meta["invalid_kinds"]["orchestrator"] == {}
 
 
+@pytest.mark.parametrize("kind", ["connection", "timeout", "server", "rate_limit"])
+def test_a_backend_that_cannot_answer_ends_the_episode_as_retryable(kind):
+    calls = 0
+
+    class Down:
+        def __init__(self, policy):
+            self.inner = ScriptedBackend(policy)
+
+        async def chat(self, request):
+            nonlocal calls
+            calls += 1
+            if calls > 2:  # the pool goes down mid-episode, after a delegation and one sub-agent step
+                raise BackendError("no server answered", kind=kind)
+            return await self.inner.chat(request)
+
+    orchestrator, subagent = Down(ScriptedExpert(CLEAN_EXPERT)), Down(ScriptedSubagent(NO_SLIPS))
+    rec = run(Engine(WorkplaceEnv, orchestrator, subagent, EngineConfig(max_decisions=6)), quiet("cab"))
+    assert rec.outcome.retryable and not rec.outcome.success and rec.meta["ended"] == "backend_unavailable"
+    assert rec.outcome.reason.startswith("backend_unavailable: ") and "no server answered" in rec.outcome.reason
+    assert calls == 3 and rec.decisions == []  # no further call after the outage; a placeholder, not a trajectory
+    assert sum(rec.meta["backend_error_kinds"][role].get(kind, 0) for role in ("orchestrator", "subagent")) == 1
+
+
 class ShortContext:
     """A test backend that plays a server with a short context (vLLM's 400 text) in front of the scripted expert:
     a request with more than `limit` messages fails as over-long."""

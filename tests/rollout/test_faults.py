@@ -1,9 +1,11 @@
-"""Faulty backends (timeouts, errors, garbage in 20% of calls): every episode ends recorded with an
-outcome and a reason, and no exception escapes the runner."""
+"""Faulty backends (timeouts, errors, garbage in 20% of calls): every episode ends recorded once with an
+outcome and a reason, no exception escapes the runner, a call that still times out after its retries
+ends its episode as retryable, and a rerun plays exactly those episodes again."""
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 
 import pytest
 
@@ -29,12 +31,35 @@ def test_every_episode_ends_recorded(tmp_path, system, retries):
         return await engine.run(task, episode_id=task.task_id)
 
     summary = asyncio.run(run_episodes(tasks, episode, store, concurrency=8, progress=False, episode_timeout_s=30))
-    records = store.read()
-    assert sorted(r.episode_id for r in records) == sorted(t.task_id for t in tasks)
+    history = list(store)  # every line, retryable attempts included
+    assert Counter(r.episode_id for r in history) == {t.task_id: 1 for t in tasks}
     assert summary.errors == 0  # the engine absorbed every fault itself
-    assert all(r.outcome.reason for r in records)
+    assert all(r.outcome.reason for r in history)
     injected = orch_faults.injected + sub_faults.injected
     assert set(injected) == {"timeout", "error", "garbage"}
-    assert sum(sum(r.meta["invalid"].values()) for r in records) > 0  # garbage became counted invalid actions
+    assert sum(sum(r.meta["invalid"].values()) for r in history) > 0  # garbage became counted invalid actions
+    retryable = {r.episode_id for r in history if r.outcome.retryable}
+    assert summary.retryable == len(retryable) and store.retryable_ids() == retryable
+    for r in history:
+        if r.outcome.retryable:  # a call that timed out on every attempt: the backend could not answer
+            assert r.outcome.reason.startswith("backend_unavailable: ") and not r.outcome.success
+            assert sum(k.get("timeout", 0) for k in r.meta["backend_error_kinds"].values()) == 1
+        else:  # injected errors (kind "other") stayed observations inside the episode
+            assert not any(k.get("timeout") for k in r.meta["backend_error_kinds"].values())
     if retries == 0:
-        assert sum(sum(r.meta["backend_errors"].values()) for r in records) > 0
+        assert retryable and sum(sum(r.meta["backend_errors"].values()) for r in history) > 0
+
+    # The rerun, on healthy backends, plays exactly the retryable episodes and finishes every task.
+    healthy = Engine(
+        WorkplaceEnv, ScriptedBackend(ScriptedExpert()), ScriptedBackend(ScriptedSubagent()), system_config(system)
+    )
+    rerun: list[str] = []
+
+    async def again(task):
+        rerun.append(task.task_id)
+        return await healthy.run(task, episode_id=task.task_id)
+
+    second = asyncio.run(run_episodes(tasks, again, store, concurrency=8, progress=False, episode_timeout_s=30))
+    assert sorted(rerun) == sorted(retryable) and second.skipped == len(tasks) - len(retryable)
+    assert sorted(r.episode_id for r in store.read()) == sorted(t.task_id for t in tasks)
+    assert store.retryable_ids() == set() and len(list(store)) == len(tasks) + len(retryable)

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from porch_jax.backends import ChatRequest, FaultyBackend, RetryingBackend, ScriptedBackend
+from porch_jax.backends import BackendError, ChatRequest, FaultyBackend, RetryingBackend, ScriptedBackend
 from porch_jax.protocol import Finish, ProtocolError, parse_orchestrator_action, render_action
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
@@ -105,7 +105,8 @@ def test_failures_become_records_and_nothing_escapes(tmp_path):
 
 
 def test_faulty_backend_under_retries_every_episode_recorded(tmp_path):
-    """20% of calls hang, raise or return garbage; retries absorb most, the rest are recorded errors."""
+    """20% of calls hang, raise or return garbage; retries absorb most; a call that hangs on every attempt ends its
+    episode as retryable (the backend could not answer), one that errs on every attempt as a recorded error."""
     faulty = FaultyBackend(ScriptedBackend(lambda r: render_action(Finish(f"answer-{r.state}"))), rate=0.2, seed=3)
     backend = RetryingBackend(faulty, timeout_s=0.05, max_retries=2, backoff_s=0.001, seed=0)
 
@@ -123,11 +124,54 @@ def test_faulty_backend_under_retries_every_episode_recorded(tmp_path):
     store = TrajectoryStore(tmp_path / "ep.jsonl")
     tasks = [f"t{i}" for i in range(100)]
     summary = run(tasks, episode, store, concurrency=32)
-    records = store.read()
+    records = list(store)  # every line, retryable ones included
     assert sorted(r.episode_id for r in records) == sorted(tasks) and summary.completed == 100
     assert set(faulty.injected) == {"timeout", "error", "garbage"}
     assert 0 < summary.succeeded < 100  # garbage replies fail some episodes, retries save the rest
     assert summary.errors == sum(r.outcome.reason.startswith("error: BackendError") for r in records)
+    retryable = [r for r in records if r.outcome.retryable]
+    assert summary.retryable == len(retryable) and store.retryable_ids() == {r.episode_id for r in retryable}
+    assert all(r.outcome.reason.startswith("backend_unavailable: BackendError: ") for r in retryable)
+    assert all("timed out" in r.outcome.reason for r in retryable)
+
+
+def test_unavailable_backends_leave_retryable_records_and_a_rerun_plays_exactly_those(tmp_path):
+    """A raised failure that says the backend could not answer is recorded as retryable; any other as a finished
+    error. A (task, run) pair is done only with a finished record, so the rerun plays the retryable ones alone."""
+    down = {"t1": "connection", "t4": "timeout", "t6": "server"}
+
+    async def episode(task):
+        if task in down:
+            raise BackendError(f"no server answered {task}", kind=down[task])
+        if task == "t2":
+            raise BackendError("HTTP 400: bad request")  # the request's fault: finished, not retried
+        return record(task)
+
+    store = TrajectoryStore(tmp_path / "ep.jsonl")
+    tasks = [f"t{i}" for i in range(8)]
+    first = run(tasks, episode, store)
+    assert (first.completed, first.retryable, first.errors, first.succeeded, first.failed) == (8, 3, 1, 4, 1)
+    assert store.retryable_ids() == set(down) and store.episode_ids() == set(tasks) - set(down)
+    by_id = {r.episode_id: r for r in store}
+    assert all(by_id[t].outcome.reason.startswith("backend_unavailable: BackendError") for t in down)
+    assert not by_id["t2"].outcome.retryable and by_id["t2"].outcome.reason.startswith("error: BackendError")
+
+    rerun: list[str] = []
+
+    async def healthy(task):
+        rerun.append(task)
+        return record(task)
+
+    second = run(tasks, healthy, store)
+    assert sorted(rerun) == sorted(down) and (second.skipped, second.completed, second.retryable) == (5, 3, 0)
+    assert sorted(r.episode_id for r in store.read()) == tasks and store.retryable_ids() == set()
+    assert collections.Counter(r.episode_id for r in store) == {t: 1 + (t in down) for t in tasks}
+
+
+@pytest.mark.parametrize("bound", [None, 0, -1.0, float("inf")])
+def test_every_episode_wait_is_bounded(tmp_path, bound):
+    with pytest.raises(ValueError, match="episode_timeout_s must be a finite number of seconds > 0"):
+        run(["a"], lambda t: record(t), TrajectoryStore(tmp_path / "ep.jsonl"), episode_timeout_s=bound)
 
 
 CHILD = textwrap.dedent("""

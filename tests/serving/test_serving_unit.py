@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -87,6 +88,35 @@ def test_startup_timeout_stops_the_process_group(tmp_path, model_dir):
             break
         time.sleep(0.1)
     assert not alive(child), "a child of the server outlived stop()"
+
+
+SILENT_ENGINE = """
+import sys, time
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):  # /v1/models answers: the process is up
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def do_POST(self):  # the first completion never comes: an engine that hangs on its first request
+        time.sleep(1000)
+
+port = int(sys.argv[sys.argv.index("--port") + 1])
+HTTPServer(("127.0.0.1", port), Handler).serve_forever()
+"""
+
+
+def test_a_first_completion_that_never_comes_is_bounded_by_the_startup_timeout(tmp_path, model_dir):
+    engine = tmp_path / "silent_engine.py"
+    engine.write_text(SILENT_ENGINE)
+    s = server(tmp_path, model_dir, f'exec {sys.executable} {engine} "$@"\n', startup_timeout_s=6.0, stop_timeout_s=2.0)
+    t0 = time.perf_counter()
+    with pytest.raises(ServerError, match="did not answer its first completion within 6 s of starting"):
+        s.start()
+    assert time.perf_counter() - t0 < 6.0 + 2.0 + 5.0 and s.process is None  # the bound, the stop, slack
 
 
 def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, model_dir):

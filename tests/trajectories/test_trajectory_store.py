@@ -168,12 +168,9 @@ def test_keyword_only_episode_record():
 
 
 def test_version_1_records_read_with_inferred_token_sources():
-    d = make_record().to_dict()
-    d["schema_version"] = 1
-    for decision in d["decisions"]:
-        del decision["token_source"], decision["prompt_token_ids"]
+    d = json.loads(_version_1_line(0))
     record = EpisodeRecord.from_dict(d)
-    assert record.schema_version == SCHEMA_VERSION == 2
+    assert record.schema_version == SCHEMA_VERSION == 3
     assert [x.token_source for x in record.decisions] == ["sampler", "none"]  # ids present: our sampler's
     d["decisions"][0]["token_source"] = "server"
     with pytest.raises(RecordError, match=r"decisions\[0\]\.token_source.*not a field of schema_version 1"):
@@ -188,15 +185,55 @@ def test_token_source_is_checked():
 
 
 def _version_1_line(i: int) -> str:
-    """A line as a store written before schema version 2 holds it: no token provenance, no server prompt ids."""
-    d = make_record(i).to_dict()
+    """A line as a store written before schema version 2 holds it: no token provenance, no server prompt ids, no
+    retryable outcome."""
+    d = json.loads(_version_2_line(i))
     d["schema_version"] = 1
     for decision in d["decisions"]:
         del decision["token_source"], decision["prompt_token_ids"]
     return json.dumps(d)
 
 
-def test_a_version_1_store_reads_and_resumes_with_version_2_lines(tmp_path):
+def _version_2_line(i: int) -> str:
+    """A line as a store written before schema version 3 holds it: outcomes without ``retryable``."""
+    d = make_record(i).to_dict()
+    d["schema_version"] = 2
+    del d["outcome"]["retryable"]
+    return json.dumps(d)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_older_outcomes_read_as_finished_and_may_not_claim_retryable(version):
+    d = json.loads(_version_1_line(0) if version == 1 else _version_2_line(0))
+    assert EpisodeRecord.from_dict(d).outcome.retryable is False
+    d["outcome"]["retryable"] = True
+    with pytest.raises(RecordError, match=rf"outcome\.retryable.*not a field of schema_version {version}"):
+        EpisodeRecord.from_dict(d)
+
+
+def test_retryable_attempts_are_kept_but_only_finished_records_are_read(tmp_path):
+    def attempt(i: int, retryable: bool) -> EpisodeRecord:
+        r = make_record(i)
+        r.outcome = (
+            Outcome(False, 0.0, "backend_unavailable: connection refused", retryable=True) if retryable else (r.outcome)
+        )
+        return r
+
+    store = TrajectoryStore(tmp_path / "ep.jsonl")
+    # ep0 finished at once; ep1 retryable, then finished by a rerun; ep2 retryable twice, not finished yet
+    store.append_many([attempt(0, False), attempt(1, True), attempt(2, True), attempt(1, False), attempt(2, True)])
+    assert [r.episode_id for r in store.read()] == ["ep0", "ep1"]
+    assert store.episode_ids() == {"ep0", "ep1"} and store.retryable_ids() == {"ep2"}
+    assert [(r.episode_id, r.outcome.retryable) for r in store] == [
+        ("ep0", False),
+        ("ep1", True),
+        ("ep2", True),
+        ("ep1", False),
+        ("ep2", True),
+    ]
+
+
+def test_a_version_1_store_reads_and_resumes_with_current_lines(tmp_path):
     path = tmp_path / "ep.jsonl"
     path.write_text(_version_1_line(0) + "\n" + _version_1_line(1) + "\n")
     old = TrajectoryStore(path).read()
@@ -212,7 +249,7 @@ def test_a_version_1_store_reads_and_resumes_with_version_2_lines(tmp_path):
 def test_a_line_of_a_version_this_code_does_not_know_is_refused_by_name(tmp_path, version):
     path = tmp_path / "ep.jsonl"
     path.write_text(_version_1_line(0) + "\n" + _line(schema_version=version) + "\n")
-    expected = f"{path}:2: field 'schema_version': unsupported schema_version {version!r} (this code reads 1, 2)"
+    expected = f"{path}:2: field 'schema_version': unsupported schema_version {version!r} (this code reads 1, 2, 3)"
     for read in (TrajectoryStore(path).read, TrajectoryStore(path).episode_ids):  # episode_ids: what a resume reads
         with pytest.raises(RecordError) as info:
             read()

@@ -244,13 +244,15 @@ def _store_records(
     records: dict[str, list[EpisodeRecord]],
     verdicts: dict[str, dict[str, Any]],
 ) -> None:
-    """Each turn's episode with the scenario's verdict as its outcome (the judge scores the whole run)."""
+    """Each turn's episode with the scenario's verdict as its outcome (the judge scores the whole run), except a turn
+    cut short because its backend could not answer: it stays retryable (the verdict would judge the outage)."""
     for scenario in scenarios:
         verdict = verdicts.get(scenario.scenario_id, {"success": False, "rationale": "", "exception": "no verdict"})
         ok = verdict["success"]
         why = verdict["rationale"] or verdict["exception"] or "no reason given"
         for r in records.get(run_key(scenario), []):
-            r.outcome = Outcome(ok, float(ok), "judge: success" if ok else f"judge: failed; {why}"[:2000])
+            if not r.outcome.retryable:
+                r.outcome = Outcome(ok, float(ok), "judge: success" if ok else f"judge: failed; {why}"[:2000])
             r.meta["are"] = {
                 "scenario_id": scenario.scenario_id,
                 "nb_turns": getattr(scenario, "nb_turns", 1) or 1,
