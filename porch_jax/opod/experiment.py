@@ -151,8 +151,9 @@ def train(
     if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
         cfg = train_config(run.cfg, name, learning_rate)
         tok = AutoTokenizer.from_pretrained(str(init))
-        source = source_of(tok, mesh_lib.make_mesh(cfg.mesh))
-        model = from_pretrained(init)
+        mesh = mesh_lib.make_mesh(cfg.mesh)
+        source = source_of(tok, mesh)
+        model = from_pretrained(init, mesh=mesh)  # each process reads only its devices' slices
         trainer = Trainer(
             cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=folder_view(init)
         )

@@ -129,7 +129,8 @@ def records_trainer(
     """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them."""
     method = make_method(cfg.train.method)
     on_policy = method.name == "opod" and cfg.opd.on_policy
-    sampler = ActionSampler(tokenizer, cfg.opd.sampling, max_len=cfg.opd.max_len) if on_policy else None
+    mesh = mesh_lib.make_mesh(cfg.train.mesh)
+    sampler = ActionSampler(tokenizer, cfg.opd.sampling, mesh, max_len=cfg.opd.max_len) if on_policy else None
     reserve = max(cfg.data.target_reserve, cfg.opd.sampling.max_new_tokens) if on_policy else cfg.data.target_reserve
     source = RecordSource(
         examples,
@@ -140,7 +141,7 @@ def records_trainer(
         accum_steps=cfg.batch.accum_steps,
         pad_id=cfg.data.pad_id if pad_id is None else pad_id,
         seed=cfg.data.seed,
-        mesh=mesh_lib.make_mesh(cfg.train.mesh),
+        mesh=mesh,
         target_reserve=reserve,
         sampler=sampler,
         overlong=cfg.data.overlong,
