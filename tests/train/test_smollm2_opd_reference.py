@@ -29,7 +29,8 @@ from porch_jax.train.methods import MethodConfig, make_method  # noqa: E402
 from porch_jax.train.trainer import Trainer  # noqa: E402
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome  # noqa: E402
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
+# ~1.5 + ~3 min of mostly XLA compilation (30 unrolled layers) on 2 quiet cores; shared cores stretch it.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SYSTEM = "You orchestrate sub-agents. Reply with exactly one tool call."
 TASKS = (
@@ -95,11 +96,12 @@ def setup(smollm2_dir):
     return tok, eps, rows, actions, from_pretrained(smollm2_dir)
 
 
-def _batch(prompts_s, prompts_t, actions) -> dict:
+def _batch(prompts_s, prompts_t, actions, t: int = 200) -> dict:
+    """Student and teacher views of the same actions, every view [3, t] (one shape: one compilation)."""
     k = max(map(len, actions))
 
     def view(prompts):
-        return packing.scored_batch(prompts, actions, max(len(p) + k for p in prompts), k)
+        return packing.scored_batch(prompts, actions, t, k)
 
     return jax.tree.map(jnp.asarray, {"student": view(prompts_s), "teacher": view(prompts_t)})
 
@@ -132,6 +134,9 @@ def test_opd_loss_and_gradient_equal_torch_and_a_self_teacher_gives_zero(setup, 
         our_grads = {name: f.get_tensor(name) for name in GRADS}
 
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    # torch's nn.Embedding drops the lookup gradient of its padding_idx row (SmolLM2's pad is its eos, <|im_end|>,
+    # which every chat turn holds); the loss's true gradient keeps it, as ours does.
+    hf.model.embed_tokens.padding_idx = None
     kls = []
     for r, a in zip(rows, actions, strict=True):
         s, t = len(r.student), len(r.teacher)
@@ -143,15 +148,18 @@ def test_opd_loss_and_gradient_equal_torch_and_a_self_teacher_gives_zero(setup, 
     reference.backward()
     params = dict(hf.named_parameters())
 
-    print(f"\nSmolLM2 OPD loss: ours {ours:.6f}, torch {float(reference):.6f}")
+    print(f"\nSmolLM2 OPD loss: ours {ours:.6f}, torch {float(reference.detach()):.6f}")
     assert ours > 1e-3  # the hint moves the teacher: a loss that is not trivially 0
-    assert ours == pytest.approx(float(reference), rel=2e-3)
+    # Tolerances: f32 on both sides, different kernels (fused chunked KL, XLA vs torch attention): the loss to
+    # 1e-4 relative (measured ~1e-5); each gradient to 3e-3 of its largest entry (measured 1e-4 to 7e-4) with a
+    # cosine above 0.9999.
+    assert ours == pytest.approx(float(reference), rel=1e-4)
     for name in GRADS:
-        want = params[name].grad.numpy()
-        err = np.abs(our_grads[name] - want).max() / np.abs(want).max()
-        cos = float(np.sum(our_grads[name] * want) / np.linalg.norm(our_grads[name]) / np.linalg.norm(want))
-        print(f"  grad {name}: max |diff| / max |torch| {err:.1e}, cosine {cos:.6f}")
-        assert err < 2e-2 and cos > 0.999, name
+        want, got = params[name].grad.numpy().astype(np.float64), our_grads[name].astype(np.float64)
+        err = np.abs(got - want).max() / np.abs(want).max()
+        cos = float(np.sum(got * want) / np.linalg.norm(got) / np.linalg.norm(want))
+        print(f"  grad {name}: max |diff| / max |torch| {err:.1e}, cosine {cos:.7f}")
+        assert err < 3e-3 and cos > 0.9999, name
 
     same, zero_grads = _opd_loss_and_grads(model, _batch([r.student for r in rows], [r.student for r in rows], actions))
     _, eps, _, _, _ = setup
@@ -181,12 +189,12 @@ def _train(smollm2_dir, tok, source, method: str, opd_weight: float = 1.0):
 def test_opod_at_opd_weight_zero_trains_like_rwr(setup, smollm2_dir):
     tok, eps, rows, _, _ = setup
     mesh = mesh_lib.make_mesh((1, 1, 1))
-    packed = od.packed_rows(eps, tok, "full", 256, weight=lambda ep: float(ep.outcome.success))
-    rwr, rwr_params = _train(smollm2_dir, tok, sources.PackedSource(packed, 2, (256,), 0, mesh), "rwr")
-    opd = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=8, seed=1), 2, (256,), mesh)
-    opod, opod_params = _train(
-        smollm2_dir, tok, sources.Joined(sources.PackedSource(packed, 2, (256,), 0, mesh, "rwr"), opd), "opod", 0.0
-    )
+    buckets = (160,)
+    packed = od.packed_rows(eps, tok, "full", buckets[-1], weight=lambda ep: float(ep.outcome.success))
+    rwr, rwr_params = _train(smollm2_dir, tok, sources.PackedSource(packed, 2, buckets, 0, mesh), "rwr")
+    opd = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=4, seed=1), 2, buckets, mesh)
+    joined = sources.Joined(sources.PackedSource(packed, 2, buckets, 0, mesh, "rwr"), opd)
+    opod, opod_params = _train(smollm2_dir, tok, joined, "opod", 0.0)
     print("\nRWR losses", [round(m["loss"], 6) for m in rwr], "OPOD(0) losses", [round(m["loss"], 6) for m in opod])
     print("  OPD part (weight 0)", [round(m["opd"], 6) for m in opod])
     assert all(m["opd"] > 0 and m["opd_count"] == 2 for m in opod)  # OPD computed on sampled actions, weight 0
