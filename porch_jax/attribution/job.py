@@ -1,10 +1,12 @@
 """The attribution job: every decision of a trajectory store through a GRM backend, resumably.
 
 Output: an append-only JSONL store with one row per decision, keyed by (episode_id, index):
-``{"episode_id", "index", "attributable", "hint", "status", "detail", "reply"}``. ``status`` is
+``{"episode_id", "index", "attributable", "hint", "status", "detail", "reply", "attempts"}``. ``status`` is
 "ok" (a parsed judgement), "error" (a malformed reply or a failed call: recorded, not attributable,
-with the reason in ``detail``) or "skipped" (a decision no sub-agent feedback followed: finish,
-stop, or an action that did not parse). The rows are what ``train.data.hint_table`` reads.
+with the reason in ``detail``: "malformed: ..." or "backend: ...") or "skipped" (a decision no sub-agent feedback
+followed: finish, stop, or an action that did not parse). A malformed reply is asked again ``retries`` times (the
+paper's reading: once; the retry samples at ``retry_temperature`` at least, so a greedy GRM can answer otherwise)
+and then read as FLAG=false. The rows are what ``train.data.hint_table`` reads.
 
 Resume: keys already in the output are not judged again, so rerunning after a crash or a kill
 finishes the rest and never writes a key twice. Rows are written by one writer in whole lines,
@@ -20,7 +22,7 @@ import logging
 import sys
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +80,10 @@ class AttributionConfig:
     grm: EndpointSpec
     sampling: Sampling = Sampling(max_tokens=128)
     concurrency: int = 16
+    retries: int = 1
 
     def __post_init__(self):
+        check(self.retries >= 0, "retries", f"must be >= 0, got {self.retries}")
         check(self.grm.configured, "grm.model", "the GRM's endpoint names no model")
         check(self.concurrency >= 1, "concurrency", f"must be >= 1, got {self.concurrency}")
         check(self.records != self.out, "out", "must differ from records (the trajectories are read, never written)")
@@ -106,6 +110,7 @@ async def run_job(cfg: AttributionConfig, *, progress: bool = True) -> JobSummar
                 concurrency=cfg.concurrency,
                 sampling=cfg.sampling,
                 progress=progress,
+                retries=cfg.retries,
             )
     finally:
         await grm.aclose()
@@ -127,7 +132,14 @@ def needs_judgement(decision: DecisionRecord) -> bool:
 
 
 def _row(
-    episode_id: str, index: int, attributable: bool, hint: str, status: str, detail: str = "", reply: str = ""
+    episode_id: str,
+    index: int,
+    attributable: bool,
+    hint: str,
+    status: str,
+    detail: str = "",
+    reply: str = "",
+    attempts: int = 0,
 ) -> dict[str, Any]:
     return {
         "episode_id": episode_id,
@@ -137,22 +149,38 @@ def _row(
         "status": status,
         "detail": detail,
         "reply": reply,
+        "attempts": attempts,
     }
 
 
-async def _judge(backend: Backend, episode_id: str, decision: DecisionRecord, sampling: Sampling) -> dict[str, Any]:
+RETRY_TEMPERATURE = 0.7
+
+
+async def _judge(
+    backend: Backend, episode_id: str, decision: DecisionRecord, sampling: Sampling, retries: int = 1
+) -> dict[str, Any]:
     if not needs_judgement(decision):
         name = decision.action.get("name") if decision.action else "invalid action"
         return _row(episode_id, decision.index, False, "", "skipped", f"no sub-agent feedback after {name}")
-    try:
-        result = await backend.chat(grm_request(AttributionUnit.of(decision), sampling))
-    except Exception as e:  # a failed call is recorded, never silently dropped
-        return _row(episode_id, decision.index, False, "", "error", f"backend: {type(e).__name__}: {str(e)[:200]}")
-    try:
-        a = parse_reply(result.text)
-    except GRMReplyError as e:
-        return _row(episode_id, decision.index, False, "", "error", str(e)[:300], result.text[:2000])
-    return _row(episode_id, decision.index, a.attributable, a.hint, "ok", reply=result.text[:2000])
+    unit = AttributionUnit.of(decision)
+    for attempt in range(retries + 1):
+        asked = sampling if not attempt else replace(sampling, temperature=max(sampling.temperature, RETRY_TEMPERATURE))
+        try:
+            result = await backend.chat(grm_request(unit, asked))
+        except Exception as e:  # a failed call is recorded, never silently dropped
+            detail = f"backend: {type(e).__name__}: {str(e)[:200]}"
+            return _row(episode_id, decision.index, False, "", "error", detail, attempts=attempt + 1)
+        try:
+            a = parse_reply(result.text)
+        except GRMReplyError as e:
+            if attempt < retries:
+                continue
+            detail = f"malformed: {str(e)[:300]}"
+            return _row(episode_id, decision.index, False, "", "error", detail, result.text[:2000], attempt + 1)
+        return _row(
+            episode_id, decision.index, a.attributable, a.hint, "ok", reply=result.text[:2000], attempts=attempt + 1
+        )
+    raise AssertionError("unreachable")
 
 
 async def attribute_store(
@@ -163,6 +191,7 @@ async def attribute_store(
     concurrency: int = 16,
     sampling: Sampling = Sampling(max_tokens=128),
     progress: bool = True,
+    retries: int = 1,
 ) -> JobSummary:
     """Judges every decision not yet in ``out``; returns counts. Raises only if writing fails."""
     if concurrency < 1:
@@ -181,7 +210,7 @@ async def attribute_store(
 
     async def worker() -> None:
         for episode_id, d in it:
-            queue.put_nowait(await _judge(backend, episode_id, d, sampling))
+            queue.put_nowait(await _judge(backend, episode_id, d, sampling, retries))
 
     async def writer() -> None:
         last = time.monotonic()

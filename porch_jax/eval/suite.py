@@ -9,6 +9,7 @@ them. A launcher builds them from a config file with ``typed_config.from_dict``,
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 from porch_jax.backends import Backend, Sampling, ScriptedBackend
 from porch_jax.envs.workplace import (
@@ -27,10 +28,13 @@ from porch_jax.typed_config import check
 
 @dataclasses.dataclass(frozen=True)
 class SuiteConfig:
-    """The task mixture, the scripted expert and sub-agents, and the engine's limits."""
+    """The task mixture, the scripted expert and sub-agents, and the engine's limits. context_overflow: what an
+    orchestrator context over its backend's window does (rollout/config.py EngineConfig: "observe" records the
+    failed call, "drop_oldest" drops the oldest decision and its feedback and asks again)."""
 
     max_decisions: int
     max_evidence_chars: int
+    context_overflow: Literal["observe", "drop_oldest"] = "observe"
     mixture: TaskMixture = dataclasses.field(default_factory=TaskMixture)
     expert: ExpertConfig = dataclasses.field(default_factory=ExpertConfig)
     subagent: SubagentConfig = dataclasses.field(default_factory=SubagentConfig)
@@ -79,6 +83,7 @@ def engine(
         max_decisions=suite.max_decisions,
         max_evidence_chars=suite.max_evidence_chars,
         orchestrator_sampling=sampling,
+        context_overflow=suite.context_overflow,
     )
     subagent = ScriptedBackend(ScriptedSubagent(suite.subagent))
     return Engine(WorkplaceEnv, orchestrator, subagent, system_config("proactive", cfg), system_name=name)

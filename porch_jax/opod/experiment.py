@@ -24,6 +24,7 @@ mean and spread, paired differences with t-intervals over sets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -31,14 +32,18 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from transformers import AutoTokenizer
 
 from porch_jax import runtime
 from porch_jax.attribution.job import AttributionStore, attribute_store
 from porch_jax.attribution.judge import ScriptedJudge, follow_hint
-from porch_jax.backends import ScriptedBackend
+from porch_jax.backends import Backend, ScriptedBackend
+from porch_jax.backends.embedded import EmbeddedBackend
+from porch_jax.backends.spec import transport_keys
+from porch_jax.backends.window import ContextWindow
 from porch_jax.envs.views import POLICY_FILE, folder_view
-from porch_jax.envs.workplace import TOOLS
+from porch_jax.envs.workplace import TOOLS, ScriptedExpert
 from porch_jax.envs.workplace.codec import corpus as dsl_corpus
 from porch_jax.eval import plots, report
 from porch_jax.eval import seed_sets as seed_sets_lib
@@ -47,10 +52,13 @@ from porch_jax.eval.evaluate import evaluate, run_policy
 from porch_jax.eval.policy import load_policy
 from porch_jax.eval.suite import TaskSet
 from porch_jax.models import from_pretrained
+from porch_jax.models.sampler import Sampler
 from porch_jax.models.tiny import make_tiny_model
+from porch_jax.opod import preflight
 from porch_jax.opod import rows as od
-from porch_jax.opod.config import ExperimentConfig, with_seed_set
+from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
 from porch_jax.opod.diagnostics import hint_following
+from porch_jax.opod.served_policy import describe, served_policy
 from porch_jax.rollout import run_episodes
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
@@ -66,7 +74,7 @@ from porch_jax.train.data import hint_table
 from porch_jax.train.methods import make_method
 from porch_jax.train.trainer import Trainer, selection_candidates
 from porch_jax.trajectories import TrajectoryStore
-from porch_jax.typed_config import claim_run_dir
+from porch_jax.typed_config import claim_run_dir, to_dict
 
 
 class Run:
@@ -93,7 +101,11 @@ def rollouts(
     tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
     with TrajectoryStore(run / store_name) as store:
         if policy_or_none is None:
-            engine = suite_lib.expert_engine(cfg.suite)
+            expert: Backend = ScriptedBackend(ScriptedExpert(cfg.suite.expert))
+            if cfg.policy.context_tokens:  # the expert decides under the policy's window
+                tok = AutoTokenizer.from_pretrained(str(init_model(run)))
+                expert = ContextWindow(expert, tok, cfg.policy.context_tokens)
+            engine = suite_lib.engine(expert, cfg.suite, name="expert")
             asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
         else:
             asyncio.run(
@@ -112,26 +124,107 @@ def rollouts(
     return TrajectoryStore(run / store_name).read()
 
 
-def attribute(run: Run, trajectories: str, out: str) -> dict[tuple[str, int], str]:
-    """Runs (or resumes) the attribution job with the scripted judge; returns the hints (FLAG=true)."""
-    with AttributionStore(run / out) as store:
-        summary = asyncio.run(
-            attribute_store(
-                TrajectoryStore(run / trajectories), ScriptedBackend(ScriptedJudge()), store, progress=False
+class Windowed:
+    """A policy (embedded or served) whose every backend decides under the context window ``max_prompt_tokens``."""
+
+    def __init__(self, inner: Any, tokenizer: Any, max_prompt_tokens: int):
+        self.inner, self.tokenizer, self.max_prompt_tokens = inner, tokenizer, max_prompt_tokens
+
+    def load(self, folder: str | Path) -> Windowed:
+        self.inner.load(folder)
+        return self
+
+    def backend(self, seed: int = 0) -> Backend:
+        return ContextWindow(self.inner.backend(seed), self.tokenizer, self.max_prompt_tokens)
+
+
+def scripted_grm() -> Backend:
+    """The miniature's rule-based judge (porch_jax/attribution/judge.py) answering the GRM prompt."""
+    return ScriptedBackend(ScriptedJudge())
+
+
+def base_model_grm(cfg: ExperimentConfig) -> Backend:
+    """The paper's GRM: the frozen base model (model.init_from, no SFT) at attribution.endpoint, or our embedded
+    sampler on it (its prompt buckets cover the GRM prompt of a ~12-decision episode)."""
+    if cfg.attribution.endpoint.configured:
+        return cfg.attribution.endpoint.backend()
+    from transformers import AutoTokenizer
+
+    folder = cfg.model.init_from
+    sampler = Sampler(
+        from_pretrained(folder),
+        AutoTokenizer.from_pretrained(folder),
+        max_len=GRM_MAX_LEN,
+        prompt_buckets=GRM_BUCKETS,
+        batch_buckets=(1, 4, 8),
+    )
+    return EmbeddedBackend(sampler, seed=cfg.seed)
+
+
+GRM_BUCKETS, GRM_MAX_LEN = (512, 1024, 1536), 1664
+
+
+def attribute(
+    run: Run, trajectories: str, out: str, grm: Callable[[], Backend], *, label: str = ""
+) -> dict[tuple[str, int], str]:
+    """Runs (or resumes) the attribution job of `trajectories` through the GRM `grm()` builds (built only when
+    decisions are left to judge); writes RUN/<out> and RUN/<out>.summary.json (FLAG rate and parse errors over the
+    judged decisions); returns the hints (FLAG=true)."""
+    a = run.cfg.attribution
+    store_path = run / out
+    done = AttributionStore(store_path).keys() if store_path.exists() else set()
+    todo = sum(
+        (e.episode_id, d.index) not in done for e in TrajectoryStore(run / trajectories).read() for d in e.decisions
+    )
+    if todo:
+        backend = grm()
+        with AttributionStore(store_path) as store:
+            asyncio.run(
+                attribute_store(
+                    TrajectoryStore(run / trajectories),
+                    backend,
+                    store,
+                    concurrency=a.concurrency,
+                    sampling=a.sampling,
+                    retries=a.retries,
+                    progress=True,
+                )
             )
-        )
-    rows = AttributionStore(run / out).read()
+    rows = AttributionStore(store_path).read()
+    summary = attribution_summary(rows)
+    (run / f"{out}.summary.json").write_text(json.dumps(summary, indent=1) + "\n")
     print(
-        f"attribution: {len(rows)} decisions, {sum(r['attributable'] for r in rows)} attributable, "
-        f"{sum(r['status'] == 'error' for r in rows)} errors ({summary.judged} judged now)",
+        f"attribution{label}: {len(rows)} decisions, {summary['judged']} judged, {summary['flagged']} flagged "
+        f"(FLAG rate {summary['flag_rate']:.3f}), {summary['malformed']} malformed replies, "
+        f"{summary['backend_errors']} failed calls",
         flush=True,
     )
     return hint_table(rows)
 
 
+def attribution_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The GRM's reading over the decisions it was asked about: FLAG rate, malformed (parse-error) rate, retries."""
+    asked = [r for r in rows if r["status"] != "skipped"]
+    malformed = sum(r["status"] == "error" and r["detail"].startswith("malformed") for r in asked)
+    failed = sum(r["status"] == "error" and not r["detail"].startswith("malformed") for r in asked)
+    flagged = sum(bool(r["attributable"]) for r in asked)
+    n = max(len(asked), 1)
+    return {
+        "judged": len(asked),
+        "flagged": flagged,
+        "flag_rate": flagged / n,
+        "malformed": malformed,
+        "malformed_rate": malformed / n,
+        "backend_errors": failed,
+        "retried": sum(r.get("attempts", 1) > 1 for r in asked),
+    }
+
+
 def init_model(run: Run) -> Path:
-    """RUN/init: the tiny model of config `model` from scratch (its tokenizer over the compact language in the
-    "dsl" view), unless it exists."""
+    """The policy before SFT: model.init_from (a pretrained folder, read in place), else RUN/init, the tiny model of
+    config `model` from scratch (its tokenizer over the compact language in the "dsl" view), unless it exists."""
+    if run.cfg.model.init_from:
+        return Path(run.cfg.model.init_from)
     folder = run / "init"
     if not (folder / POLICY_FILE).is_file():
         m = run.cfg.model
@@ -153,15 +246,24 @@ def train(
         tok = AutoTokenizer.from_pretrained(str(init))
         mesh = mesh_lib.make_mesh(cfg.mesh)
         source = source_of(tok, mesh)
-        model = from_pretrained(init, mesh=mesh)  # each process reads only its devices' slices
-        trainer = Trainer(
-            cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=folder_view(init)
+        m = run.cfg.model
+        model = from_pretrained(  # on the mesh: each process reads only its devices' slices
+            init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, mesh=mesh, remat=m.remat
         )
+        view = folder_view(init) if (init / POLICY_FILE).is_file() else run.cfg.policy.view  # pretrained: config's
+        trainer = Trainer(cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=view)
         trainer.run()
     return export
 
 
-METHOD_OF = {"sft": "sft", "rwr": "rwr", "opod": "opod", "opd_empty": "opod", "dagrpo": "dagrpo"}
+METHOD_OF = {
+    "sft": "sft",
+    "rwr": "rwr",
+    "opod": "opod",
+    "opod_secondary": "opod",
+    "opd_empty": "opod",
+    "dagrpo": "dagrpo",
+}
 
 
 def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None = None) -> TrainConfig:
@@ -183,6 +285,7 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
         checkpoint=CheckpointConfig(every=opt.checkpoint_every, keep=1, async_save=False),
         log=LogConfig(every=opt.log_every),
         export_every=sec.export_every,
+        mesh=cfg.mesh,
     )
 
 
@@ -203,6 +306,7 @@ def run_name(cfg: ExperimentConfig, name: str, learning_rate: float | None) -> s
 def run(cfg: ExperimentConfig) -> None:
     """The experiment of `cfg` in cfg.run_dir: one seed set, or each of cfg.seed_sets and their report."""
     runtime.tune_malloc()  # before the first computation (porch_jax/runtime.py says why)
+    preflight.check_start(cfg)  # a wrong folder, endpoint or venv fails now, before any stage spends time
     base = Path(cfg.run_dir)
     base.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str((base / "jax_cache").absolute()))
@@ -212,7 +316,7 @@ def run(cfg: ExperimentConfig) -> None:
         run_pipeline(cfg)
         return
     claim_run_dir(
-        base, cfg, may_change=RESUME_MAY_CHANGE | {"seed_sets"}
+        base, cfg, may_change=RESUME_MAY_CHANGE | {"seed_sets"}, defaults=NEW_KEY_DEFAULTS
     )  # more sets may join; each set claims its own
     for k in seed_sets:
         print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
@@ -232,15 +336,27 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
 
 
-# What a rerun into the same RUN_DIR may change: where it is and the episodes evaluated in flight.
-RESUME_MAY_CHANGE = frozenset({"run_dir", "eval.concurrency"})
+# What a rerun into the same RUN_DIR may change: where it is, the episodes evaluated in flight, and where the GRM and
+# the policy server are reached and how patiently.
+RESUME_MAY_CHANGE = frozenset(
+    {"run_dir", "eval.concurrency", "attribution.concurrency", "serving.base_url", "serving.api_key_env"}
+    | {"serving.timeout_s"}
+    | transport_keys("attribution.endpoint")
+)
+# Keys a run directory recorded before they existed holds at these values.
+NEW_KEY_DEFAULTS = {
+    "model": {"init_from": "", "compute_dtype": "float32", "remat": False},
+    "mesh": [1, 1, 1],
+    "attribution": to_dict(AttributionSection()),
+    "serving": to_dict(ServingSection()),
+}
 
 
 def run_pipeline(cfg: ExperimentConfig) -> None:
     """One seed set's whole loop in cfg.run_dir (module docstring). RUN_DIR/config.json records the typed config
     (every key, defaults included); a rerun with another one (but for RESUME_MAY_CHANGE) is refused, naming the
     keys, before any stage runs."""
-    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE)
+    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE, defaults=NEW_KEY_DEFAULTS)
     run = Run(cfg)
 
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
@@ -248,8 +364,12 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     run.stage("expert rollouts", False)
     expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
     print(f"expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
-    run.stage("attribution of expert decisions", False)
-    expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl")
+    # The expert's decisions are attributed only for the hint-following SFT rows (the miniature's variant); the
+    # scripted judge writes them, as in the miniature (the paper's SFT reads expert decisions only).
+    expert_hints: dict[tuple[str, int], str] = {}
+    if cfg.sft.hint_rows > 0 or cfg.sft.empty_hint_rows:
+        run.stage("attribution of expert decisions (scripted judge, for the hint-following SFT rows)", False)
+        expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl", scripted_grm)
 
     init = init_model(run)
     tok = AutoTokenizer.from_pretrained(str(init))
@@ -273,26 +393,57 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         ),
     )
 
-    policy = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
-    run.stage("rollouts of the SFT policy", False)
-    data = rollouts(run, "rollouts.jsonl", policy, cfg.rollouts, name="sft", temperature=cfg.rollouts.temperature)
-    print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
-    run.stage("attribution of SFT decisions", False)
-    hints = attribute(run, "rollouts.jsonl", "attribution.jsonl")
+    embedded = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
+    with contextlib.ExitStack() as stack:
+        policy: Any = embedded
+        if cfg.serving.kind == "vllm":
+            run.stage("serve the SFT export (vLLM)", False)
+            policy = stack.enter_context(served_policy(cfg.serving, first=sft, served_dir=init, run_dir=run.dir))
+        print(f"policies are sampled by {describe(policy)}", flush=True)
+        if cfg.policy.context_tokens:
+            policy = Windowed(policy, tok, cfg.policy.context_tokens)
+        after_sft(run, expert, tok, sft, embedded, policy)
 
-    teacher_check = run / "hint_following.json"
-    if not teacher_check.is_file():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
-        teacher_check.write_text(
-            json.dumps(
-                hint_following(policy.sampler, data, hints, view, follow_hint, max_new_tokens=cfg.policy.max_new_tokens)
-            )
+
+def after_sft(run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, policy: Any) -> None:
+    """SFT rollouts, their attribution, the methods after SFT, selection and evaluation. `policy` samples every
+    rollout (the embedded sampler or a vLLM server, `served_policy`); `embedded` (the SFT weights in this process)
+    measures hint following."""
+    cfg = run.cfg
+    view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
+    run.stage("rollouts of the SFT policy", False)
+    data = rollouts(
+        run, "rollouts.jsonl", policy.load(sft), cfg.rollouts, name="sft", temperature=cfg.rollouts.temperature
+    )
+    print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
+    primary = "base model" if cfg.attribution.grm == "base_model" else "scripted judge"
+    run.stage(f"attribution of SFT decisions ({primary})", False)
+    grm = (lambda: base_model_grm(cfg)) if cfg.attribution.grm == "base_model" else scripted_grm
+    hints = attribute(run, "rollouts.jsonl", "attribution.jsonl", grm, label=f" ({primary})")
+    readings = {"primary": hints}
+    if cfg.attribution.secondary:
+        run.stage("secondary attribution of SFT decisions (scripted judge's verdicts as hints)", False)
+        readings["secondary"] = attribute(
+            run, "rollouts.jsonl", "attribution_secondary.jsonl", scripted_grm, label=" (secondary: scripted judge)"
         )
-    print(f"hinted action matched on flagged decisions (greedy): {teacher_check.read_text()}", flush=True)
+
+    for name, h in readings.items():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
+        check = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
+        if not check.is_file():
+            check.write_text(
+                json.dumps(
+                    hint_following(
+                        embedded.sampler, data, h, view, follow_hint, max_new_tokens=cfg.policy.max_new_tokens
+                    )
+                )
+            )
+        print(f"hinted action matched on flagged decisions ({name}, greedy): {check.read_text()}", flush=True)
 
     rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
-    opd_rows = od.opd_rows(data, hints, tok, view)
+    opd_rows = {name: od.opd_rows(data, h, tok, view) for name, h in readings.items()}
     print(
-        f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: {len(opd_rows)} attributable decisions",
+        f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: "
+        + ", ".join(f"{len(r)} attributable decisions ({name})" for name, r in opd_rows.items()),
         flush=True,
     )
 
@@ -310,6 +461,12 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed)
         return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong)] if rows else []
 
+    def opod_plan(section: str, rows: list[Any]) -> tuple[Callable[[Any, Any], Any], bool]:
+        return (
+            lambda tok, mesh: sources.Joined(*packed(section, "rwr", mesh), *opd(section, rows, tok, mesh)),
+            has_rwr or bool(rows),
+        )
+
     def group(tok: Any, mesh: Any) -> Any:
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
@@ -322,16 +479,9 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     exports = {"sft": {cfg.sft.learning_rate: sft}}
     plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
         "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], has_rwr),
-        "opod": (
-            lambda tok, mesh: sources.Joined(*packed("opod", "rwr", mesh), *opd("opod", opd_rows, tok, mesh)),
-            has_rwr or bool(opd_rows),
-        ),
-        "opd_empty": (
-            lambda tok, mesh: sources.Joined(
-                *packed("opd_empty", "rwr", mesh), *opd("opd_empty", empty_rows, tok, mesh)
-            ),
-            has_rwr or bool(opd_rows),
-        ),
+        "opod": opod_plan("opod", opd_rows["primary"]),
+        "opod_secondary": opod_plan("opod_secondary", opd_rows.get("secondary", [])),
+        "opd_empty": opod_plan("opd_empty", empty_rows),
         "dagrpo": (group, True),
     }
     for name in cfg.methods:
@@ -388,6 +538,44 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
     return out
 
 
+def attribution_notes(run: Run) -> str:
+    """The attribution readings under the results table: who the GRM was, its FLAG and parse-error rates, and
+    whether the SFT policy follows a hint in its context (the teacher's precondition)."""
+    cfg, lines = run.cfg, []
+    grm = "the frozen base model (model.init_from)" if cfg.attribution.grm == "base_model" else "the scripted judge"
+    for name, out, who in (
+        ("primary", "attribution.jsonl", grm),
+        ("secondary", "attribution_secondary.jsonl", "the scripted judge's verdicts written as hints"),
+    ):
+        summary = run / f"{out}.summary.json"
+        if not summary.is_file():
+            continue
+        g = json.loads(summary.read_text())
+        follow = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
+        lines.append(
+            f"- {name} attribution ({who}): {g['judged']} decisions asked, FLAG rate {g['flag_rate']:.3f}, "
+            f"malformed replies {g['malformed_rate']:.3f} ({g['retried']} asked again), {g['backend_errors']} failed "
+            "calls"
+            + (
+                f"; hinted action matched (greedy, SFT weights, flagged decisions): {follow.read_text()}"
+                if follow.is_file()
+                else ""
+            )
+        )
+    if "opod_secondary" in cfg.methods:
+        lines.append(
+            "- opod_secondary is the SECONDARY reading: OPOD on the scripted judge's hints, which know where the "
+            "scripted expert is blind; it measures the distillation mechanism on this model and carries the "
+            "miniature's built-in advantage."
+        )
+    if cfg.sft.hint_rows > 0:
+        lines.append(
+            f"- SFT includes hint-following rows (hint_rows={cfg.sft.hint_rows:g}, the miniature's variant), not "
+            "expert decisions only"
+        )
+    return "Attribution:\n\n" + "\n".join(lines) if lines else ""
+
+
 def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> None:
     """Each method's selected (or only) export on the held-out tasks; RUN/results.{md,json} and the plots."""
     cfg = run.cfg
@@ -411,7 +599,15 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
     rows = report.summaries(records, reference="sft")
     pairs = [
         (a, b)
-        for a, b in (("opod", "rwr"), ("rwr", "sft"), ("opod", "sft"), ("opod", "opd_empty"), ("opod", "dagrpo"))
+        for a, b in (
+            ("opod", "rwr"),
+            ("rwr", "sft"),
+            ("opod", "sft"),
+            ("opod", "opd_empty"),
+            ("opod", "dagrpo"),
+            ("opod_secondary", "sft"),
+            ("opod_secondary", "opod"),
+        )
         if a in records and b in records
     ]
     comparisons = [report.compare(records, a, b) for a, b in pairs]
@@ -429,11 +625,7 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
             )
             for n, v in selection.items()
         )
-    if (run / "hint_following.json").is_file():
-        table += (
-            "\n\nHinted action matched (greedy, SFT weights, flagged rollout decisions): "
-            + (run / "hint_following.json").read_text()
-        )
+    table += "\n\n" + attribution_notes(run)
     (run / "results.md").write_text(table + "\n")
     report.write_results(rows, comparisons, run / "results.json")
     plots.plot_curves({n: plots.read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")

@@ -133,7 +133,8 @@ def _sync(name: str) -> None:
 
 
 def export_hf(graphdef: nnx.GraphDef, params: nnx.State, path: str | Path, tokenizer=None) -> Path:
-    """Writes params as a Hugging Face safetensors folder (what transformers and vLLM load)."""
-    from porch_jax.models import save_pretrained
+    """Writes params as a Hugging Face safetensors folder that transformers loads and a running vLLM server can take
+    as a weight push (``export_for_serving``: a tied model's output head as its own tensor)."""
+    from porch_jax.serving.weights import export_for_serving
 
-    return save_pretrained(nnx.merge(graphdef, params), path, tokenizer=tokenizer)
+    return export_for_serving(nnx.merge(graphdef, params), path, tokenizer=tokenizer)

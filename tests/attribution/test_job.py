@@ -128,13 +128,19 @@ def test_malformed_replies_and_failed_calls_are_recorded_as_errors(tmp_path):
     with AttributionStore(tmp_path / "a.jsonl") as out:
         summary = asyncio.run(
             attribute_store(
-                TrajectoryStore(tmp_path / "t.jsonl"), ScriptedBackend(flaky), out, concurrency=1, progress=False
+                TrajectoryStore(tmp_path / "t.jsonl"),
+                ScriptedBackend(flaky),
+                out,
+                concurrency=1,
+                progress=False,
+                retries=0,
             )
         )
     rows = AttributionStore(tmp_path / "a.jsonl").read()
     errors = [r for r in rows if r["status"] == "error"]
     assert len(rows) == len(ep.decisions) and summary.errors == len(errors) == 2
-    assert "server went away" in errors[0]["detail"] and "no_flag" in errors[1]["detail"]
+    assert errors[0]["detail"].startswith("backend: ") and "server went away" in errors[0]["detail"]
+    assert errors[1]["detail"].startswith("malformed: ") and "no_flag" in errors[1]["detail"]
     assert all(not r["attributable"] for r in errors)
     skipped = [r for r in rows if r["status"] == "skipped"]
     assert skipped and all(
@@ -195,3 +201,22 @@ def test_a_rerun_into_an_output_of_another_config_is_refused(tmp_path):
     with pytest.raises(RunDirError, match=r"another config \(grm\.model: 'grm' -> 'judge'; sampling\.max_tokens: 128"):
         asyncio.run(run_job(other, progress=False))
     assert not out.exists()
+
+
+def test_a_malformed_reply_is_asked_again_once_then_read_as_no_flag(tmp_path):
+    engine = suite_lib.expert_engine(SUITE)
+    ep = asyncio.run(engine.run(make_tasks(1, start=3)[0], episode_id="e"))
+    replies = iter(["I'm sorry for your loss.", "FLAG: true\nHINT: give the agent the archive tool"])
+    asked = []
+
+    def first_malformed(request):
+        asked.append(request.sampling.temperature)
+        return next(replies, "still no verdict")
+
+    with AttributionStore(tmp_path / "a.jsonl") as out:
+        asyncio.run(attribute_store([ep], ScriptedBackend(first_malformed), out, concurrency=1, progress=False))
+    rows = [r for r in AttributionStore(tmp_path / "a.jsonl").read() if r["status"] != "skipped"]
+    assert rows[0]["status"] == "ok" and rows[0]["attempts"] == 2 and rows[0]["attributable"]
+    assert asked[:2] == [0.0, 0.7]  # the retry samples, so a greedy GRM can answer otherwise
+    assert all(r["status"] == "error" and r["attempts"] == 2 and not r["attributable"] for r in rows[1:])
+    assert all(r["detail"].startswith("malformed: ") for r in rows[1:])

@@ -297,3 +297,29 @@ def test_runs_are_deterministic():
         run(engine(expert=ExpertConfig(), sub=SubagentConfig()), task),
     )
     assert dataclasses.asdict(a)["decisions"] == dataclasses.asdict(b)["decisions"]
+
+
+def test_a_context_window_keeps_every_orchestrator_prompt_within_its_tokens(tmp_path):
+    """ContextWindow (backends/window.py) measures the rendered prompt with the policy's tokenizer and refuses one
+    over the window as a context_length error, so drop_oldest keeps the scripted expert's contexts within it."""
+    from transformers import AutoTokenizer
+
+    from porch_jax.backends.window import ContextWindow
+    from porch_jax.models.tiny import make_tiny_model
+    from porch_jax.protocol.render import prompt_ids
+
+    tok = AutoTokenizer.from_pretrained(str(make_tiny_model(tmp_path / "m")))
+    full = run(
+        Engine(
+            WorkplaceEnv, ScriptedBackend(ScriptedExpert(CLEAN_EXPERT)), ScriptedBackend(ScriptedSubagent(NO_SLIPS))
+        ),
+        quiet("cab"),
+    )
+    longest = max(len(prompt_ids(tok, d.context)) for d in full.decisions)
+    window = longest - 20
+    expert = ContextWindow(ScriptedBackend(ScriptedExpert(CLEAN_EXPERT)), tok, window)
+    config = system_config("proactive", EngineConfig(context_overflow="drop_oldest"))
+    rec = run(Engine(WorkplaceEnv, expert, ScriptedBackend(ScriptedSubagent(NO_SLIPS)), config), quiet("cab"))
+    assert expert.refused == rec.meta["context_compactions"] > 0
+    assert max(len(prompt_ids(tok, d.context)) for d in rec.decisions) <= window < longest
+    assert all(d.context[:2] == rec.decisions[0].context[:2] for d in rec.decisions)  # instructions and task kept

@@ -1,0 +1,134 @@
+"""POrchestra's OPOD loop on a real pretrained model: SmolLM2-135M-Instruct (from the package index, no hub) reads
+and writes the natural-language protocol through its own chat template; the GRM is the frozen base model itself.
+
+    python -m launch.pipeline --config=experiments/opod_smollm2.py             # this CPU, sized to fit
+    python -m launch.pipeline --config=experiments/opod_smollm2.py:smoke       # CI's end-to-end run (minutes)
+    python -m launch.pipeline --config=experiments/opod_smollm2.py:smoke --config.serving.kind=vllm \\
+        --config.serving.base_url=http://127.0.0.1:8000 --config.serving.api_key_env=VLLM_KEY
+
+Stages (porch_jax/opod/experiment.py), each resumable in one run directory: the scripted expert's rollouts on the
+workplace suite -> SFT from model.init_from on the expert's decisions only (the paper's setup; `sft.hint_rows` > 0
+is the miniature's variant with hint-following rows, named so in the results) -> export -> the policy sampled by
+the embedded JAX sampler or a vLLM server the export is pushed into (`serving`) -> rollouts of the SFT policy ->
+attribution by the frozen base model answering the I_GRM prompt (FLAG, hint; a malformed reply is asked once more,
+then read as FLAG=false) and, secondary, the scripted judge's verdicts as hints -> RWR, OPOD, OPOD on the
+secondary hints, OPD with empty hints and DA-GRPO from the SFT weights -> evaluation on held-out tasks.
+
+Sizing for 2 CPU cores: the "full" view of the quickstart's suite (its blind spots give attribution something to
+find) is ~450 tokens per orchestrator context at the median and up to ~1,000; `policy.context_tokens` 384 keeps
+every context within 384 tokens by dropping the oldest decision and its feedback (the expert's too, so SFT
+imitates contexts the policy will see). SmolLM2 answers an orchestration prompt zero-shot with small talk, so
+expect the base-model GRM to flag little and to reply malformed often: those rates are reported, not tuned. The
+same file with `model.init_from` pointing at another Hugging Face folder (and a larger budget) is the GPU path;
+experiments/opod_qwen3_5_9b.py is that config for Qwen3.5-9B.
+"""
+
+import importlib.util
+from pathlib import Path
+
+from ml_collections import ConfigDict
+
+from porch_jax.typed_config import parse_arg
+
+
+def _quickstart() -> ConfigDict:
+    """experiments/quickstart.py's config (its suite, optimizer and method sections), loaded by path."""
+    spec = importlib.util.spec_from_file_location("quickstart", Path(__file__).with_name("quickstart.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
+
+
+def _opd(batch: int, seed: int, max_new_tokens: int) -> dict:
+    return {"batch": batch, "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": seed}
+
+
+def _method(steps: int, batch: int, lr: float, seed: int, **extra) -> dict:
+    return {"steps": steps, "batch": batch, "learning_rate": lr, "warmup_steps": steps // 10, "seed": seed} | extra
+
+
+def get_config(arg: str | None = None) -> ConfigDict:
+    a = parse_arg(arg, smoke=False)
+    from porch_jax.models.smollm2 import smollm2_folder  # installs the wheel and converts once, then cached
+
+    c = _quickstart()
+    c.run_dir = "runs/opod_smollm2_smoke" if a.smoke else "runs/opod_smollm2"
+    c.methods = ("sft", "rwr", "opod", "opod_secondary", "opd_empty", "dagrpo")
+    c.model = ConfigDict({"init_from": str(smollm2_folder()), "seed": 0, "vocab_size": 0, "hf": {}})
+    c.suite.max_decisions = 8
+    c.suite.max_evidence_chars = 120
+    # The natural-language protocol through SmolLM2's chat template, under a 384-token context window for the expert
+    # and every policy alike (an older decision and its feedback are dropped to fit), so a decision with its action
+    # fits the 448-token bucket and trains whole; a longer packed row keeps its first 448 tokens ("cut").
+    c.suite.context_overflow = "drop_oldest"
+    c.policy = ConfigDict(
+        {
+            "view": "full",
+            "max_new_tokens": 96,
+            "buckets": (384, 480),
+            "max_len": 576,
+            "overlong": "cut",
+            "context_tokens": 384,
+        }
+    )
+    c.attribution = ConfigDict(
+        {
+            "grm": "base_model",
+            "secondary": True,
+            "retries": 1,
+            "concurrency": 8,
+            "sampling": {"temperature": 0.0, "max_tokens": 64},
+        }
+    )
+    c.serving = ConfigDict(
+        {
+            "kind": "embedded",
+            "base_url": "",
+            "api_key_env": "",
+            "timeout_s": 600.0,
+            "server": {
+                "device": "cpu",
+                "dtype": "float32",
+                "served_model_name": "policy",
+                "max_model_len": 2048,
+                "kv_cache_memory_bytes": 2**28,
+                "seed": 0,
+            },
+        }
+    )
+    c.optimizer.checkpoint_every = 25
+    c.optimizer.log_every = 5
+    c.optimizer.weight_decay = 0.0
+    if a.smoke:
+        c.expert_rollouts = ConfigDict({"num_tasks": 8, "seed_start": 0, "prefix": "train"})
+        # A policy after a few dozen SFT steps loops or garbles tool names at temperature 1; at 0.7 it delegates.
+        c.rollouts = ConfigDict({"num_tasks": 3, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})
+        c.eval.tasks.num_tasks = 2
+        c.eval.max_tokens = 96
+        c.eval.concurrency = 4
+        c.selection = ConfigDict({"enabled": False, "tasks": {"num_tasks": 2, "seed_start": 50_000, "prefix": "val"}})
+        c.policy.buckets = (480,)
+        # Enough SFT for SmolLM2 to write the protocol's tool calls, so its rollouts delegate and the GRM is asked.
+        c.sft = _method(40, 1, 1e-4, 1)
+        c.rwr = _method(1, 1, 1e-5, 2)
+        c.opod = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
+        c.opd_empty = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
+        c.dagrpo = _method(
+            1, 0, 1e-5, 4, group={"contexts_per_step": 1, "group_size": 2, "max_new_tokens": 24, "temperature": 1.0}
+        )
+        return c
+    c.expert_rollouts = ConfigDict({"num_tasks": 40, "seed_start": 0, "prefix": "train"})
+    c.rollouts = ConfigDict({"num_tasks": 40, "seed_start": 20_000, "prefix": "roll", "temperature": 1.0})
+    c.eval.tasks.num_tasks = 100
+    c.eval.max_tokens = 96
+    c.eval.concurrency = 16
+    c.selection = ConfigDict({"enabled": False, "tasks": {"num_tasks": 30, "seed_start": 50_000, "prefix": "val"}})
+    # One learning rate per method (no grid on the real model); RWR, OPOD and OPD share steps, batch and seed.
+    c.sft = _method(60, 2, 2e-5, 1)
+    c.rwr = _method(30, 2, 1e-5, 2)
+    c.opod = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
+    c.opd_empty = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
+    c.dagrpo = _method(
+        15, 0, 1e-5, 4, group={"contexts_per_step": 2, "group_size": 4, "max_new_tokens": 48, "temperature": 1.0}
+    )
+    return c

@@ -1,0 +1,86 @@
+"""The real-model OPOD experiment files parse into the typed schema, and the Qwen3.5-9B one describes a run that fits
+(its model, mesh and export), checked without weights or a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import NamedSharding
+
+from porch_jax.models import ModelConfig
+from porch_jax.models.io import export_config
+from porch_jax.models.presets import preset
+from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
+from porch_jax.models.sharding import make_mesh, state_shardings
+from porch_jax.opod.config import ExperimentConfig
+from porch_jax.serving.architectures import check_vllm_architecture
+from porch_jax.typed_config import ConfigError, from_dict
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+
+
+def load(name: str, arg: str | None = None) -> ExperimentConfig:
+    spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    raw = module.get_config(arg) if arg else module.get_config()
+    return from_dict(ExperimentConfig, raw.to_dict())
+
+
+@pytest.mark.parametrize("arg", [None, "smoke"])
+def test_the_smollm2_experiment_is_the_papers_loop(arg):
+    cfg = load("opod_smollm2", arg)
+    assert cfg.model.init_from and cfg.policy.view == "full" and cfg.attribution.grm == "base_model"
+    assert cfg.sft.hint_rows == 0 and not cfg.sft.empty_hint_rows  # SFT on expert decisions only
+    assert cfg.attribution.secondary and "opod_secondary" in cfg.methods
+    assert all(cfg.method(m).lr_grid is None for m in cfg.methods)  # one learning rate per method
+    if arg is None:
+        assert cfg.eval.tasks.num_tasks >= 100
+
+
+def test_a_pretrained_model_reads_the_full_view_only():
+    cfg = load("opod_smollm2", "smoke")
+    raw = json.loads(json.dumps(dataclasses.asdict(cfg)))
+    raw["policy"]["view"] = "dsl"
+    with pytest.raises(ConfigError, match="policy.view"):
+        from_dict(ExperimentConfig, raw)
+    raw["policy"]["view"], raw["model"]["init_from"] = "full", ""
+    with pytest.raises(ConfigError, match="model.hf"):  # a model from scratch needs its config
+        from_dict(ExperimentConfig, raw)
+
+
+def test_the_qwen3_5_9b_experiment_fits_its_mesh_and_exports_what_vllm_registers():
+    cfg = load("opod_qwen3_5_9b")
+    assert cfg.model.compute_dtype == "bfloat16" and cfg.model.remat and cfg.serving.kind == "vllm"
+    assert cfg.attribution.endpoint.configured  # the frozen base model served as the GRM
+    devices = int(np.prod(cfg.mesh))
+    assert devices == len(jax.devices()) == 8  # tests run on 8 fake CPU devices (tests/conftest.py)
+
+    config = ModelConfig.from_hf(preset("qwen3.5-9b"))
+    abstract = nnx.eval_shape(lambda: Qwen3_5ForCausalLM(config, rngs=nnx.Rngs(0)))
+    mesh = make_mesh(cfg.mesh)
+    shardings = state_shardings(abstract, mesh)
+    arrays = jax.tree.leaves(nnx.state(abstract))
+    specs = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+    total = sum(int(np.prod(p.shape)) for p in arrays)
+    assert 8.5e9 < total < 1e10, total
+    per_device = 0
+    for p, s in zip(arrays, specs, strict=True):
+        shard = s.shard_shape(p.shape)
+        per_device += int(np.prod(shard))
+        if int(np.prod(p.shape)) >= 2**24:  # every large tensor is split over the mesh
+            assert shard != tuple(p.shape), (p.shape, s.spec)
+    # f32 master weights and AdamW's two moments: 12 bytes a parameter, per device under 20 GB (an 80 GB GPU).
+    assert per_device * 12 < 20e9, per_device * 12 / 1e9
+
+    exported = export_config(config, jnp.bfloat16)
+    assert exported["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert check_vllm_architecture(exported) == "Qwen3_5ForCausalLM"
