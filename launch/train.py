@@ -32,15 +32,16 @@ flags.DEFINE_integer("cpu_devices", None, "Fake CPU device count per process (lo
 FLAGS = flags.FLAGS
 
 
-def build_model(cfg: records.ModelConfig, vocab_size: int):
-    """The initial model: a Hugging Face folder (model.init_from) or a fresh init from model.hf."""
+def build_model(cfg: records.ModelConfig, vocab_size: int, mesh=None):
+    """The initial model: a Hugging Face folder (model.init_from; with `mesh`, each process reads only the slices
+    its devices hold) or a fresh init from model.hf."""
     import jax.numpy as jnp
 
     from porch_jax.models import ModelConfig, from_pretrained, init_model
 
     dtype = jnp.dtype(cfg.compute_dtype)
     if cfg.init_from:
-        return from_pretrained(cfg.init_from, dtype=dtype, param_dtype=jnp.float32, remat=cfg.remat)
+        return from_pretrained(cfg.init_from, dtype=dtype, param_dtype=jnp.float32, mesh=mesh, remat=cfg.remat)
     hf = {"vocab_size": vocab_size} | dict(cfg.hf)
     return init_model(ModelConfig.from_hf(hf), seed=cfg.seed, dtype=dtype, param_dtype=jnp.float32, remat=cfg.remat)
 
@@ -106,7 +107,9 @@ def main(argv: list[str]) -> None:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.model.init_from)
-    model = build_model(config.model, len(tokenizer))
+    from porch_jax.train.mesh import make_mesh
+
+    model = build_model(config.model, len(tokenizer), make_mesh(config.train.mesh))
     examples = build_examples(config, tokenizer)
     logging.info("%d %s examples; workdir %s", len(examples), config.train.method.name, Path(config.workdir).absolute())
     records.records_trainer(config, model, examples, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id).run()

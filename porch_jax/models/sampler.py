@@ -15,6 +15,13 @@ Why it looks the way it does:
   consistently (see `_apply_stop_strings`). One that is a single token also ends its row early.
 - Sampling avoids sorting the vocabulary (slow on XLA:CPU): exact radix-select cuts for top-k /
   top-p, and inverse-CDF draws.
+- A row's draws depend only on its own seed (its PRNG key is `key(seed)`, folded with the decode
+  step), never on its position in the batch, so callers that give each row its own seed get the
+  same samples however the rows are ordered or batched.
+- With a `mesh` (the trainer's), one call is one SPMD program over the mesh's devices in every
+  process: each process passes the same prompts and settings, the rows are split over the mesh's
+  batch axes, and every process gets all completions back (the outputs are replicated). That is
+  how a model sharded over several processes samples.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import numpy as np
 from flax import nnx
 
 from porch_jax.models.cache import KVCache
+from porch_jax.models.sharding import data_sharding
 from porch_jax.protocol.render import prompt_ids
 
 FinishReason = Literal["stop", "length"]
@@ -99,7 +107,9 @@ class Sampler:
     """Generates from `model` (a Flax NNX causal LM per docs/CONTRACTS.md) with a KV cache.
 
     The model's current weights are read at every call, so a trainer can keep updating the model
-    in place and sample from it without rebuilding the sampler (or recompiling).
+    in place and sample from it without rebuilding the sampler (or recompiling). `mesh`: the mesh the
+    model's weights live on, for sampling across its devices and processes (module docstring); batch
+    buckets then round up to a multiple of its batch shards.
     """
 
     def __init__(
@@ -111,20 +121,23 @@ class Sampler:
         prompt_buckets: Sequence[int] | None = None,
         batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32),
         cache_dtype: jnp.dtype | None = None,
+        mesh: jax.sharding.Mesh | None = None,
     ):
-        self.model = model
+        self.model, self.mesh = model, mesh
         self.tokenizer = tokenizer
         self.max_len = max_len
         # A prompt leaves at least one slot of the max_len-slot cache for the first new token.
         buckets = prompt_buckets or _powers_of_two(64, max_len)
         self.prompt_buckets = tuple(sorted({min(b, max_len - 1) for b in buckets}))
-        self.batch_buckets = tuple(sorted(batch_buckets))
+        shards = 1 if mesh is None else _batch_shards(mesh)
+        self.batch_buckets = tuple(sorted({-(-b // shards) * shards for b in batch_buckets}))
         self.config = model.config
         self.cache_dtype = cache_dtype or getattr(model, "dtype", jnp.float32)
         self.eos_ids = eos_ids(tokenizer, self.config)
         self.num_compiles = 0
         self._graphdef = nnx.split(model)[0]
-        self._generate = jax.jit(self._generate_impl, static_argnames=("cache_len",))
+        replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        self._generate = jax.jit(self._generate_impl, static_argnames=("cache_len",), out_shardings=replicated)
 
     # ----------------------------------------------------------------------------- public API
 
@@ -196,20 +209,22 @@ class Sampler:
             return np.array([getattr(p, field) for p in params] + [fill] * (batch - n), dtype)
 
         seeds = (column("seed", np.int64) % 2**32).astype(np.uint32)
-        out_tokens, out_logprobs, lengths, stopped = jax.device_get(
-            self._generate(
-                state,
-                tokens,
-                prompt_mask,
-                stop_ids,
-                column("temperature", np.float32),
-                column("top_p", np.float32, 1),
-                column("top_k", np.int32),
-                column("max_new_tokens", np.int32),
-                seeds,
-                cache_len=cache_len,
-            )
-        )
+        rows = [
+            tokens,
+            prompt_mask,
+            stop_ids,
+            column("temperature", np.float32),
+            column("top_p", np.float32, 1),
+            column("top_k", np.int32),
+            column("max_new_tokens", np.int32),
+            seeds,
+        ]
+        if self.mesh is None:
+            out = self._generate(state, *rows, cache_len=cache_len)
+        else:
+            with jax.set_mesh(self.mesh):
+                out = self._generate(state, *map(self._rows_on_mesh, rows), cache_len=cache_len)
+        out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
         completions = []
         for b in range(n):
             k = int(lengths[b])
@@ -222,6 +237,12 @@ class Sampler:
             )
             completions.append(self._finish_text(completion, params[b].stop))
         return completions
+
+    def _rows_on_mesh(self, x: np.ndarray) -> jax.Array:
+        """A host array [batch, ...], the same in every process, as a global array with its rows over the mesh's
+        batch axes: each process transfers only the rows its devices hold."""
+        sharding = data_sharding(self.mesh, rows=x.shape[0])
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
 
     def _stop_ids(self, params: SamplingParams) -> list[int]:
         """Token ids that end a row on the device. A stop string that is one token of its own
@@ -305,6 +326,13 @@ class Sampler:
         carry = (jnp.int32(1), token, cache, done, lengths, out_tokens, out_logprobs, stopped)
         _, _, _, _, lengths, out_tokens, out_logprobs, stopped = jax.lax.while_loop(cond, body, carry)
         return out_tokens, out_logprobs, lengths, stopped
+
+
+def _batch_shards(mesh: jax.sharding.Mesh) -> int:
+    """How many blocks the mesh's batch axes split a batch into."""
+    entry = data_sharding(mesh).spec[0]
+    axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return int(np.prod([mesh.shape[a] for a in axes]))
 
 
 def _empty_cache(model: nnx.Module, batch: int, max_len: int, dtype) -> Any:

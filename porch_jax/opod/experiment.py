@@ -243,9 +243,12 @@ def train(
     if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
         cfg = train_config(run.cfg, name, learning_rate)
         tok = AutoTokenizer.from_pretrained(str(init))
-        source = source_of(tok, mesh_lib.make_mesh(cfg.mesh))
+        mesh = mesh_lib.make_mesh(cfg.mesh)
+        source = source_of(tok, mesh)
         m = run.cfg.model
-        model = from_pretrained(init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, remat=m.remat)
+        model = from_pretrained(  # on the mesh: each process reads only its devices' slices
+            init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, mesh=mesh, remat=m.remat
+        )
         view = folder_view(init) if (init / POLICY_FILE).is_file() else run.cfg.policy.view  # pretrained: config's
         trainer = Trainer(cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=view)
         trainer.run()

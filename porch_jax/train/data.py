@@ -376,21 +376,23 @@ def process_rows(sharding: jax.sharding.Sharding, global_shape: tuple[int, ...],
 
 @dataclasses.dataclass
 class HostBatch:
-    """This process's rows of one global batch, as examples, before collation (hooks edit these).
+    """The rows of one global batch, as examples, before collation (hooks edit these): the same in every
+    process, which collates only its own rows (`BatchIterator.to_global`). A hook that samples (on-policy OPD)
+    therefore sees every row, as one SPMD sampler over a model split between processes needs.
 
-    bucket: the (T, K) of the whole global batch, the same on every process.
+    bucket: the (T, K) of the whole global batch.
     """
 
-    rows: list[list[Example | None]]  # [accum][this process's micro rows]
+    rows: list[list[Example | None]]  # [accum][micro]
     bucket: tuple[int, int]
 
 
 class BatchIterator:
-    """Yields this process's slice of each global batch; resumable from `state`.
+    """Yields each global batch, this process holding its slice; resumable from `state`.
 
     The global batch of `accum_steps * micro_batch` rows is laid out [accum, micro]: the step scans
     over accum (gradient accumulation) and shards micro over the mesh's batch axes. Every process
-    computes the same plan and materializes only its own rows. target_reserve: targets that a
+    computes the same plan and host batch and collates and transfers only its own rows. target_reserve: targets that a
     hook resamples (on-policy OPD) may grow up to this length; buckets leave room for it.
     """
 
@@ -427,14 +429,14 @@ class BatchIterator:
         return self._plan[1]
 
     def next_host_batch(self) -> HostBatch:
-        """This process's examples of the next global batch; advances the state."""
+        """The examples of the next global batch (the same in every process); advances the state."""
         if self.state.position >= len(self._epoch(self.state.epoch)):
             self.state = IteratorState(self.state.seed, self.state.epoch + 1, 0)
         indices = self._epoch(self.state.epoch)[self.state.position]
         self.state = dataclasses.replace(self.state, position=self.state.position + 1)
         bucket = self.buckets.of((self.examples[i] for i in indices if i >= 0), self.target_reserve)
-        local = indices.reshape(self.accum_steps, self.micro_batch)[:, self.rows]
-        return HostBatch([[self.examples[i] if i >= 0 else None for i in micro] for micro in local], bucket)
+        rows = indices.reshape(self.accum_steps, self.micro_batch)
+        return HostBatch([[self.examples[i] if i >= 0 else None for i in micro] for micro in rows], bucket)
 
     def to_global(self, host: HostBatch) -> dict[str, Any]:
         """Collates this process's rows and assembles global arrays [accum, micro, ...] on the mesh."""
@@ -442,7 +444,8 @@ class BatchIterator:
         need = self.buckets.of(ex for micro in host.rows for ex in micro)
         if need[0] > t or need[1] > k:
             raise DataError(f"rows outgrew their bucket {host.bucket} (need {need}): raise target_reserve")
-        parts = [collate(micro, self.views, self.scalars, t, k, pad_id=self.pad_id) for micro in host.rows]
+        mine = [micro[self.rows] for micro in host.rows]
+        parts = [collate(micro, self.views, self.scalars, t, k, pad_id=self.pad_id) for micro in mine]
         local = jax.tree.map(lambda *xs: np.stack(xs), *parts)
 
         def put(x: np.ndarray) -> jax.Array:

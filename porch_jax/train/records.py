@@ -135,11 +135,12 @@ def records_trainer(
     the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights."""
     method = make_method(cfg.train.method)
     on_policy = method.name == "opod" and cfg.opd.on_policy
+    mesh = mesh_lib.make_mesh(cfg.train.mesh)
     sampler = None
     if on_policy:
         export_dir = Path(cfg.workdir) / "served_weights"
         sampler = served_action_sampler(cfg.opd.sampling, tokenizer, server=server, export_dir=export_dir)
-        sampler = sampler or ActionSampler(tokenizer, cfg.opd.sampling, max_len=cfg.opd.max_len)
+        sampler = sampler or ActionSampler(tokenizer, cfg.opd.sampling, mesh, max_len=cfg.opd.max_len)
     reserve = max(cfg.data.target_reserve, cfg.opd.sampling.max_new_tokens) if on_policy else cfg.data.target_reserve
     source = RecordSource(
         examples,
@@ -150,7 +151,7 @@ def records_trainer(
         accum_steps=cfg.batch.accum_steps,
         pad_id=cfg.data.pad_id if pad_id is None else pad_id,
         seed=cfg.data.seed,
-        mesh=mesh_lib.make_mesh(cfg.train.mesh),
+        mesh=mesh,
         target_reserve=reserve,
         sampler=sampler,
         overlong=cfg.data.overlong,

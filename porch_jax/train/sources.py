@@ -13,7 +13,18 @@ accumulation and several hosts; with an `ActionSampler` it replaces OPD targets 
 `PackedSource`: packed decision rows (SFT, RWR). `OpdSource`: OPD rows whose action the current
 student samples. `GroupSource`: DA-GRPO groups at expert contexts. `Joined`: several sources'
 views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
-(seed, step), so a resumed run sees the same batches; they run in one process.
+(seed, step) and the student, so a resumed run sees the same batches.
+
+Several processes: every process computes the same global host batch (the plan is a pure function of the
+seed and the step; on-policy samples come from one SPMD sampler call that every process makes with the same
+prompts and that returns every row to each of them) and transfers only the rows its devices hold (`place`,
+`BatchIterator.to_global`). A row's sampling seed is `row_seed(seed, step, its key in the dataset)`, never
+its position in a batch or a process's slice, so the samples do not depend on how rows are laid out over
+processes and devices.
+
+`ActionSampler` is the embedded sampler behind one call, `(student, prompts, step, *, seeds=None) ->
+completions` (token_ids, logprobs, text, finish_reason per prompt, in order) and its `cfg` (the
+SamplingConfig, whose seed `on_policy_targets` hashes); a served sampler with the same call fits every source.
 
 The on-policy sources take `sampler=`: None builds the embedded `ActionSampler` for their shapes; a
 served_sampler.ServedActionSampler samples on a vLLM server. A sampler's `stats` (where it has them) join the step's
@@ -28,6 +39,8 @@ in `row_counts`, which the trainer prints and writes to WORKDIR/rows.json.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 from collections.abc import Collection, Sequence
 from typing import Any, Protocol
@@ -60,37 +73,60 @@ class BatchSource(Protocol):
 
 
 def place(host: Batch, mesh: jax.sharding.Mesh) -> Batch:
-    """One process's host batch [B, ...] as a global [1, B, ...] batch: rows over the mesh's batch axes."""
+    """The global host batch [B, ...] (the same in every process) as a global [1, B, ...] batch, rows over the
+    mesh's batch axes; each process transfers only the blocks its devices hold."""
     spec = tuple(mesh_lib.batch_spec(mesh=mesh))
 
     def put(x: np.ndarray) -> jax.Array:
         x = np.asarray(x)[None]
         pspec = jax.sharding.PartitionSpec(*(spec + (None,) * x.ndim)[: x.ndim])
-        return jax.device_put(x, jax.sharding.NamedSharding(mesh, pspec))
+        return jax.make_array_from_callback(x.shape, jax.sharding.NamedSharding(mesh, pspec), lambda i: x[i])
 
     return jax.tree.map(put, host)
 
 
-class ActionSampler:
-    """The student's on-policy actions: a sampler bound to the current student (rebuilt when the
-    student object changes) drawing step s's samples with seed `seed * 1_000_003 + s`, so a resumed
-    run draws the same. Single-process: the embedded sampler jits over this process's prompts."""
+def row_seed(seed: int, step: int, key: Any) -> int:
+    """The sampling seed of the row named `key` (JSON-able: a decision key, an index, a (context, member) pair) at
+    `step`: a hash of all three, in [0, 2**32), so it does not depend on where the row lies in a batch or which
+    process holds it, and a resumed run draws the same."""
+    digest = hashlib.blake2b(json.dumps([seed, step, key]).encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "little")
 
-    def __init__(self, tokenizer: Any, cfg: SamplingConfig, **sampler_args: Any):
-        if jax.process_count() > 1:
-            raise NotImplementedError("on-policy sampling uses the embedded JAX sampler, which runs in one process")
-        self.cfg, self._args = cfg, dict(tokenizer=tokenizer, **sampler_args)
+
+class ActionSampler:
+    """The student's on-policy actions through the embedded sampler, bound to the current student (rebuilt when the
+    student object changes) and, with `mesh`, run over the mesh's devices in every process (models/sampler.py).
+
+    Called with the step's prompts (the same in every process) and `seeds`, one per prompt (`row_seed`); without
+    seeds, prompt i of step s gets `row_seed(cfg.seed, s, i)`."""
+
+    def __init__(self, tokenizer: Any, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None, **sampler_args):
+        self.cfg, self._args = cfg, dict(tokenizer=tokenizer, mesh=mesh, **sampler_args)
         self.sampler: Sampler | None = None
 
-    def __call__(self, student: nnx.Module, prompts: Sequence[Sequence[int]], step: int) -> list[Any]:
+    def __call__(
+        self,
+        student: nnx.Module,
+        prompts: Sequence[Sequence[int]],
+        step: int,
+        *,
+        seeds: Sequence[int] | None = None,
+    ) -> list[Any]:
+        if seeds is None:
+            seeds = [row_seed(self.cfg.seed, step, i) for i in range(len(prompts))]
+        if len(seeds) != len(prompts):
+            raise ValueError(f"ActionSampler got {len(prompts)} prompts but {len(seeds)} seeds")
         if self.sampler is None or self.sampler.model is not student:
             self.sampler = Sampler(student, **self._args)
-        params = SamplingParams(
-            max_new_tokens=self.cfg.max_new_tokens,
-            temperature=self.cfg.temperature,
-            top_p=self.cfg.top_p,
-            seed=self.cfg.seed * 1_000_003 + step,
-        )
+        params = [
+            SamplingParams(
+                max_new_tokens=self.cfg.max_new_tokens,
+                temperature=self.cfg.temperature,
+                top_p=self.cfg.top_p,
+                seed=int(seed),
+            )
+            for seed in seeds
+        ]
         return self.sampler.generate([list(p) for p in prompts], params)
 
 
@@ -151,7 +187,8 @@ class RecordSource:
 
 
 def on_policy_targets(host: data_lib.HostBatch, sampler: Any, student: nnx.Module, step: int) -> data_lib.HostBatch:
-    """The host batch with each OPD row's target replaced by the student's sample under the student view."""
+    """The host batch with each OPD row's target replaced by the student's sample under the student view, seeded
+    by the row's example key (`row_seed`)."""
     slots = [
         (i, j)
         for i, micro in enumerate(host.rows)
@@ -161,8 +198,9 @@ def on_policy_targets(host: data_lib.HostBatch, sampler: Any, student: nnx.Modul
     if not slots:
         return host
     prompts = [host.rows[i][j].views["student"].prompt for i, j in slots]
+    seeds = [row_seed(sampler.cfg.seed, step, host.rows[i][j].key) for i, j in slots]
     rows = [list(micro) for micro in host.rows]
-    for (i, j), c in zip(slots, sampler(student, prompts, step), strict=True):
+    for (i, j), c in zip(slots, sampler(student, prompts, step, seeds=seeds), strict=True):
         rows[i][j] = data_lib.with_opd_target(rows[i][j], c.token_ids, c.logprobs)
     return dataclasses.replace(host, rows=rows)
 
@@ -271,6 +309,7 @@ class OpdSource(_Stateless):
         self.sampler = sampler or ActionSampler(
             tokenizer,
             sampling,
+            mesh,
             max_len=bucket(longest, buckets) + self.k,
             prompt_buckets=buckets,
             batch_buckets=(batch,),
@@ -279,7 +318,8 @@ class OpdSource(_Stateless):
     def host(self, step: int, student: nnx.Module) -> tuple[dict[str, Any], dict[str, float]]:
         rng = np.random.default_rng([self.seed, step])
         rows = [self.rows[i] for i in rng.choice(len(self.rows), min(self.batch, len(self.rows)), replace=False)]
-        done = self.sampler(student, [r.student for r in rows], step)
+        seeds = [row_seed(self.seed, step, r.key) for r in rows]
+        done = self.sampler(student, [r.student for r in rows], step, seeds=seeds)
         # A sample that is no action at all is dropped (OpdRow says why): an empty action scores nothing.
         keep = [r.is_action is None or r.is_action(c.text) for r, c in zip(rows, done, strict=False)]
         actions = [c.token_ids if k else [] for c, k in zip(done, keep, strict=False)]
@@ -329,7 +369,8 @@ class Joined(_Stateless):
 
 
 class GroupSource(_Stateless):
-    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each, scored against the expert.
+    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each (member j of context c seeded by
+    (c.key, j)), scored against the expert.
     A context whose prompt exceeds the largest bucket follows `overlong` (default "drop"; "cut" drops it too: a
     prompt is never cut)."""
 
@@ -359,6 +400,7 @@ class GroupSource(_Stateless):
         self.sampler = sampler or ActionSampler(
             tokenizer,
             sampling,
+            mesh,
             max_len=bucket(longest, buckets) + self.k,
             prompt_buckets=buckets,
             batch_buckets=(contexts_per_step * group_size,),
@@ -370,7 +412,8 @@ class GroupSource(_Stateless):
         chosen = [self.contexts[i] for i in rng.choice(len(self.contexts), self.per_step, replace=False)]
         repeated = [c for c in chosen for _ in range(g)]
         prompts = [c.prompt for c in repeated]
-        done = self.sampler(student, prompts, step)
+        seeds = [row_seed(self.seed, step, [c.key, j]) for c in chosen for j in range(g)]
+        done = self.sampler(student, prompts, step, seeds=seeds)
         texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done, strict=False)]
         rewards = np.asarray(
             [decision_reward(t, c.reference, self.tools)["reward"] for c, t in zip(repeated, texts, strict=False)],

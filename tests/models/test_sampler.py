@@ -216,3 +216,20 @@ def test_single_token_stop_string_ends_the_row_on_device(sampler, tokenizer, pro
     (cut,) = sampler.generate(prompts[:1], params)
     assert cut.finish_reason == "stop" and cut.text == full.text[: full.text.find(stop)]
     assert cut.token_ids == full.token_ids[: len(cut.token_ids)] and cut.token_ids[-1] == target
+
+
+def test_a_mesh_splits_rows_over_devices_and_draws_the_same_samples(folder, tokenizer, sampler, prompts):
+    """With the trainer's mesh the sampler runs over its devices (rows over the batch axes, weights sharded) and
+    returns what one device draws: each row's draws depend on its seed alone."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 host devices (tests/conftest.py sets 8)")
+    from porch_jax.models.sharding import MESH_AXES
+
+    auto = (jax.sharding.AxisType.Auto,) * 3
+    mesh = jax.make_mesh((1, 2, 2), MESH_AXES, axis_types=auto, devices=jax.devices()[:4])
+    sharded = Sampler(from_pretrained(folder, mesh=mesh), tokenizer, mesh=mesh, **BUCKETS)
+    assert sharded.batch_buckets == (2, 4)  # rounded up to the mesh's 2 batch shards
+    params = [SamplingParams(max_new_tokens=24, temperature=1.0, seed=s, ignore_eos=True) for s in range(5)]
+    for want, got in zip(sampler.generate(prompts, params), sharded.generate(prompts, params), strict=True):
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
