@@ -30,6 +30,7 @@ from pathlib import Path
 from ml_collections import ConfigDict
 
 from porch_jax.backends.spec import EndpointSpec
+from porch_jax.train.config import SamplerConfig
 from porch_jax.typed_config import parse_arg
 
 
@@ -42,7 +43,12 @@ def _quickstart() -> ConfigDict:
 
 
 def _opd(batch: int, seed: int, max_new_tokens: int) -> dict:
-    return {"batch": batch, "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": seed}
+    """OPD's on-policy batch; `sampler.kind` "vllm" samples the student on the policy server (serving.kind "vllm"),
+    pushing it every `sampler.push_every` steps, the sampler/trainer logprob gap bounded after each push."""
+    sampler = dataclasses.asdict(SamplerConfig())
+    return {"batch": batch, "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": seed} | {
+        "sampler": sampler
+    }
 
 
 def _method(steps: int, batch: int, lr: float, seed: int, **extra) -> dict:

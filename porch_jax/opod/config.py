@@ -270,8 +270,13 @@ class ExperimentConfig:
                 f"{name}.lr_grid",
                 "more than one rate needs checkpoint selection (selection.enabled) to choose among them",
             )
-            if name in ("opod", "opd_empty"):
+            if name in ("opod", "opod_secondary", "opd_empty"):
                 check(sec.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
+                check(
+                    sec.opd.sampler.kind == "embedded" or self.serving.kind == "vllm",
+                    f"{name}.opd.sampler.kind",
+                    "'vllm' samples on the experiment's policy server: set serving.kind='vllm'",
+                )
             if name == "dagrpo":
                 check(sec.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
 

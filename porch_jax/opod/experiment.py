@@ -71,6 +71,7 @@ from porch_jax.train.config import (
 )
 from porch_jax.train.data import hint_table
 from porch_jax.train.methods import make_method
+from porch_jax.train.served_sampler import served_action_sampler
 from porch_jax.train.trainer import Trainer, selection_candidates
 from porch_jax.trajectories import TrajectoryStore
 from porch_jax.typed_config import claim_run_dir, to_dict
@@ -408,6 +409,7 @@ def after_sft(run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, p
     rollout (the embedded sampler or a vLLM server, `served_policy`); `embedded` (the SFT weights in this process)
     measures hint following."""
     cfg = run.cfg
+    served = getattr(policy, "inner", policy)  # the ServedPolicy under a context window, if served
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
     run.stage("rollouts of the SFT policy", False)
     data = rollouts(
@@ -456,8 +458,14 @@ def after_sft(run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, p
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
         o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
-        sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed)
-        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong)] if rows else []
+        sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed, o.sampler)
+        if not rows:
+            return []
+        sampler = None
+        if o.sampler.kind == "vllm":  # the student samples on the policy server, pushed every push_every steps
+            sampler = served_action_sampler(sampling, tok, server=served, export_dir=run / section / "served_weights")
+            served.folder = None  # training changes the served weights: the next load pushes again
+        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong, sampler=sampler)]
 
     def opod_plan(section: str, rows: list[Any]) -> tuple[Callable[[Any, Any], Any], bool]:
         return (

@@ -25,7 +25,7 @@ from porch_jax.models import from_pretrained
 from porch_jax.models.io import folder_renders_tools
 from porch_jax.opod.config import ServingSection
 from porch_jax.protocol.render import prompt_ids
-from porch_jax.serving.server import VLLMServer
+from porch_jax.serving.server import ServerConfig, VLLMServer
 from porch_jax.serving.weights import WeightSync
 
 # The fixed chat prompt of the parity check after each push (any text the chat template renders will do).
@@ -57,6 +57,8 @@ class ServedPolicy:
         self.log_path = None if log_path is None else Path(log_path)
         self.timeout_s, self.parity_tol, self.tools_in_prompt = timeout_s, parity_tol, tools_in_prompt
         self.sync = WeightSync(base_url, api_key=api_key, model=model, served_dir=served_dir, timeout_s=timeout_s)
+        self.model_dir = Path(served_dir)  # what on-policy OPD's served sampler checks its pushes against
+        self.config: ServerConfig | None = None  # set when this run started the server
         self.folder: Path | None = None
         self.gaps: dict[str, float] = {}  # folder -> the parity gap measured after its push
 
@@ -134,6 +136,7 @@ def served_policy(
             log_path=Path(run_dir) / PUSH_LOG,
         )
         policy.folder = Path(first).resolve()  # the server started on it
+        policy.config = serving.server
         try:
             yield policy
         finally:

@@ -56,6 +56,7 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
             f"--config.serving.base_url={smollm2_server.base_url}",
             f"--config.serving.api_key_env={KEY_ENV}",
             f"--config.serving.server.served_model_name={smollm2_server.model}",
+            "--config.opod.opd.sampler.kind=vllm",  # OPOD's student samples on the server, pushed each step
             env={KEY_ENV: smollm2_server.api_key},
         )
     finally:
@@ -73,6 +74,13 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
     pushes = [json.loads(line) for line in (run_dir / "pushes.jsonl").read_text().splitlines()]
     assert pushes[0]["folder"] == str((run_dir / "sft" / "export").resolve())
     assert all(p["parity_gap"] is not None and p["parity_gap"] <= 1e-3 for p in pushes)  # the server held them
+
+    # OPOD on the secondary hints (the scripted judge flags what SmolLM2 as GRM never does): its student sampled on
+    # the server, pushed each step, the sampler/trainer logprob gap logged and bounded after the push.
+    trained = run_dir / "opod_secondary"
+    metrics = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
+    assert metrics and all("logprob_gap" in m and m.get("sampler_staleness") == 0 for m in metrics), metrics
+    assert (trained / "served_weights").is_dir()
 
     rollouts = TrajectoryStore(run_dir / "rollouts.jsonl").read()
     assert len(rollouts) == 3
