@@ -112,7 +112,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     if a.smoke:
         c.expert_rollouts = ConfigDict({"num_tasks": 8, "seed_start": 0, "prefix": "train"})
         # A policy after a few dozen SFT steps loops or garbles tool names at temperature 1; at 0.7 it delegates.
-        c.rollouts = ConfigDict({"num_tasks": 3, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})
+        c.rollouts = ConfigDict({"num_tasks": 2, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})
+        c.suite.max_decisions = 4  # each rollout and evaluation episode at most 4 decisions: minutes, not tens
+        c.attribution.sampling.max_tokens = 32  # enough to see whether the reply starts "FLAG:"
         c.eval.tasks.num_tasks = 2
         c.eval.max_tokens = 96
         c.eval.concurrency = 4

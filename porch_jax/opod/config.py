@@ -319,6 +319,6 @@ def with_seed_set(cfg: ExperimentConfig, k: int) -> ExperimentConfig:
                 f"overlap {name} ({tasks.seeds[0]}-{tasks.seeds[-1]})"
             )
     shifted = _shift_seeds(cfg, SEED_SET_STRIDE * k)
-    return dataclasses.replace(
-        shifted, rollouts=rollouts, run_dir=str(Path(cfg.run_dir) / f"seed_set_{k}"), seed_sets=()
+    return dataclasses.replace(  # the policy server keeps its own seed: requests carry the set's sampling seeds
+        shifted, rollouts=rollouts, run_dir=str(Path(cfg.run_dir) / f"seed_set_{k}"), seed_sets=(), serving=cfg.serving
     )

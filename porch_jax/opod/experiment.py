@@ -173,15 +173,13 @@ def attribute(
     a = run.cfg.attribution
     store_path = run / out
     done = AttributionStore(store_path).keys() if store_path.exists() else set()
-    todo = sum(
-        (e.episode_id, d.index) not in done for e in TrajectoryStore(run / trajectories).read() for d in e.decisions
-    )
-    if todo:
+    episodes = TrajectoryStore(run / trajectories).read()  # finished episodes only
+    if any((e.episode_id, d.index) not in done for e in episodes for d in e.decisions):
         backend = grm()
         with AttributionStore(store_path) as store:
             asyncio.run(
                 attribute_store(
-                    TrajectoryStore(run / trajectories),
+                    episodes,
                     backend,
                     store,
                     concurrency=a.concurrency,

@@ -17,11 +17,14 @@ T_975_DF2 = 4.302652729911275  # Student's t, 97.5% quantile, 2 degrees of freed
 
 
 def _seeds(node, path=""):
+    """Every seed a seed set shifts, by dotted key; the policy server's own seed stays (requests carry theirs)."""
     out = {}
     for key, value in to_dict(node).items():
+        if path + key == "serving":
+            continue
         if isinstance(value, dict):
             out.update(_seeds(value, f"{path}{key}."))
-        elif key == "seed":
+        elif key == "seed" and value is not None:  # None: an unseeded draw (the GRM's greedy sampling)
             out[path + key] = value
     return out
 

@@ -31,7 +31,7 @@ CONFIG = "experiments/opod_smollm2.py:smoke"
 KEY_ENV = "PORCH_TEST_POLICY_KEY"
 
 
-def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 660) -> subprocess.CompletedProcess:
+def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 690) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "launch.pipeline", f"--config={CONFIG}", *overrides],
         cwd=ROOT,
@@ -83,7 +83,7 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
     assert (trained / "served_weights").is_dir()
 
     rollouts = TrajectoryStore(run_dir / "rollouts.jsonl").read()
-    assert len(rollouts) == 3
+    assert len(rollouts) == 2
     sampled = [d for ep in rollouts for d in ep.decisions if d.action_token_ids]
     assert sampled and all(d.token_source == "server" and d.prompt_token_ids for d in sampled)  # vLLM's own ids
 
