@@ -30,6 +30,7 @@ import httpx2 as httpx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
@@ -55,9 +56,13 @@ def export_for_serving(model: Any, path: str | Path, tokenizer: Any = None) -> P
     architecture check against vLLM's registry is ``architectures.check_vllm_architecture`` (launch/export.py runs
     it; a server's start runs ``check_folder``)."""
     path = save_pretrained(model, path, tokenizer=tokenizer)
-    if model.config.tie_word_embeddings and jax.process_index() == 0:
-        head = np.ascontiguousarray(np.asarray(jax.device_get(model.lm_head_kernel())).T)
-        save_file({"lm_head.weight": head}, str(path / HEAD_FILE), metadata={"format": "pt"})
+    if model.config.tie_word_embeddings:
+        kernel = model.lm_head_kernel()
+        if isinstance(kernel, jax.Array) and not kernel.is_fully_addressable:  # sharded over processes: every
+            kernel = multihost_utils.process_allgather(kernel, tiled=True)  # process joins the gather
+        if jax.process_index() == 0:
+            head = np.ascontiguousarray(np.asarray(jax.device_get(kernel)).T)
+            save_file({"lm_head.weight": head}, str(path / HEAD_FILE), metadata={"format": "pt"})
     return path
 
 

@@ -141,7 +141,7 @@ def test_a_stalled_server_times_out_and_the_pool_moves_on(smollm2_server, second
     during: dict[str, int] = {}
 
     async def stall(done):
-        await wait_until(lambda: b.answered >= 1 and b.inflight >= 1, "the second server to be serving")
+        await wait_until(lambda: b.inflight >= 1, "the second server to hold a call")
         second_server.pause()
         during.update(a_answered=a.answered, b_inflight=b.inflight)
         try:
