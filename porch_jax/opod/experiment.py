@@ -57,7 +57,7 @@ from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as od
 from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
 from porch_jax.opod.diagnostics import hint_following
-from porch_jax.opod.served_policy import describe, served_policy
+from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.rollout import run_episodes
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
@@ -248,7 +248,7 @@ def train(
         model = from_pretrained(  # on the mesh: each process reads only its devices' slices
             init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, mesh=mesh, remat=m.remat
         )
-        view = folder_view(init) if (init / POLICY_FILE).is_file() else run.cfg.policy.view  # pretrained: config's
+        view = folder_view(init)  # "full" for a pretrained folder, the only view ExperimentConfig allows it
         trainer = Trainer(cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=view)
         trainer.run()
     return export
@@ -393,21 +393,26 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     embedded = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
     with contextlib.ExitStack() as stack:
         policy: Any = embedded
+        served = None
         if cfg.serving.kind == "vllm":
             run.stage("serve the SFT export (vLLM)", False)
-            policy = stack.enter_context(served_policy(cfg.serving, first=sft, served_dir=init, run_dir=run.dir))
+            policy = served = stack.enter_context(
+                served_policy(cfg.serving, first=sft, served_dir=init, run_dir=run.dir)
+            )
         print(f"policies are sampled by {describe(policy)}", flush=True)
         if cfg.policy.context_tokens:
             policy = Windowed(policy, tok, cfg.policy.context_tokens)
-        after_sft(run, expert, tok, sft, embedded, policy)
+        after_sft(run, expert, tok, sft, embedded, policy, served)
 
 
-def after_sft(run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, policy: Any) -> None:
+def after_sft(
+    run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, policy: Any, served: ServedPolicy | None
+) -> None:
     """SFT rollouts, their attribution, the methods after SFT, selection and evaluation. `policy` samples every
-    rollout (the embedded sampler or a vLLM server, `served_policy`); `embedded` (the SFT weights in this process)
-    measures hint following."""
+    rollout (the embedded sampler or a vLLM server, `served_policy`); `served` is that server's ServedPolicy (None when
+    embedded), on which OPD's student samples with opd.sampler.kind "vllm"; `embedded` (the SFT weights in this
+    process) measures hint following."""
     cfg = run.cfg
-    served = getattr(policy, "inner", policy)  # the ServedPolicy under a context window, if served
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
     run.stage("rollouts of the SFT policy", False)
     data = rollouts(
