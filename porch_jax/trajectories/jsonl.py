@@ -16,6 +16,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from porch_jax import faults
+
 log = logging.getLogger(__name__)
 
 
@@ -70,6 +72,10 @@ class AppendOnlyJsonl:
         if not data:
             return
         fd = self._writer()
+        if faults.due(self.path.name):  # a fault test's crash mid-write (porch_jax/faults.py): a torn line, then kill
+            os.write(fd, data[: len(data) // 2])
+            os.fsync(fd)
+            faults.crash()
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]

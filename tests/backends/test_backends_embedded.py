@@ -6,6 +6,7 @@ import time
 import pytest
 
 from porch_jax.backends import BackendError, ChatRequest, EmbeddedBackend, RetryingBackend, Sampling
+from porch_jax.backends.embedded import request_seed
 from porch_jax.models.sampler import Completion
 
 
@@ -51,7 +52,29 @@ def test_concurrent_requests_share_sampler_calls():
     assert len(backend.batch_sizes) <= 3  # 10 requests with max_batch 8: at least two calls, few more
     assert all(r.token_ids == [1, 2, 3] and r.prompt_tokens == 3 and r.completion_tokens == 3 for r in results)
     assert results[3].text == "seed=7"
-    assert sorted(r.text for i, r in enumerate(results) if i != 3) == sorted(f"seed={s}" for s in range(100, 109))
+    # the 9 unseeded requests for one prompt: its occurrences 0..8, whichever batch each landed in
+    assert sorted(r.text for i, r in enumerate(results) if i != 3) == sorted(
+        f"seed={request_seed(100, [1, 2, 3], k)}" for k in range(9)
+    )
+
+
+def test_samples_do_not_depend_on_request_order_or_batching():
+    """A resumed run sends the same requests in another order, in other batches: each prompt gets the seed it got
+    in the uninterrupted run (its content and occurrence), so the same samples."""
+    texts = [f"task {'w ' * i}" for i in range(6)] + ["task"]  # the last prompt's ids repeat the first's
+
+    def seeds(order, base=100):
+        backend = EmbeddedBackend(FakeSampler(), seed=base)
+
+        async def run():
+            return await asyncio.gather(*(backend.chat(req(texts[i])) for i in order))
+
+        return sorted((tuple(r.token_ids), r.text) for r in asyncio.run(run()))  # identical prompts interchangeable
+
+    forward = seeds(range(7))
+    assert seeds([6, 3, 5, 0, 1, 4, 2]) == forward
+    assert len({text for _, text in forward}) == 7  # a repeated prompt is sampled afresh
+    assert seeds(range(7), base=101) != forward
 
 
 def test_failures_stay_per_request():
@@ -106,7 +129,11 @@ def test_real_tiny_model_keeps_sampled_ids(tmp_path):
     assert backend.batch_sizes == [3]
     prompts = [backend.encode(r) for r in requests]
     direct = sampler.generate(
-        prompts, [SamplingParams(max_new_tokens=6, temperature=0.0 if i == 0 else 1.0, seed=5 + i) for i in range(3)]
+        prompts,
+        [
+            SamplingParams(max_new_tokens=6, temperature=0.0 if i == 0 else 1.0, seed=request_seed(5, prompts[i], 0))
+            for i in range(3)
+        ],
     )
     for r, d, p in zip(results, direct, prompts, strict=False):
         assert (r.token_ids, r.logprobs, r.text) == (d.token_ids, d.logprobs, d.text)

@@ -196,3 +196,54 @@ def test_architecture_check_reads_the_registry_and_names_what_is_missing(tmp_pat
         check_vllm_architecture(model_dir, config)
     with pytest.raises(ArchitectureError, match=r"\[\] .*not registered"):
         check_vllm_architecture({"model_type": "x"}, config)
+
+
+def test_a_server_dies_with_the_process_that_started_it_even_by_kill_9(tmp_path):
+    """A job killed with -9 runs no cleanup; the kernel ends its server (PR_SET_PDEATHSIG) instead of leaving it
+    holding its port and memory."""
+    import signal
+    import subprocess
+
+    from porch_jax.serving.server import with_parent_death_signal
+
+    if sys.platform != "linux":
+        pytest.skip("PR_SET_PDEATHSIG is Linux's")
+    pid_file = tmp_path / "server.pid"
+    job = (
+        "import subprocess, sys, time\n"
+        "from porch_jax.serving.server import with_parent_death_signal\n"
+        "cmd = with_parent_death_signal([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+        "p = subprocess.Popen(cmd, start_new_session=True)\n"
+        f"open({str(pid_file)!r}, 'w').write(str(p.pid))\n"
+        "time.sleep(600)\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", job], env={**os.environ, "PYTHONPATH": os.getcwd()})
+    for _ in range(200):
+        if pid_file.is_file() and pid_file.read_text():
+            break
+        time.sleep(0.05)
+    server_pid = int(pid_file.read_text())
+    time.sleep(0.5)  # the guard has run and exec'd the server's own command
+    assert alive(server_pid)
+    cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes()
+    assert b"time.sleep(600)" in cmdline and b"prctl" not in cmdline  # the guard exec'd the server's command
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    for _ in range(100):
+        if not alive(server_pid):
+            break
+        time.sleep(0.05)
+    assert not alive(server_pid), "the server outlived the job that started it"
+    assert with_parent_death_signal(["python", "-m", "x"])[-2:] == ["-m", "x"]
+
+
+def test_vllm_sockets_stay_within_the_unix_path_limit_under_a_deep_run_dir(tmp_path, model_dir):
+    """vLLM binds IPC sockets at VLLM_RPC_BASE_PATH/<uuid4>; a Unix socket path over 107 bytes fails its start."""
+    short = VLLMServer(model_dir, "/tmp/r", api_key="k", config=ServerConfig(device="cpu"))
+    assert short.environment()["VLLM_RPC_BASE_PATH"] == "/tmp/r/vllm_rpc"
+    deep_dir = tmp_path / ("d" * 60) / "run" / "vllm"
+    deep = VLLMServer(model_dir, deep_dir, api_key="k", config=ServerConfig(device="cpu"))
+    rpc = deep.environment()["VLLM_RPC_BASE_PATH"]
+    assert len(os.fsencode(rpc)) + 1 + 36 <= 107 and "porch_vllm_rpc_" in rpc
+    other = VLLMServer(model_dir, deep_dir.parent / "vllm2", api_key="k", config=ServerConfig(device="cpu"))
+    assert other.environment()["VLLM_RPC_BASE_PATH"] != rpc  # one folder per run directory
