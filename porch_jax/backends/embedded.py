@@ -35,10 +35,18 @@ class _Pending:
     future: asyncio.Future[ChatResult]
 
 
+def _digest(prompt: list[int]) -> bytes:
+    return hashlib.blake2b(b"".join(int(x).to_bytes(8, "little") for x in prompt), digest_size=16).digest()
+
+
+def _seed_of(seed: int, digest: bytes, occurrence: int) -> int:
+    data = int(seed).to_bytes(8, "little", signed=True) + int(occurrence).to_bytes(8, "little") + digest
+    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little") >> 1  # a non-negative int32
+
+
 def request_seed(seed: int, prompt: list[int], occurrence: int) -> int:
     """The sampling seed of the `occurrence`-th request (from 0) for `prompt` to a backend seeded `seed`."""
-    data = b"".join(int(x).to_bytes(8, "little", signed=True) for x in (seed, occurrence, *prompt))
-    return int.from_bytes(hashlib.blake2b(data, digest_size=4).digest(), "little") >> 1  # a non-negative int32
+    return _seed_of(seed, _digest(prompt), occurrence)
 
 
 class EmbeddedBackend:
@@ -86,10 +94,10 @@ class EmbeddedBackend:
     def _seeded(self, params: SamplingParams, prompt: list[int]) -> SamplingParams:
         if params.seed is not None:
             return params
-        digest = hashlib.blake2b(b"".join(int(x).to_bytes(8, "little") for x in prompt), digest_size=16).digest()
+        digest = _digest(prompt)  # hashed once: the key of `_seen` and the seed's input
         occurrence = self._seen.get(digest, 0)
         self._seen[digest] = occurrence + 1
-        return dataclasses.replace(params, seed=request_seed(self.seed, prompt, occurrence))
+        return dataclasses.replace(params, seed=_seed_of(self.seed, digest, occurrence))
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         check_single(request.sampling)

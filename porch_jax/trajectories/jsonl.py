@@ -21,6 +21,13 @@ from porch_jax import faults
 log = logging.getLogger(__name__)
 
 
+def torn_cut(data: bytes) -> int:
+    """Where a crash test tears a batch of lines: halfway into its last line, so the torn write always leaves a
+    partial line behind (half of the batch's bytes could end exactly on a newline, a clean crash instead)."""
+    start = data.rfind(b"\n", 0, len(data) - 1) + 1
+    return start + (len(data) - start) // 2
+
+
 class AppendOnlyJsonl:
     """Subclasses turn objects into lines (``write_lines``) and lines back (``raw_lines``)."""
 
@@ -73,7 +80,7 @@ class AppendOnlyJsonl:
             return
         fd = self._writer()
         if faults.due(self.path.name):  # a fault test's crash mid-write (porch_jax/faults.py): a torn line, then kill
-            os.write(fd, data[: len(data) // 2])
+            os.write(fd, data[: torn_cut(data)])
             os.fsync(fd)
             faults.crash()
         view = memoryview(data)
