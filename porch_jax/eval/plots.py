@@ -47,7 +47,16 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | P
 
 def plot_success(rows: Sequence[Summary], path: str | Path) -> Path:
     """Held-out success per method with its Wilson 95% interval."""
-    fig, ax = _success_bars([r.system for r in rows], [r.success for r in rows], "held-out success (95% CI)")
+    return _success_with_ci([r.system for r in rows], rows, "held-out success (95% CI)", path)
+
+
+def plot_group_success(rows: Sequence[Any], path: str | Path, ylabel: str = "success (95% CI)") -> Path:
+    """A benchmark run's success per group (``rollout.pairs.GroupResult``: capability, level) with its interval."""
+    return _success_with_ci([r.group for r in rows], rows, ylabel, path)
+
+
+def _success_with_ci(names: Sequence[str], rows: Sequence[Any], ylabel: str, path: str | Path) -> Path:
+    fig, ax = _success_bars(names, [r.success for r in rows], ylabel)
     ax.errorbar(
         range(len(rows)),
         [r.success for r in rows],

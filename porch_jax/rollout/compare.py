@@ -31,18 +31,10 @@ from porch_jax.envs.workplace import (
 )
 from porch_jax.rollout.config import ABLATIONS, SYSTEMS, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
+from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
 from porch_jax.typed_config import check, claim_run_dir, to_dict
-
-
-def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials."""
-    if n == 0:
-        return (0.0, 1.0)
-    p, d = k / n, 1 + z * z / n
-    centre, half = (p + z * z / (2 * n)) / d, z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
-    return (max(0.0, centre - half), min(1.0, centre + half))
 
 
 @dataclass(frozen=True)

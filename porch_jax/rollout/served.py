@@ -30,9 +30,9 @@ from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.are.client import are_python, run_gaia2
 from porch_jax.envs.workplace import TaskMixture, WorkplaceEnv, make_tasks
 from porch_jax.models.smollm2 import smollm2_folder
-from porch_jax.rollout.compare import wilson
 from porch_jax.rollout.config import Budgets, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
+from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.serving import ServerConfig, VLLMServer
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore

@@ -118,8 +118,9 @@ def test_engine_episode_with_gaia_tools_is_scored_by_gaia_rules():
         return render_action(Submit(calls[2].text.split()[-1]))
 
     engine = Engine(_env, ScriptedBackend(orchestrator), ScriptedBackend(subagent), EngineConfig())
+    # the truth is written 56000: GAIA's rules read "56,000" as the two-element list ["56", "000"]
     record = asyncio.run(
-        engine.run(GaiaTask("gaia/greenland", "Greenland's 1960 population to the nearest 1000?", "56,000"))
+        engine.run(GaiaTask("gaia/greenland", "Greenland's 1960 population to the nearest 1000?", "56000"))
     )
     assert record.outcome.success and record.meta["answer"] == "56000", record.outcome
     assert [s.tool for s in record.decisions[0].segment] == ["web_search", "extract_page", "execute_code", "submit"]

@@ -10,7 +10,8 @@ import pytest
 
 from porch_jax.envs.workplace import make_tasks
 from porch_jax.rollout import ABLATIONS
-from porch_jax.rollout.compare import summarize, wilson, workplace_engine
+from porch_jax.rollout.compare import summarize, workplace_engine
+from porch_jax.rollout.pairs import wilson
 
 
 def test_wilson_matches_known_values():

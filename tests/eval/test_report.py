@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from porch_jax.eval import plots, report
-from porch_jax.rollout.compare import wilson
+from porch_jax.rollout.pairs import wilson
 from tests.eval.outcomes import records_with
 
 

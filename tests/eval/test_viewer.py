@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import shutil
 import subprocess
@@ -103,32 +105,91 @@ def test_site_writes_one_page_per_episode_and_an_index(tmp_path):
     assert f'href="{page_name("a/2")}"' in index and 'class="fail"' in index
 
 
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+    "--window-size=1400,900",
+]
+
+
+def _chromium(tmp_path: Path, *args: str) -> str:
+    cmd = [CHROMIUM, *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180).stdout
+
+
+def _probe(tmp_path: Path, page: Path, script: str, fragment: str = "") -> dict:
+    """Runs ``script`` in Chromium after the page's own script, beside the page (links resolve the same); the
+    script returns a JSON-able value, read back from the dumped DOM."""
+    probe = page.with_name(f"probe-{page.name}")
+    js = (
+        "<pre id=probe></pre><script>document.getElementById('probe').textContent="
+        f"JSON.stringify((function(){{{script}}})())</script>"
+    )
+    probe.write_text(page.read_text().replace("</body>", js + "</body>"))
+    dom = _chromium(tmp_path, "--dump-dom", probe.as_uri() + fragment)
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found and found.group(1), dom[-2000:]
+    return json.loads(html.unescape(found.group(1)))
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: apt-get install -y chromium")
-def test_headless_chromium_renders_the_timeline(tmp_path):
+def test_headless_chromium_renders_the_timeline_across_the_page(tmp_path):
     page = write_site([_record()], tmp_path / "site")[0]
-    flags = [
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--no-first-run",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        f"--user-data-dir={tmp_path / 'profile'}",
-    ]
-    dom = subprocess.run(
-        [CHROMIUM, *flags, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=180
-    ).stdout
+    dom = _chromium(tmp_path, "--dump-dom", page.as_uri())
     timeline = re.search(r'<div id="timeline">(.*?)</div></div></div>', dom, re.S)
     assert timeline, dom[:2000]
     lanes = re.findall(r'<div class="lane-name">([^<]+)</div>', dom)
-    assert lanes == ["orchestrator", "agent 0"]
+    assert lanes == ["step", "orchestrator", "agent 0"]
     assert len(re.findall(r'class="mark ', timeline.group(0))) == 4 + 5  # decisions + sub-agent steps
-    shot = tmp_path / "page.png"
-    subprocess.run(
-        [CHROMIUM, *flags, f"--screenshot={shot}", "--window-size=1000,700", page.as_uri()],
-        capture_output=True,
-        timeout=180,
+    sizes = _probe(
+        tmp_path,
+        page,
+        "var r=function(q){return document.querySelector(q).getBoundingClientRect();};"
+        "var marks=[].map.call(document.querySelectorAll('#timeline .mark'),function(m){"
+        "return m.getBoundingClientRect().right;});"
+        "return {viewport:innerWidth,timeline:r('#timeline').width,track:r('.lane:not(.axis) .track').width,"
+        "right:Math.max.apply(null,marks)};",
     )
+    assert sizes["viewport"] == 1400
+    assert sizes["timeline"] >= 0.8 * sizes["viewport"] and sizes["track"] >= 0.75 * sizes["viewport"]
+    assert sizes["right"] >= 0.5 * sizes["viewport"]  # marks spread over the width, not crowded at its left
+    shot = tmp_path / "page.png"
+    _chromium(tmp_path, f"--screenshot={shot}", page.as_uri())
     assert shot.exists() and shot.stat().st_size > 1000
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium not installed: apt-get install -y chromium")
+def test_headless_chromium_sorts_and_filters_the_index(tmp_path):
+    records = []
+    for i, (system, score) in enumerate([("alpha", 1.0), ("beta", 0.0), ("alpha", 2 / 3), ("beta", 0.5)]):
+        r = _record(f"{system}/{i}", success=score == 1.0)
+        r.system, r.outcome = system, Outcome(score == 1.0, score, "ok" if score == 1.0 else "failed: answer")
+        records.append(r)
+    write_site(records, tmp_path / "site")
+    seen = _probe(
+        tmp_path,
+        tmp_path / "site" / "index.html",
+        "var heads=[].slice.call(document.querySelectorAll('#episodes th'));"
+        "function col(name){var i=heads.indexOf(document.querySelector('th[data-col='+name+']'));"
+        "return [].filter.call(document.querySelectorAll('#episodes tbody tr'),function(r){return !r.hidden;})"
+        ".map(function(r){return r.cells[i].textContent;});}"
+        "function click(name){document.querySelector('th[data-col='+name+'] button').click();}"
+        "var out={fromHash:col('outcome'),shown:document.getElementById('shown').textContent};"
+        "document.getElementById('reset').click();"
+        "click('score');out.asc=col('score');click('score');out.desc=col('score');"
+        "var s=document.getElementById('filter-system');s.value='beta';s.dispatchEvent(new Event('change'));"
+        "out.beta=col('episode');out.hash=location.hash;return out;",
+        fragment="#outcome=failure",
+    )
+    assert seen["fromHash"] == ["failure"] * 3 and seen["shown"] == "3"  # filters read from the address
+    assert seen["asc"] == ["0.00", "0.50", "0.67", "1.00"]
+    assert seen["desc"] == ["1.00", "0.67", "0.50", "0.00"]
+    assert seen["beta"] == ["beta/3", "beta/1"] and seen["hash"] == "#system=beta"  # sorted by score, descending

@@ -1,14 +1,14 @@
 """GAIA as an ``Environment``: web search, page extraction and code execution, scored as GAIA does.
 
 The providers are injected, so the same environment runs live (``SerperSearch`` + ``HTTPFetcher``)
-or offline on a corpus (``CorpusSearch`` + ``CorpusFetcher``, as in the tests). Tool failures (a
-404, a provider error) come back as observations; GAIA has no asynchronous events.
+or offline on a corpus (``CorpusSearch`` + ``CorpusFetcher``, as in the tests); tasks come from
+``tasks.load_gaia`` / ``tasks.load_taskcraft``. Tool failures (a 404, a provider error) come back as
+observations; GAIA has no asynchronous events.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from porch_jax.envs.base import Environment, Score
@@ -16,6 +16,7 @@ from porch_jax.envs.gaia.code import LANGUAGES, execute
 from porch_jax.envs.gaia.pages import PageFetcher, extract
 from porch_jax.envs.gaia.score import score_answer
 from porch_jax.envs.gaia.search import SearchProvider
+from porch_jax.envs.gaia.tasks import GaiaTask
 
 
 def _schema(name: str, description: str, props: dict[str, Any], required: tuple[str, ...]) -> dict[str, Any]:
@@ -50,14 +51,6 @@ SCHEMAS = {
     ),
 }
 TOOLS = tuple(SCHEMAS)
-
-
-@dataclass(frozen=True)
-class GaiaTask:
-    task_id: str
-    text: str
-    answer: str
-    seed: int = 0
 
 
 class GaiaEnvironment(Environment):
@@ -105,5 +98,5 @@ class GaiaEnvironment(Environment):
 
     def score(self, answer: str | None) -> Score:
         assert self.task is not None, "reset() first"
-        ok, how = score_answer(answer, self.task.answer, self.task.text, self.equivalent)
+        ok, how = score_answer(answer, self.task.truth, self.task.question, self.equivalent)
         return Score(ok, float(ok), how)

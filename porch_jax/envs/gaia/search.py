@@ -1,20 +1,28 @@
-"""Web search behind a provider interface; an offline corpus provider for tests and CI.
+"""Web search behind a provider interface: an offline corpus provider for tests and CI, Serper for live runs.
 
 ``CorpusSearch`` ranks a fixed set of pages with BM25 over title + text, so search behaviour
-(ranking, snippets, no result) is deterministic offline. ``SerperSearch`` is a live provider
-(google.serper.dev, the API key from ``$SERPER_API_KEY``); any object with ``search`` fits.
+(ranking, snippets, no result) is deterministic offline. ``SerperSearch`` asks google.serper.dev, its API
+key read from ``$SERPER_API_KEY``; the key goes only into the request header, and errors name the variable,
+never its value. Any object with ``search(query, k)`` fits ``SearchProvider``; ``search_provider`` builds
+one by name, as a runner's configuration names it.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import urllib.error
+import urllib.request
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from porch_jax.envs.gaia.text import Page, html_to_text, tokens
+
+SERPER_ENDPOINT = "https://google.serper.dev/search"
+SERPER_KEY_ENV = "SERPER_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -72,22 +80,44 @@ class CorpusSearch:
 
 
 class SerperSearch:
-    """Google results through serper.dev (live; needs network and an API key)."""
+    """Google results through serper.dev (live: needs network and an API key).
 
-    def __init__(self, api_key: str | None = None, timeout_s: float = 20.0):
-        self.api_key, self.timeout_s = api_key or os.environ.get("SERPER_API_KEY", ""), timeout_s
+    It uses the standard library's HTTP client, so it needs no optional package, and it ignores proxy
+    settings from the environment, as the package's other hosted calls do (``trust_env=False``).
+    ``endpoint`` points it elsewhere: a local server in the tests.
+    """
+
+    def __init__(self, api_key_env: str = SERPER_KEY_ENV, timeout_s: float = 20.0, endpoint: str = SERPER_ENDPOINT):
+        api_key = os.environ.get(api_key_env, "")
+        if not api_key:
+            raise RuntimeError(f"Serper search needs an API key in ${api_key_env}, which is unset or empty")
+        self._api_key, self.timeout_s, self.endpoint = api_key, timeout_s, endpoint
+        self._opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
     def search(self, query: str, k: int = 5) -> list[SearchHit]:
-        import httpx2 as httpx
-
-        r = httpx.post(
-            "https://google.serper.dev/search",
-            json={"q": query, "num": k},
-            timeout=self.timeout_s,
-            headers={"X-API-KEY": self.api_key},
+        request = urllib.request.Request(
+            self.endpoint,
+            data=json.dumps({"q": query, "num": k}).encode(),
+            headers={"X-API-KEY": self._api_key, "Content-Type": "application/json"},
+            method="POST",
         )
-        r.raise_for_status()
+        try:
+            with self._opener.open(request, timeout=self.timeout_s) as response:
+                body = json.load(response)
+        except urllib.error.HTTPError as e:
+            detail = e.read(300).decode("utf-8", "replace").replace(self._api_key, "***")
+            raise RuntimeError(f"Serper search failed: HTTP {e.code} {e.reason}: {detail}") from None
         return [
-            SearchHit(o.get("title", ""), o.get("link", ""), o.get("snippet", ""))
-            for o in r.json().get("organic", [])[:k]
+            SearchHit(o.get("title", ""), o.get("link", ""), o.get("snippet", "")) for o in body.get("organic", [])[:k]
         ]
+
+
+def search_provider(name: str, pages: Sequence[Page] = ()) -> SearchProvider:
+    """The provider a configuration names: "offline" (BM25 over ``pages``) or "serper" (``$SERPER_API_KEY``)."""
+    if name == "offline":
+        if not pages:
+            raise ValueError("the offline search provider searches a corpus: pass its pages")
+        return CorpusSearch(pages)
+    if name == "serper":
+        return SerperSearch()
+    raise ValueError(f"unknown search provider {name!r}; one of 'offline', 'serper'")
