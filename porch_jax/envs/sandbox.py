@@ -21,7 +21,9 @@ Confinement, each layer independent of the others:
   current count plus `max_processes`.
 - filesystem and processes, as root: new mount and PID namespaces. Every mount is remounted
   read-only except the working directory; /tmp, /var/tmp, /dev/shm and /run/lock are fresh tmpfs
-  (`max_file_mb` each) that vanish with the run; /proc is the namespace's own, so no other process
+  (`max_file_mb` each) that vanish with the run. A fresh tmpfs would also hide our own interpreter
+  (a virtualenv in /tmp) and checkout when they live there, so those are bound back read-only at
+  the same paths (`SandboxResult.bound_paths`); /proc is the namespace's own, so no other process
   (and no other process's environment) is visible; and when the namespace's first process ends the
   kernel kills whatever is left in it. Code that stays root (`run_command` without a uid) runs with
   no capabilities, so it cannot undo the mounts. `SandboxResult.filesystem_isolated` says whether
@@ -51,6 +53,8 @@ from collections.abc import Mapping, Sequence
 _SANDBOX_UID_BASE = 1_500_000_000
 _SANDBOX_UID_SPAN = 100_000_000
 _OUTPUT_CAP_BYTES = 1 << 20
+# The world-writable temp directories that get a fresh tmpfs inside the private filesystem view.
+TMPFS_POINTS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 # Runs in a fresh single-threaded interpreter (so no preexec_fn in our threaded parent), confines
 # itself, then execs the real program. Reports on fd `status_fd` whether the network namespace (first
@@ -58,9 +62,10 @@ _OUTPUT_CAP_BYTES = 1 << 20
 # descriptor (it is closed before exec).
 # As root it also unshares the mount and PID namespaces and forks: the child, PID 1 of the new
 # namespace, makes the filesystem read-only except the working directory, mounts fresh tmpfs on the
-# world-writable temp directories and a fresh /proc (no other process, so no other environment, is
-# visible), then forks the program and passes its wait status back through a pipe. When PID 1 dies the
-# kernel kills everything left in the namespace, so no child escapes by changing its process group.
+# world-writable temp directories (binding back, read-only, our own paths they would hide) and a
+# fresh /proc (no other process, so no other environment, is visible), then forks the program and
+# passes its wait status back through a pipe. When PID 1 dies the kernel kills everything left in
+# the namespace, so no child escapes by changing its process group.
 _LAUNCHER = r"""
 import ctypes, json, os, resource, signal, sys
 cfg = json.loads(sys.argv[1])
@@ -103,21 +108,29 @@ def mount(src, target, fstype, flags, data=None):
 def private_fs():
     workdir = os.getcwd()
     mount(None, "/", None, MS_REC | MS_PRIVATE)
-    keep = os.open(workdir, os.O_RDONLY | os.O_DIRECTORY)
+    # What the fresh tmpfs would hide, opened first: the working directory (writable) and our interpreter and
+    # checkout (read-only). Shallower paths go back first, so a working directory inside a read-only one stays
+    # writable; parents recreated on a tmpfs get mode 755, so a private uid can still walk down to them.
+    ro = [(path, MS_RDONLY) for path in cfg["ro_binds"] if path != workdir and os.path.isdir(path)]
+    views = sorted([(workdir, 0)] + ro, key=lambda view: view[0].count("/"))
+    keep = [(path, flag, os.open(path, os.O_RDONLY | os.O_DIRECTORY)) for path, flag in views]
     with open("/proc/self/mountinfo") as f:
         points = [(line.split()[4].replace("\\040", " "), line.split()[5].split(",")) for line in f]
     for point, opts in points:  # best effort: a few kernel mounts refuse, and none of them are writable files
         keep_flags = sum(bit for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC))
                          if name in opts)
         libc.mount(None, point.encode(), None, MS_REMOUNT | MS_BIND | MS_RDONLY | keep_flags, None)
-    for tmp in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock"):
+    for tmp in cfg["tmpfs"]:
         if os.path.isdir(tmp):
             mount("tmpfs", tmp, "tmpfs", MS_NOSUID | MS_NODEV, f"size={cfg['tmp_mb']}m,mode=1777")
-    os.makedirs(workdir, exist_ok=True)  # a fresh tmpfs may now hide it: put it back at the same path
-    mount(f"/proc/self/fd/{keep}", workdir, None, MS_BIND)
-    mount(None, workdir, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV)
+    umask = os.umask(0o022)
+    for path, flag, fd in keep:  # put each back at the same path
+        os.makedirs(path, exist_ok=True)
+        mount(f"/proc/self/fd/{fd}", path, None, MS_BIND)
+        mount(None, path, None, MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV | flag)
+        os.close(fd)
+    os.umask(umask)
     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    os.close(keep)
     os.chdir(workdir)
 def relay(status):
     # Dies the way the program died, so the caller sees the program's exit code or signal.
@@ -202,6 +215,7 @@ class SandboxResult:
     network_isolated: bool
     process_limit_enforced: bool
     filesystem_isolated: bool = False
+    bound_paths: tuple[str, ...] = ()  # ours, under a tmpfs point, bound back read-only when isolated
 
     @property
     def ok(self) -> bool:
@@ -271,6 +285,8 @@ def _run(
         "uid": uid,
         "argv": argv,
         "env": dict(env),
+        "tmpfs": TMPFS_POINTS,
+        "ro_binds": _own_paths_under_tmpfs(),
         "tmp_mb": int(limits.max_file_mb),
         "cpu_s": int(limits.cpu_s),
         "memory_bytes": int(limits.memory_mb) << 20,
@@ -323,7 +339,33 @@ def _run(
         network_isolated=status[:1] == b"1",
         process_limit_enforced=uid is not None or os.geteuid() != 0,
         filesystem_isolated=status[1:2] == b"1",
+        bound_paths=_own_paths_under_tmpfs() if status[1:2] == b"1" else (),
     )
+
+
+@functools.cache
+def _own_paths_under_tmpfs() -> tuple[str, ...]:
+    """Our interpreter's prefixes and the checkout holding porch_jax, where a fresh tmpfs would hide them.
+
+    The sandboxed program is often our own interpreter (run_python, or `python` on a PATH that names our
+    virtualenv), and a virtualenv or an editable install may live in /tmp: without these the program is not
+    found (`python: command not found`) or cannot import what it needs."""
+    executable_install = os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))
+    checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return _paths_under(TMPFS_POINTS, (sys.prefix, sys.base_prefix, executable_install, checkout))
+
+
+def _paths_under(points: Sequence[str], paths: Sequence[str]) -> tuple[str, ...]:
+    """The paths (as given and resolved) that lie strictly below one of `points`, without any that lies below
+    another one already in the answer (its parent's bind shows it)."""
+    roots = {os.path.normpath(os.path.abspath(p)) for p in points} | {os.path.realpath(p) for p in points}
+    candidates = {os.path.normpath(os.path.abspath(p)) for p in paths} | {os.path.realpath(p) for p in paths}
+    below = sorted(p for p in candidates if any(_inside(p, root) for root in roots))
+    return tuple(p for p in below if not any(_inside(p, other) for other in below))
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path != parent and path.startswith(parent.rstrip(os.sep) + os.sep)
 
 
 @functools.cache

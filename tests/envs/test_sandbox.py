@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
+import subprocess
+import sys
 import time
+from pathlib import Path
 
-from porch_jax.envs.sandbox import Limits, run_python
+import pytest
+
+from porch_jax.envs.sandbox import TMPFS_POINTS, Limits, _paths_under, run_python
 
 FAST = Limits(wall_s=3.0, cpu_s=2, memory_mb=256)
 
@@ -97,3 +103,48 @@ def test_network_is_unreachable_when_isolated():
         assert "connected" not in result.stdout and not result.ok
     else:
         assert "connected" in result.stdout  # documented fallback: no namespace, host network
+
+
+def _under_a_tmpfs_point(path: Path) -> bool:
+    return any(str(path.resolve()).startswith(point + os.sep) for point in TMPFS_POINTS)
+
+
+def test_an_interpreter_under_tmp_still_runs_inside_and_is_read_only_there(tmp_path):
+    """A virtualenv in /tmp (as a new user makes one) must survive the sandbox's fresh tmpfs on /tmp: the parent
+    runs from that venv, sandboxes that venv's python, and the venv is there read-only while the working
+    directory, nested inside it, stays writable (the deeper bind goes on top)."""
+    if not _under_a_tmpfs_point(tmp_path):
+        pytest.skip(f"tmp_path {tmp_path} is not under a tmpfs point {TMPFS_POINTS}")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    work = venv / "work"
+    work.mkdir()
+    inner = (
+        "import errno, sys\nprint(sys.prefix)\nopen('inside.txt', 'w').write('x')\n"
+        "try:\n    open(sys.prefix + '/probe', 'w')\nexcept OSError as e:\n    print(errno.errorcode[e.errno])\n"
+    )
+    outer = (
+        "import dataclasses, json, sys\nfrom porch_jax.envs.sandbox import Limits, run_command\n"
+        f"r = run_command([sys.executable, '-c', {inner!r}], {str(work)!r}, Limits(wall_s=20.0, cpu_s=10))\n"
+        "print(json.dumps(dataclasses.asdict(r)))\n"
+    )
+    done = subprocess.run([str(venv / "bin/python"), "-c", outer], capture_output=True, text=True, check=True)
+    result = json.loads(done.stdout)
+    if not result["filesystem_isolated"]:
+        assert os.geteuid() != 0, "running as root, yet the sandbox made no private filesystem view"
+        pytest.skip("no private filesystem view here (needs root), so no tmpfs hides the venv")
+    assert result["returncode"] == 0, result
+    assert result["stdout"].split() == [str(venv), "EROFS"]  # it ran from the venv, which it could not write
+    assert str(venv) in result["bound_paths"]
+    assert (work / "inside.txt").read_text() == "x" and not (venv / "probe").exists()
+
+
+def test_only_paths_a_tmpfs_would_hide_are_bound_and_nested_ones_once(tmp_path):
+    """A path below a tmpfs point is bound (a symlink there at its own path), one outside is not, and one inside
+    another bound path is left to its parent's bind."""
+    tmp, outside = tmp_path.resolve() / "tmp", tmp_path.resolve() / "outside"
+    (tmp / "venv/lib").mkdir(parents=True)
+    outside.mkdir()
+    (tmp / "link").symlink_to(outside)
+    paths = (f"{tmp}/venv", f"{tmp}/venv/lib", str(outside), f"{tmp}/link", str(tmp))
+    assert _paths_under((str(tmp),), paths) == (f"{tmp}/link", f"{tmp}/venv")

@@ -3,7 +3,9 @@
 The tools are the usual software-engineering set (AOrchestra's SWE sub-agents, mini-SWE): paths are
 confined to the checkout (no ``..`` or symlink escapes), ``bash`` runs in the sandbox (the checkout
 is its only writable place), observations are capped. ``score`` extracts the checkout's diff and
-grades it locally with swebench when the instance has tests; SWE-bench has no asynchronous events.
+grades it with swebench: on the official images when a docker engine answers, else locally when the
+instance has tests (``SWEConfig.grader``); SWE-bench has no asynchronous events. ``SWEConfig`` also
+holds the sub-agents' tool set and the paper's SWE-bench step budgets.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from porch_jax.envs.base import Environment, Score
 from porch_jax.envs.sandbox import Limits, run_command
-from porch_jax.envs.swe.instances import SWEInstance
+from porch_jax.envs.swe.instances import HUB_NAME, SWEInstance
 from porch_jax.envs.swe.repo import extract_patch
+from porch_jax.rollout.config import BUDGETS, Budgets
+from porch_jax.typed_config import check
 
 _MAX_CHARS = 8000
 _VIEW_LINES = 200
@@ -62,6 +66,43 @@ SCHEMAS = {
     ),
 }
 TOOLS = tuple(SCHEMAS)
+Grader = Literal["auto", "docker", "local"]
+GRADERS = get_args(Grader)
+
+
+@dataclass(frozen=True)
+class SWEConfig:
+    """How a SWE-bench episode is set up and graded.
+
+    ``total_steps`` (500) and ``agent_steps`` (50) are the POrchestra paper's SWE-bench budgets: sub-agent
+    steps per task in all, and per sub-agent; ``engine_budgets()`` hands them to ``EngineConfig.budgets``.
+    ``subagent_tools`` is the tool set the orchestrator may give its sub-agents (default: all four).
+    ``grader``: "auto" grades on the official docker images when an engine answers, else locally; "docker"
+    and "local" force one. ``dataset_name`` is the harness's --dataset_name (a hub id, or a .json/.jsonl of
+    full rows) for docker grading."""
+
+    subagent_tools: tuple[str, ...] = TOOLS
+    total_steps: int = 500
+    agent_steps: int = 50
+    grader: Grader = "auto"
+    dataset_name: str = HUB_NAME
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.subagent_tools if t not in SCHEMAS]
+        check(bool(self.subagent_tools) and not unknown, "subagent_tools", f"must be a non-empty subset of {TOOLS}")
+        for name in ("total_steps", "agent_steps"):
+            value = getattr(self, name)
+            check(type(value) is int and value > 0, name, f"must be a positive int, got {value!r}")
+        check(
+            self.agent_steps <= self.total_steps,
+            "agent_steps",
+            f"must be <= total_steps ({self.total_steps}), got {self.agent_steps}",
+        )
+        check(self.grader in GRADERS, "grader", f"must be one of {GRADERS}, got {self.grader!r}")
+
+    def engine_budgets(self) -> Budgets:
+        """The engine's budgets: these step budgets, and the paper's SWE-bench cap on sub-agents."""
+        return Budgets(self.total_steps, BUDGETS["swe"].max_agents, self.agent_steps)
 
 
 @dataclass(frozen=True)
@@ -90,8 +131,14 @@ class SWETask:
 class SWEEnvironment(Environment):
     name = "swe"
 
-    def __init__(self, bash_limits: Limits = BASH_LIMITS, bash_env: Mapping[str, str] | None = None):
-        self.bash_limits, self.bash_env = bash_limits, bash_env
+    def __init__(
+        self,
+        config: SWEConfig = SWEConfig(),
+        *,
+        bash_limits: Limits = BASH_LIMITS,
+        bash_env: Mapping[str, str] | None = None,
+    ):
+        self.config, self.bash_limits, self.bash_env = config, bash_limits, bash_env
         self.task: SWETask | None = None
 
     def reset(self, task: SWETask) -> None:
@@ -99,14 +146,15 @@ class SWEEnvironment(Environment):
         self.root = Path(task.repo_dir).resolve()
 
     def tool_names(self) -> tuple[str, ...]:
-        return TOOLS
+        return self.config.subagent_tools
 
     def tool_schemas(self, names: tuple[str, ...] | list[str]) -> list[dict[str, Any]]:
-        return [SCHEMAS[n] for n in names if n in SCHEMAS]
+        return [SCHEMAS[n] for n in names if n in self.config.subagent_tools]
 
     def call_tool(self, agent_id: int, name: str, args: dict[str, Any]) -> str:
         try:
-            out = getattr(self, f"_{name}")(**args) if name in SCHEMAS else f"error: unknown tool {name!r}"
+            known = name in self.config.subagent_tools
+            out = getattr(self, f"_{name}")(**args) if known else f"error: unknown tool {name!r}"
         except TypeError as e:
             out = f"error: bad arguments for {name}: {e}"
         except (OSError, ValueError, re.error) as e:
@@ -121,12 +169,18 @@ class SWEEnvironment(Environment):
         return extract_patch(self.root)
 
     def score(self, answer: str | None) -> Score:
-        from porch_jax.envs.swe.grading import grade_local  # imports swebench only when grading
+        from porch_jax.envs.swe.grading import grade_docker, grade_local, uses_docker  # imports swebench only here
 
         assert self.task is not None, "reset() first"
-        if not self.task.instance.gradable:
-            return Score(False, 0.0, "not graded: the instance has no tests (partial SWE-bench fields)")
-        report = grade_local(self.task.instance, self.patch(), self.task.source or self.root, **self.task.grading)
+        instance = self.task.instance
+        docker = uses_docker(self.config.grader)
+        if not docker and not instance.gradable:  # the harness reads its own full rows; local grading needs ours
+            return Score(False, 0.0, "not graded: the instance has no tests (partial SWE-bench fields; see load_full)")
+        if docker:
+            patches = {instance.instance_id: self.patch()}
+            report = grade_docker(patches, dataset_name=self.config.dataset_name)[instance.instance_id]
+        else:
+            report = grade_local(instance, self.patch(), self.task.source or self.root, **self.task.grading)
         failed = [t for kind in report.tests_status.values() for t in kind.get("failure", [])]
         reason = (
             "resolved"
