@@ -69,16 +69,21 @@ def export_step(checkpoint_dir: str | Path, out: str | Path, *, step: int | None
     return path
 
 
+def run_tokenizer(run_dir: Path | None, folder: str | None = None):
+    """The tokenizer an export carries: ``folder``'s, else the run's own export's (RUN/export), else None."""
+    tok_dir = folder or (str(run_dir / "export") if run_dir and (run_dir / "export").is_dir() else None)
+    if not tok_dir:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tok_dir)
+
+
 def main(argv: list[str]) -> None:
     del argv
     run_dir = Path(FLAGS.run_dir) if FLAGS.run_dir else None
     checkpoints = run_dir / "checkpoints" if run_dir else Path(FLAGS.checkpoint_dir)
-    tok_dir = FLAGS.tokenizer or (str(run_dir / "export") if run_dir and (run_dir / "export").is_dir() else None)
-    tokenizer = None
-    if tok_dir:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    tokenizer = run_tokenizer(run_dir, FLAGS.tokenizer)
     path = export_step(checkpoints, FLAGS.out, step=FLAGS.step, tokenizer=tokenizer)
     print(f"exported {checkpoints} step {FLAGS.step or 'latest'} to {path}")
 

@@ -60,7 +60,8 @@ def _success_with_ci(names: Sequence[str], rows: Sequence[Any], ylabel: str, pat
     ax.errorbar(
         range(len(rows)),
         [r.success for r in rows],
-        yerr=[[r.success - r.ci[0] for r in rows], [r.ci[1] - r.success for r in rows]],
+        # Clamped: a Wilson bound at 0 or 1 can sit a rounding error inside the point estimate.
+        yerr=[[max(0.0, r.success - r.ci[0]) for r in rows], [max(0.0, r.ci[1] - r.success) for r in rows]],
         fmt="none",
         color="k",
         capsize=4,

@@ -120,3 +120,49 @@ def test_smollm2_pairs_killed_mid_run_resume_without_loss_or_repeat(smollm2_serv
     assert all(not v["retryable"] for v in after)
     text = (out / "verdicts.jsonl").read_text() + store.read_text()
     assert server.api_key not in text
+
+
+def _served_requests(server) -> float:
+    """Requests the server has finished, from vLLM's Prometheus counter."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{server.base_url}/metrics", timeout=10) as reply:
+        text = reply.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("vllm:request_success_total")
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+@needs_are
+def test_ares_llm_soft_checks_run_on_the_served_judge(smollm2_server, tmp_path, monkeypatch):
+    """The reworded oracle passes the hard checks with answers that are not the oracle's exact text, so ARE's judge
+    asks its LLM about them: every request the server sees comes from the judge (the policy calls no model)."""
+    server = smollm2_server
+    monkeypatch.setenv("PORCH_TEST_SMOLLM2_KEY", server.api_key)
+    rows = _hub_rows(tmp_path)
+    before = _served_requests(server)
+    summary = run_gaia2(
+        tmp_path / "run",
+        hub_rows=rows,
+        policy="reworded_oracle",
+        extra=[
+            "--judge",
+            "llm",
+            "--judge_model",
+            server.model,
+            "--judge_provider",
+            "openai",
+            "--judge_endpoint",
+            f"{server.base_url}/v1",
+            "--judge_api_key_env",
+            "PORCH_TEST_SMOLLM2_KEY",
+            "--judge_max_tokens",
+            "32",
+        ],  # fmt: skip
+        timeout_s=200,
+    )
+    assert len(summary["pairs"]) == len(SCENARIOS)
+    assert _served_requests(server) > before, summary  # the soft checks reached the served judge
+    print(f"GAIA2 with SmolLM2 judging the reworded oracle's answers: {summary['success_rate']:.2f} success")

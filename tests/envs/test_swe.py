@@ -39,7 +39,7 @@ from porch_jax.envs.swe import (
 )
 from porch_jax.envs.swe.instances import DEFAULT_LOCAL, HUB_NAME
 from porch_jax.protocol import Delegate, Finish, Harness, Submit, ToolCall, render_action
-from porch_jax.rollout import BUDGETS, Engine, EngineConfig
+from porch_jax.rollout import BUDGETS, Budgets, Engine, EngineConfig
 from porch_jax.typed_config import ConfigError, from_dict
 
 FIXTURE_ROWS = Path(__file__).resolve().parents[1] / "fixtures/swe/verified_rows.jsonl"
@@ -154,7 +154,7 @@ def test_engine_episode_on_a_checkout_is_graded_resolved(upstream, tmp_path):
         lambda: SWEEnvironment(config),
         ScriptedBackend(orchestrator),
         ScriptedBackend(subagent),
-        EngineConfig(budgets=config.engine_budgets()),
+        EngineConfig(budgets=Budgets(config.total_steps, BUDGETS["swe"].max_agents, config.agent_steps)),
     )
     record = asyncio.run(engine.run(SWETask(instance, str(work), source=str(repo), grading={"env": ENV})))
     assert record.outcome.success and record.outcome.reason == "resolved", record.outcome
@@ -245,7 +245,7 @@ def test_full_rows_come_from_the_hub_when_online_and_a_clear_error_when_not(tmp_
 def test_config_defaults_are_the_papers_swe_budgets_and_are_validated():
     config = SWEConfig()
     assert (config.total_steps, config.agent_steps) == (500, 50)
-    assert config.engine_budgets() == BUDGETS["swe"]
+    assert (config.total_steps, config.agent_steps) == (BUDGETS["swe"].total_steps, BUDGETS["swe"].default_agent_budget)
     for bad in (
         {"total_steps": 0},
         {"agent_steps": -1},

@@ -126,6 +126,14 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
                 "config.grm.model",
             ),
         ],
+        "eval": [
+            (
+                "unknown",
+                ["--config=experiments/eval_benchmarks.py:gaia", "--config.nonexistent_key=3"],
+                "config.nonexistent_key",
+            ),
+            ("bad", ["--config=experiments/eval_benchmarks.py:gaia", "--config.runs=0"], "config.runs"),
+        ],
         "sample": [
             ("unknown", [f"--out_dir={tmp}", "--nonexistent_flag=3"], "nonexistent_flag"),
             ("bad", [f"--out_dir={tmp}", "--top_p=2"], "--top_p"),

@@ -5,10 +5,12 @@ scenarios registered in ARE (its tutorials). GAIA2 traces are judged by ARE's
 ``GraphPerEventJudge``: offline (``judge="scripted"``) it runs the hard checks (ids, counts, order,
 times) plus ARE's scripted checks from ``checks/<scenario_id>.json`` in place of the LLM soft
 checks; ``judge="llm"`` uses a judge model behind ``judge_endpoint`` (ARE's LiteLLM engine).
-Registered scenarios are judged by their own ``validate``. Results: a JSON summary, ARE's exported
+Registered scenarios are judged by their own ``validate``. A run is (scenario, run) pairs, ``concurrency`` at a
+time, resumed from ``verdicts.jsonl`` (``run``). Results: a JSON summary, a table by capability, ARE's exported
 traces under ``output_dir``, and our episode records (outcome = the verdict) in a trajectory store.
 
-Policies: ``scripted_oracle`` (the scenario's own oracle plan, through our protocol) or ``llm``: the
+Policies: ``scripted_oracle`` (the scenario's own oracle plan, through our protocol), ``reworded_oracle`` (the
+same with every answer to the user reworded: the check that ARE's LLM soft checks reach the judge) or ``llm``: the
 orchestrator and the sub-agents each on their own endpoint (``--orchestrator_*`` and
 ``--executor_*`` flags, porch_jax.backends.spec; the executor falls back to the orchestrator's
 endpoint when it names no model), with the API key read from the variable each names.
@@ -59,7 +61,8 @@ from porch_jax.rollout.pairs import PairOutcome, pair_id, record_tokens, results
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
 
-POLICIES = ("scripted_oracle", "llm")
+POLICIES = ("scripted_oracle", "reworded_oracle", "llm")
+REWORDING = "To confirm: "  # reworded_oracle's prefix to each answer
 ENDPOINT_ROLES = ("orchestrator", "executor")
 CAPABILITIES = ("execution", "search", "adaptability", "time", "ambiguity")  # GAIA2's splits (ARE's CapabilityTag)
 HUB_DATASET = "meta-agents-research-environments/gaia2"  # what ARE's `gaia2-run` loads, one config per capability
@@ -286,11 +289,13 @@ def capabilities(spec: RunSpec, scenario: Any) -> list[str]:
 def make_policies(spec: RunSpec):
     """The policy factory for the agent builder: (scenario, adapter) -> (orchestrator, sub-agent). Served
     backends are built per scenario run: concurrent runs each hold their own connections and event loop."""
-    if spec.policy == "scripted_oracle":
+    if spec.policy in ("scripted_oracle", "reworded_oracle"):
+        prefix = REWORDING if spec.policy == "reworded_oracle" else ""
 
         def scripted(scenario: Any, adapter: AREEnvironment):
             names = {t.name: t._public_name for t in scenario.get_tools()}
-            oracle = ScriptedOracle(oracle_plan(scenario, adapter.clock.env, names), adapter.tool_names())
+            plan = oracle_plan(scenario, adapter.clock.env, names)
+            oracle = ScriptedOracle(plan, adapter.tool_names(), answer_prefix=prefix)
             return ScriptedBackend(oracle.orchestrator), ScriptedBackend(oracle.subagent)
 
         return scripted

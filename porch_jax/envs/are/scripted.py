@@ -76,8 +76,10 @@ def split_turn_text(text: str) -> tuple[str, str]:
 class ScriptedOracle:
     """``orchestrator`` and ``subagent`` policies for ``ScriptedBackend`` over one scenario's plan."""
 
-    def __init__(self, plan: list[PlanStep], available_tools: Collection[str]):
-        self.plan, self.available = plan, set(available_tools)
+    def __init__(self, plan: list[PlanStep], available_tools: Collection[str], *, answer_prefix: str = ""):
+        """``answer_prefix``: put before every answer to the user, so it is no longer the oracle's exact text (the
+        hard checks still pass; ARE's LLM soft checks then judge a reworded answer, which is what they are for)."""
+        self.plan, self.available, self.answer_prefix = plan, set(available_tools), answer_prefix
         used = {s.tool for s in plan if not s.is_answer} | {NOW_TOOL, WAIT_TOOL}
         self.tools = tuple(sorted(used & self.available))
 
@@ -100,7 +102,7 @@ class ScriptedOracle:
                 )
             if req.target == RequestTarget.BUDGET and v.steps_left > 0:
                 return render_action(Revise(fb.agent_id, budget=fb.budget + min(10, v.steps_left)))
-        return render_action(Finish(fb.result or ""))
+        return render_action(Finish(self.answer_prefix + (fb.result or "")))
 
     # ---- sub-agent -----------------------------------------------------------------------------
     def subagent(self, request: ChatRequest) -> str:

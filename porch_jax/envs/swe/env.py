@@ -15,13 +15,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 from porch_jax.envs.base import Environment, Score
 from porch_jax.envs.sandbox import Limits, run_command
-from porch_jax.envs.swe.instances import HUB_NAME, SWEInstance
+from porch_jax.envs.swe.instances import GRADERS, HUB_NAME, Grader, SWEInstance
 from porch_jax.envs.swe.repo import extract_patch
-from porch_jax.rollout.config import BUDGETS, Budgets
 from porch_jax.typed_config import check
 
 _MAX_CHARS = 8000
@@ -66,8 +65,6 @@ SCHEMAS = {
     ),
 }
 TOOLS = tuple(SCHEMAS)
-Grader = Literal["auto", "docker", "local"]
-GRADERS = get_args(Grader)
 
 
 @dataclass(frozen=True)
@@ -75,7 +72,8 @@ class SWEConfig:
     """How a SWE-bench episode is set up and graded.
 
     ``total_steps`` (500) and ``agent_steps`` (50) are the POrchestra paper's SWE-bench budgets: sub-agent
-    steps per task in all, and per sub-agent; ``engine_budgets()`` hands them to ``EngineConfig.budgets``.
+    steps per task in all, and per sub-agent (``rollout.config.BUDGETS["swe"]``; a launcher hands them to
+    ``EngineConfig.budgets``: envs sit below the engine).
     ``subagent_tools`` is the tool set the orchestrator may give its sub-agents (default: all four).
     ``grader``: "auto" grades on the official docker images when an engine answers, else locally; "docker"
     and "local" force one. ``dataset_name`` is the harness's --dataset_name (a hub id, or a .json/.jsonl of
@@ -99,10 +97,6 @@ class SWEConfig:
             f"must be <= total_steps ({self.total_steps}), got {self.agent_steps}",
         )
         check(self.grader in GRADERS, "grader", f"must be one of {GRADERS}, got {self.grader!r}")
-
-    def engine_budgets(self) -> Budgets:
-        """The engine's budgets: these step budgets, and the paper's SWE-bench cap on sub-agents."""
-        return Budgets(self.total_steps, BUDGETS["swe"].max_agents, self.agent_steps)
 
 
 @dataclass(frozen=True)

@@ -47,8 +47,7 @@ from swebench.harness.grading import get_eval_report
 from swebench.harness.utils import make_test_spec
 
 from porch_jax.envs.sandbox import Limits, run_command
-from porch_jax.envs.swe.env import GRADERS, Grader
-from porch_jax.envs.swe.instances import HUB_NAME, SWEInstance
+from porch_jax.envs.swe.instances import GRADERS, HUB_NAME, Grader, SWEInstance
 from porch_jax.envs.swe.repo import apply_patch, checkout
 
 DEFAULT_TEST_CMD = "python -m pytest -rA -p no:cacheprovider {tests}"

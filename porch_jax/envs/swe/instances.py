@@ -18,10 +18,14 @@ import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 DEFAULT_LOCAL = Path(__file__).resolve().parents[4] / "shared/data/swe_bench_verified/swebench_verified.jsonl"
 HUB_NAME = "princeton-nlp/SWE-bench_Verified"
+# How an instance is graded: "docker" (swebench's official images), "local" (a checkout here), "auto" (docker
+# where an engine answers).
+Grader = Literal["auto", "docker", "local"]
+GRADERS = get_args(Grader)
 # The fields of a row of HUB_NAME (split test).
 HUB_FIELDS = (
     "repo",
