@@ -31,7 +31,7 @@ from porch_jax.maca.orchestrator import (
 from porch_jax.maca.pools import AgentPool
 from porch_jax.maca.prior import STRUCTURES, PriorPolicy
 from porch_jax.maca.synthetic import SyntheticPool
-from porch_jax.maca.train import GRPOConfig, Variant, graphspecs, train_grpo
+from porch_jax.maca.train import GRPOConfig, Variant, graphspecs, make_optimizer, restore_params, train_grpo
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
@@ -366,12 +366,15 @@ def run_variant(
     checkpoint_every: int = 0,
     curve_every: int = 0,
     progress: Callable[[str], None] | None = None,
+    restore_from: Path | None = None,
 ) -> tuple[Evaluation, list[dict[str, float]]]:
     """Trains (unless the variant has no policy) and evaluates one variant; returns the evaluation and the
     training history. `curve_every` > 0 also evaluates the policy on the held-out tasks every that many
     iterations (the history's `heldout_*` entries: `learning_curve`); it reads the policy only, so the
     trained policy and its final evaluation are unchanged. With `checkpoint_dir` training resumes from (or,
-    finished, restores) the checkpoint there; `progress` gets training's periodic lines (`train_grpo`)."""
+    finished, restores) the checkpoint there; `progress` gets training's periodic lines (`train_grpo`). With
+    `restore_from` (a `train_grpo` checkpoint directory of another run) the policy is not trained here: its trained
+    parameters are restored from there and evaluated; with GRPO's `iterations` 0, the initial policy is."""
     train_specs, eval_specs = study.specs(variant, gamma)
     constraint = dataclasses.replace(study.eval_rollout.constraint, use_mask=variant.mask)
     eval_cfg = dataclasses.replace(study.eval_rollout, constraint=constraint)
@@ -387,6 +390,10 @@ def run_variant(
         )
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     policy = study.make_policy(seed)
+    if restore_from is not None or study.grpo.iterations == 0:
+        if restore_from is not None:
+            policy.params = restore_params(restore_from, policy, make_optimizer(study.grpo))
+        return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), []
     grpo = dataclasses.replace(study.grpo, rollout=dataclasses.replace(study.grpo.rollout, constraint=constraint))
 
     def probe() -> dict[str, float]:

@@ -24,7 +24,7 @@ from porch_jax.backends import Backend, ChatRequest, CostMeter, MeteredBackend, 
 from porch_jax.envs.benchmarks.answers import extract_choice, extract_code, extract_number
 from porch_jax.envs.benchmarks.base import Answer, BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
-from porch_jax.maca.orchestrator import STOP, router_prompt
+from porch_jax.maca.orchestrator import STOP, answer, router_prompt
 from porch_jax.maca.policy import structural_mask
 from porch_jax.maca.pools import AgentPool
 
@@ -66,7 +66,7 @@ def _result(text: str, meter: CostMeter, **extra) -> RunResult:
 
 async def _ask(backend: Backend, system: str | None, user: str, *, role: str, sampling: Sampling) -> str:
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
-    return (await backend.chat(ChatRequest(messages=messages, sampling=sampling, role=role))).text
+    return (await answer(backend, ChatRequest(messages=messages, sampling=sampling, role=role))).text
 
 
 async def vanilla(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:

@@ -60,6 +60,9 @@ class WorldConfig:
     hard_fraction: float = 0.5  # synthetic only
     benchmark: str = ""  # benchmark only: a porch_jax.envs.benchmarks name
     data_dir: str = ""  # benchmark only: a local data folder ("": the packaged split)
+    # benchmark only: draw the tasks from the recorded CPU-sized subset of each split (16 train, 30 test ids;
+    # envs/benchmarks/splits/maca_cpu_subsets.json) instead of the whole split; num_train / num_eval take its first
+    subset: bool = False
 
     def __post_init__(self):
         check(self.num_train > 0, "num_train", f"must be > 0, got {self.num_train}")
@@ -229,6 +232,9 @@ class MacaConfig:
     encoder: "minilm", "hashing" (a test stand-in) or a sentence-transformers folder / hub id.
     systems: the Table 3 variants trained (maca/train.py VARIANTS).
     no_policy_structure: what w/o pi_theta executes (analysis.NO_POLICY_READINGS).
+    policy_from: "" trains every learned system here; else a MACA run directory whose trained policies
+        (checkpoints/<system>/seed_<s>) this run evaluates instead of training its own: the same pool size, encoder,
+        rollout length and GRPO settings (a policy trained on one benchmark, run on another of its family).
     no_policy_lm: the "pretrained_lm" reading's router: a pretrained instruction LM's Hugging Face folder
         (model_path; "" with every other reading), untrained, scoring the agents GraphSpec's mask allows in its chat
         template (lm_policy.router_policy); max_task_words bounds the task text it reads; overrides stay empty.
@@ -252,6 +258,7 @@ class MacaConfig:
     grpo: GRPOSection = GRPOSection()
     lambda_selection: LambdaSelectionConfig = LambdaSelectionConfig()
     systems: tuple[str, ...] = ("maca",)
+    policy_from: str = ""
     no_policy_structure: str = "greedy"
     no_policy_lm: LMConfig = LMConfig(max_task_words=64)
     sweeps: SweepsConfig = SweepsConfig()

@@ -281,32 +281,53 @@ def prior_learning_round(
     credit: str = "sampled",
     keep: bool = True,
     keep_cheapest: bool = False,
+    execute_batch: Callable[[Sequence[tuple[int, np.ndarray]]], Sequence[tuple[Sequence[int], bool, int]]]
+    | None = None,
 ) -> float:
     """Algorithm 1, lines 3-5, once over the tasks: for task m sample K structures among its allowed
     (gate-passing) agents, execute each (`execute(m, graph) -> (agent sequence, success, token cost)`), take an
     Eq. 5 step with U = success on the sampled or the executed edges (`credit`, see the module
     docstring), and (if `keep`) keep the successful sequences for the Eq. 6 MLP: all of them, or with
     `keep_cheapest` only the task's cheapest successful ones among its K (the module docstring's "high
-    quality" reading). Returns the success rate."""
+    quality" reading). Returns the success rate.
+
+    With `execute_batch` (every (m, graph) of the round -> their results, in order) the round samples every task's
+    structures from the policy as it stands at the round's start, executes them all at once, then takes the tasks'
+    Eq. 5 steps in order: a mini-batch of the same estimator, for served agents, whose walks then run concurrently
+    instead of one after another."""
     if credit not in ("sampled", "executed"):
         raise ValueError(f"credit must be 'sampled' or 'executed', got {credit!r}")
-    successes = 0
-    for m, task_emb in enumerate(task_embs):
-        key, sub = jax.random.split(key)
+
+    def sample(m: int, sub: jax.Array) -> tuple[jax.Array, np.ndarray]:
         edge_mask = jnp.asarray(allowed[m][:, None] & allowed[m][None, :]) & off_diagonal(len(allowed[m]))
-        graphs = np.asarray(sample_edges(sub, policy.logits, samples, edge_mask))
-        utility = np.zeros(samples, np.float32)
+        return edge_mask, np.asarray(sample_edges(sub, policy.logits, samples, edge_mask))
+
+    def step(m: int, edge_mask: jax.Array, graphs: np.ndarray, runs: Sequence[tuple[Sequence[int], bool, int]]) -> int:
+        utility = np.asarray([float(ok) for _, ok, _ in runs], np.float32)
         executed = np.zeros_like(graphs)
-        runs = []
-        for k, graph in enumerate(graphs):
-            path, success, cost = execute(m, graph)
-            utility[k] = float(success)
+        for k, (path, _, _) in enumerate(runs):
             executed[k][tuple(np.asarray(list(itertools.pairwise(path)), int).reshape(-1, 2).T)] = True
-            runs.append((path, bool(success), cost))
         if keep:
             cheapest = min((c for _, ok, c in runs if ok), default=None)
             for path, success, cost in runs:
-                buffer.add(task_emb, path, success and (not keep_cheapest or cost == cheapest))
+                buffer.add(task_embs[m], path, bool(success) and (not keep_cheapest or cost == cheapest))
         policy.update(graphs if credit == "sampled" else executed, utility, edge_mask)
-        successes += int(utility.sum())
+        return int(utility.sum())
+
+    successes = 0
+    if execute_batch is None:
+        for m in range(len(task_embs)):
+            key, sub = jax.random.split(key)
+            edge_mask, graphs = sample(m, sub)
+            runs = [tuple(execute(m, graph)) for graph in graphs]
+            successes += step(m, edge_mask, graphs, [(p, bool(ok), c) for p, ok, c in runs])
+    else:
+        drawn = []
+        for m in range(len(task_embs)):
+            key, sub = jax.random.split(key)
+            drawn.append(sample(m, sub))
+        results = list(execute_batch([(m, g) for m, (_, graphs) in enumerate(drawn) for g in graphs]))
+        for m, (edge_mask, graphs) in enumerate(drawn):
+            runs = [(p, bool(ok), c) for p, ok, c in results[m * samples : (m + 1) * samples]]
+            successes += step(m, edge_mask, graphs, runs)
     return successes / (len(task_embs) * samples)

@@ -79,8 +79,8 @@ def build_tasks(cfg: MacaConfig) -> tuple[list[OrchestrationTask], list[Orchestr
     if w.kind == "benchmark":
         from porch_jax.envs.benchmarks import load_tasks
 
-        train = load_tasks(w.benchmark, "train", data_dir=w.data_dir or None)[: w.num_train]
-        test = load_tasks(w.benchmark, "test", data_dir=w.data_dir or None)[: w.num_eval]
+        train = load_tasks(w.benchmark, "train", data_dir=w.data_dir or None, subset=w.subset)[: w.num_train]
+        test = load_tasks(w.benchmark, "test", data_dir=w.data_dir or None, subset=w.subset)[: w.num_eval]
         return benchmark_tasks(train, w.budget), benchmark_tasks(test, w.budget)
     raise ValueError(f"world.kind must be 'synthetic' or 'benchmark', got {w.kind!r}")
 
@@ -336,17 +336,33 @@ def run_systems(
     for name in cfg.systems:
         evals, hists, start = [], [], time.perf_counter()
         for seed in cfg.seeds:
+            trained_elsewhere = Path(cfg.policy_from, "checkpoints", name, f"seed_{seed}") if cfg.policy_from else None
             evaluation, history = analysis.run_variant(
                 setup.study,
                 variant(cfg, name),
                 seed=seed,
                 curve_every=cfg.curve_every,
+                restore_from=trained_elsewhere,
                 **_resumable(cfg, name, seed),
             )
             evals.append(evaluation)
             hists.append(history)
         evaluations[name], histories[name] = evals, hists
-        rows.append(_row(name, evals, best, seconds=time.perf_counter() - start))
+        extra: dict[str, Any] = {"seconds": time.perf_counter() - start}
+        if cfg.world.kind == "benchmark":  # per-task records of the first seed (a benchmark table's intervals)
+            names = setup.study.world.pool.names
+            extra["correct"] = [e.correct for e in evals[0].episodes]
+            extra["paths"] = [" > ".join(names[a] for a in e.path) for e in evals[0].episodes]
+            extra["policy"] = (
+                "none"
+                if not VARIANTS[name].learn
+                else f"trained in {cfg.policy_from}"
+                if cfg.policy_from
+                else "untrained"
+                if cfg.grpo.iterations == 0
+                else f"trained here ({cfg.grpo.iterations} iterations)"
+            )
+        rows.append(_row(name, evals, best, **extra))
         log(f"{name}: {_brief(rows[-1])}")
     return rows, evaluations, histories
 
@@ -446,13 +462,18 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
                 seed=seed,
             )
 
-    async def all_tasks(name: str) -> list[baselines.RunResult]:
-        return list(await asyncio.gather(*(one(name, t, k) for k, t in enumerate(study.eval_tasks))))
+    async def every_system() -> list[list[baselines.RunResult]]:
+        # every system's tasks at once under one bound: the served agents batch what is in flight
+        runs = [[one(name, t, k) for k, t in enumerate(study.eval_tasks)] for name in cfg.baselines.systems]
+        flat = await asyncio.gather(*(c for system in runs for c in system))
+        n = len(study.eval_tasks)
+        return [list(flat[i * n : (i + 1) * n]) for i in range(len(runs))]
 
+    start = time.perf_counter()
+    by_system = asyncio.run(every_system())
+    seconds = time.perf_counter() - start
     rows = []
-    for name in cfg.baselines.systems:
-        start = time.perf_counter()
-        runs = asyncio.run(all_tasks(name))
+    for name, runs in zip(cfg.baselines.systems, by_system, strict=True):
         answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs, strict=False)}
         report = evaluate_benchmark(
             benchmark, [t.source for t in study.eval_tasks], lambda task, answers=answers: answers[task.task_id]
@@ -462,7 +483,8 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
             "accuracy": report.accuracy,
             "avg_cost": report.avg_cost,
             "avg_calls": float(np.mean([r.calls for r in runs])),
-            "seconds": time.perf_counter() - start,
+            "seconds_all_baselines": seconds,
+            "correct": [r.correct for r in report.results],
         }
         if name.startswith("router_"):
             row["invalid_action_rate"] = baselines.invalid_action_rate(runs)

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from porch_jax.backends import Backend, ChatRequest, ChatResult, Sampling
+from porch_jax.backends import Backend, BackendError, ChatRequest, ChatResult, Sampling
 from porch_jax.envs.benchmarks.base import Benchmark, BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.policy import structural_mask
@@ -162,6 +162,18 @@ class AgentWorld:
     sampling: Sampling = AGENT_SAMPLING
 
 
+async def answer(backend: Backend, request: ChatRequest) -> ChatResult:
+    """The backend's reply; a prompt over the model's context length is answered with nothing (an empty reply,
+    finish_reason "context_length", no tokens spent: the server refused it), so a long transcript ends one agent's
+    contribution instead of the run. Every other failure propagates."""
+    try:
+        return await backend.chat(request)
+    except BackendError as e:
+        if e.kind != "context_length":
+            raise
+        return ChatResult(text="", finish_reason="context_length")
+
+
 async def call_agent(world: AgentWorld, state: State, agent: int, transcript: Sequence[str]) -> ChatResult:
     """Runs `agent` with its role prompt on the task and the work so far (role "agent")."""
     spec = world.pool.agents[agent]
@@ -170,7 +182,7 @@ async def call_agent(world: AgentWorld, state: State, agent: int, transcript: Se
     request = ChatRequest(
         messages=messages, sampling=world.sampling, role="agent", state=AgentCall(state.task, state.history, agent)
     )
-    return await world.backend.chat(request)
+    return await answer(world.backend, request)
 
 
 def transcript_entry(world: AgentWorld, agent: int, text: str) -> str:

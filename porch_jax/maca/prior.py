@@ -71,6 +71,9 @@ class PriorConfig:
     with_start: bool = False  # learn where successful trajectories start (edges.py, START node)
     keep_cheapest: bool = False  # the buffer keeps each task's cheapest successful walk(s) per round (edges.py)
     phi_start: bool = False  # pi_phi samples START's edges too, and walks open at one of them (synthetic.walk)
+    # a round's walks sampled from pi_phi as it stands at the round's start and run all at once (edges.py,
+    # prior_learning_round's execute_batch): served agents then answer them concurrently
+    batched: bool = False
     mlp_hidden: int = 128
     mlp_steps: int = 300
     mlp_batch: int = 32
@@ -135,19 +138,34 @@ def learn_edge_mlp(
         for g in groups:
             idx = [m for m, t in enumerate(tasks) if g is None or t.family == g]
 
-            def execute(k: int, graph: np.ndarray, idx=idx, r=r) -> tuple[list[int], bool, int]:
-                m = idx[k]
-                path = walk(graph, allowed[m, :n], rng, max_steps=cfg.walk_steps)
-                correct, tokens = asyncio.run(run_path(world, tasks[m], path, rng))
-                walks["done"] += 1
-                walks["ok"] += int(correct)
+            def report(r: int = r) -> None:
                 if line is not None:
                     line(
                         walks["done"],
                         f"prior learning, round {r + 1}/{cfg.rounds}: walk {walks['done']}/{line.total}, "
                         f"{walks['ok']} succeeded",
                     )
+
+            async def run_one(m: int, path: list[int]) -> tuple[list[int], bool, int]:
+                correct, tokens = await run_path(world, tasks[m], path, rng)
+                walks["done"] += 1
+                walks["ok"] += int(correct)
+                report()
                 return path, correct, tokens
+
+            def execute(k: int, graph: np.ndarray, idx=idx) -> tuple[list[int], bool, int]:
+                m = idx[k]
+                return asyncio.run(run_one(m, walk(graph, allowed[m, :n], rng, max_steps=cfg.walk_steps)))
+
+            def execute_batch(pairs, idx=idx) -> list[tuple[list[int], bool, int]]:
+                paths = [
+                    (idx[k], walk(graph, allowed[idx[k], :n], rng, max_steps=cfg.walk_steps)) for k, graph in pairs
+                ]
+
+                async def every() -> list[tuple[list[int], bool, int]]:
+                    return list(await asyncio.gather(*(run_one(m, path) for m, path in paths)))
+
+                return asyncio.run(every())
 
             key, sub = jax.random.split(key)
             rate = prior_learning_round(
@@ -161,6 +179,7 @@ def learn_edge_mlp(
                 credit=cfg.credit,
                 keep=keep,
                 keep_cheapest=cfg.keep_cheapest,
+                execute_batch=execute_batch if cfg.batched else None,
             )
             hits, count = hits + rate * len(idx), count + len(idx)
         success.append(hits / count)

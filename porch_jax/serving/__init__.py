@@ -11,11 +11,18 @@ from porch_jax.serving.architectures import (
     check_vllm_architecture,
     registered_architectures,
 )
-from porch_jax.serving.folder import FolderError, check_folder, check_same_model, check_same_tokenizer
+from porch_jax.serving.folder import (
+    FolderError,
+    check_folder,
+    check_same_model,
+    check_same_tokenizer,
+    folder_identity,
+)
 from porch_jax.serving.server import ServerConfig, ServerError, VLLMServer, cpu_python, free_port, vllm_cpu_missing
 
 _WEIGHTS = ("WeightSync", "WeightSyncError", "check_weights_folder", "export_for_serving", "model_prompt_logprobs")
 __all__ = [
+    "folder_identity",
     "FolderError",
     "EXPORTED_ARCHITECTURES",
     "ArchitectureError",

@@ -101,6 +101,24 @@ def check_same_model(policy: str | Path, served: str | Path) -> None:
         raise FolderError(f"{policy} is not the model {served} serves ({'; '.join(differ)})")
 
 
+def folder_identity(path: str | Path) -> str:
+    """The served model's identity for keys that must change with the weights (a response cache): the folder's
+    name and a sha256 over every file a server reads from it (weights, configs, tokenizer, chat template)."""
+    path = Path(path)
+    files = sorted(
+        p for p in path.iterdir() if p.is_file() and p.suffix in (".safetensors", ".json", ".jinja", ".model", ".txt")
+    )
+    if not any(p.suffix == ".safetensors" for p in files):
+        raise FolderError(f"{path}: no .safetensors weights to identify the model by")
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode() + b"\0")
+        with open(p, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+    return f"{path.name}@sha256:{h.hexdigest()[:16]}"
+
+
 def _digest(text: str | None) -> str | None:
     return None if text is None else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
 

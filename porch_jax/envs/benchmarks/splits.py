@@ -6,6 +6,10 @@ MBPP, SVAMP, ARC-C) it partitions the whole file; for GSM-Hard (1,000 of 1,319) 
 12,032) it is a subset. MBPP's 587 + 387 covers all 974 problems, so its test split is not the standard
 test ids 11-510. The file records each source file's sha256; `python -m porch_jax.envs.benchmarks.check_splits`
 regenerates the splits from the data and compares.
+
+CPU-sized runs (the real-agent MACA table) use a fixed subset of each split, recorded in
+splits/maca_cpu_subsets.json: `SUBSET_SIZES` ids drawn, seeded, from the recorded split's ids (so the subset needs
+no data to regenerate, only the split file), kept in the split's order.
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ import random
 from porch_jax.envs.benchmarks.catalog import load_all_tasks
 
 SPLITS_FILE = pathlib.Path(__file__).resolve().parent / "splits" / "maca_table4.json"
+SUBSETS_FILE = SPLITS_FILE.with_name("maca_cpu_subsets.json")
+SUBSET_SIZES = {"train": 16, "test": 30}
 SEED = 0
 # (train, test) sizes from the paper's Table 4.
 TABLE4 = {
@@ -63,4 +69,21 @@ def _load(path: pathlib.Path) -> dict:
 
 def load_splits(path: pathlib.Path = SPLITS_FILE) -> dict[str, dict]:
     """{benchmark: {"train": [ids], "test": [ids], "source_sha256": ..., ...}} from the recorded file."""
+    return _load(path)["benchmarks"]
+
+
+def make_subsets(splits: dict[str, dict], seed: int = SEED) -> dict:
+    """{"seed", "sizes", "benchmarks": {name: {"train": [ids], "test": [ids]}}} from the recorded splits."""
+    out: dict = {"seed": seed, "sizes": dict(SUBSET_SIZES), "benchmarks": {}}
+    for name in TABLE4:
+        out["benchmarks"][name] = {}
+        for split, n in SUBSET_SIZES.items():
+            ids = splits[name][split]
+            chosen = set(random.Random(f"maca-cpu-subset:{seed}:{name}:{split}").sample(ids, n))
+            out["benchmarks"][name][split] = [i for i in ids if i in chosen]
+    return out
+
+
+def load_subsets(path: pathlib.Path = SUBSETS_FILE) -> dict[str, dict]:
+    """{benchmark: {"train": [ids], "test": [ids]}}: the recorded CPU-sized subsets of the Table 4 splits."""
     return _load(path)["benchmarks"]

@@ -1,0 +1,267 @@
+"""MACA's real-agent table: the paper's six benchmarks x MACA, its Table 3 ablations and the baselines (Vanilla,
+CoT, Self-Consistency x5, Self-Refine, Table 11's three LLM routers), every agent one served model, sized for a CPU.
+
+Each benchmark is one MACA experiment (`experiment.run`, in RUN_DIR/<benchmark>) on its recorded CPU subset of the
+Table 4 split (`world.subset`: 30 test tasks, 16 training tasks), with the family's agent pool (paper Table 5).
+GraphSpec's prior is learned on every benchmark. GRPO trains the learned systems on at most two benchmarks
+(`grpo_on`); a benchmark of the same family runs those trained policies (`MacaConfig.policy_from`), and a benchmark
+whose family has none runs pi_theta at its initialisation (GRPO iterations 0), each row saying which.
+
+Every system of every benchmark reaches the model through one `CachedBackend` (the caller builds it): an exact
+response cache keyed by model, messages and sampling, so the systems share the answers they have in common and a
+rerun after a crash replays what was already answered. With each benchmark's experiment resuming its own prior
+and training checkpoints, the whole table resumes.
+
+`run_table` writes RUN_DIR/table.json, table.md (accuracy or pass@1 with Wilson 95% intervals, tokens per task,
+the routers' invalid-action rates, chance levels) and table.png.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from porch_jax.backends import Backend
+from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
+from porch_jax.maca import analysis, experiment
+from porch_jax.maca.config import MacaConfig
+from porch_jax.rollout.pairs import wilson
+from porch_jax.serving import ServerConfig
+from porch_jax.typed_config import check, to_dict
+
+BENCHMARK_ORDER = ("humaneval", "mbpp", "mmlu_pro", "arc_challenge", "svamp", "gsm_hard")  # the paper's Table 1
+LEARNED = ("maca", "no_z_prior", "no_p_prior", "no_graphspec")  # the Table 3 systems GRPO trains
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSource:
+    """Where the agents run. "hf": `path`, a Hugging Face folder (empty: SmolLM2-135M-Instruct from the package
+    index), served by vLLM (`serve`) for the run; "endpoint": `maca.backend.endpoint` as configured (then
+    `model_id` names the model for the response cache's keys)."""
+
+    kind: str = "hf"
+    path: str = ""
+    serve: ServerConfig = ServerConfig(device="auto", served_model_name="agents")
+    model_id: str = ""
+
+    def __post_init__(self) -> None:
+        check(self.kind in ("hf", "endpoint"), "kind", f"must be 'hf' or 'endpoint', got {self.kind!r}")
+        check(
+            self.kind != "endpoint" or bool(self.model_id),
+            "model_id",
+            "an endpoint's replies are cached under the model_id you give (e.g. the model's name and revision)",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TableConfig:
+    """The table's run. `maca` is every benchmark's experiment config; per benchmark its run_dir, world.benchmark,
+    pool (the family's and the auxiliary roles), policy_from and, where no policy of the family is trained,
+    grpo.iterations (0) are set here."""
+
+    run_dir: str
+    benchmarks: tuple[str, ...] = BENCHMARK_ORDER
+    grpo_on: tuple[str, ...] = ("gsm_hard", "arc_challenge")  # the paper's Table 3 pair
+    maca: MacaConfig = MacaConfig(run_dir="(per benchmark)")
+    agents: AgentSource = AgentSource()
+    cache_file: str = "responses.jsonl"
+
+    def __post_init__(self) -> None:
+        unknown = [b for b in self.benchmarks if b not in BENCHMARKS]
+        check(not unknown, "benchmarks", f"unknown {unknown}; choose from {sorted(BENCHMARKS)}")
+        check(len(set(self.benchmarks)) == len(self.benchmarks), "benchmarks", "each benchmark once")
+        check(len(self.grpo_on) <= 2, "grpo_on", f"GRPO trains on at most two benchmarks, got {self.grpo_on}")
+        stray = [b for b in self.grpo_on if b not in self.benchmarks]
+        check(not stray, "grpo_on", f"{stray} are not among the benchmarks")
+        families = [BENCHMARKS[b].family for b in self.grpo_on]
+        check(len(set(families)) == len(families), "grpo_on", f"one benchmark per family, got {self.grpo_on}")
+        check(self.maca.world.kind == "benchmark", "maca.world.kind", "the table runs benchmark worlds")
+        check(bool(self.maca.baselines.systems), "maca.baselines.systems", "the table compares against baselines")
+        for name in self.benchmarks:
+            self.benchmark_config(name)  # every benchmark's config is valid before any work starts
+
+    def trained_on(self, benchmark: str) -> str | None:
+        """The benchmark whose trained policies `benchmark` runs (itself where GRPO trains on it), or None."""
+        family = BENCHMARKS[benchmark].family
+        return next((b for b in self.grpo_on if BENCHMARKS[b].family == family), None)
+
+    def benchmark_config(self, benchmark: str) -> MacaConfig:
+        m = self.maca
+        source = self.trained_on(benchmark)
+        grpo = m.grpo if source is not None else dataclasses.replace(m.grpo, iterations=0)
+        return dataclasses.replace(
+            m,
+            run_dir=str(Path(self.run_dir, benchmark)),
+            world=dataclasses.replace(m.world, benchmark=benchmark),
+            pool_families=(BENCHMARKS[benchmark].family, "auxiliary"),
+            policy_from="" if source in (None, benchmark) else str(Path(self.run_dir, source)),
+            grpo=grpo,
+        )
+
+    def order(self) -> list[str]:
+        """Benchmarks where GRPO trains first: the others run their policies."""
+        return [b for b in self.benchmarks if b in self.grpo_on] + [b for b in self.benchmarks if b not in self.grpo_on]
+
+
+def chance(benchmark: str, tasks: list) -> float:
+    """Expected accuracy of a uniform guess: 1 / options for multiple choice, 0 for a number or a program."""
+    if BENCHMARKS[benchmark].family != "qa":
+        return 0.0
+    return float(np.mean([1.0 / t.data["n_options"] for t in tasks]))
+
+
+def _cell(row: dict[str, Any]) -> dict[str, Any]:
+    n, k = len(row["correct"]), int(sum(row["correct"]))
+    lo, hi = wilson(k, n)
+    out = {
+        "system": row["system"],
+        "correct": k,
+        "n": n,
+        "accuracy": k / n,
+        "ci_low": lo,
+        "ci_high": hi,
+        "tokens_per_task": row["avg_cost"],
+        "calls_per_task": row["avg_calls"],
+    }
+    if "invalid_action_rate" in row:
+        out["invalid_action_rate"] = row["invalid_action_rate"]
+    if "policy" in row:
+        out["policy"] = row["policy"]
+    return out
+
+
+def benchmark_rows(cfg: TableConfig, benchmark: str, results: dict[str, Any]) -> dict[str, Any]:
+    """One benchmark's cells (systems then baselines) with its metric and chance level."""
+    bcfg = cfg.benchmark_config(benchmark)
+    tasks = load_tasks(benchmark, "test", subset=bcfg.world.subset)[: bcfg.world.num_eval]
+    cells = [_cell(r) for r in results["systems"]] + [_cell(r) for r in results["baselines"]]
+    level = chance(benchmark, tasks)
+    for c in cells:
+        c["at_chance"] = c["ci_low"] <= level <= c["ci_high"] if level > 0 else c["correct"] == 0
+    return {
+        "benchmark": benchmark,
+        "metric": BENCHMARKS[benchmark].metric,
+        "chance": level,
+        "tasks": len(tasks),
+        "trained_on": cfg.trained_on(benchmark),
+        "cells": cells,
+        "seconds": results["timings"]["total_s"],
+        "prior": {k: v for k, v in results["prior"].items() if isinstance(v, (int, float, str))},
+    }
+
+
+def run_table(
+    cfg: TableConfig, backend: Backend, log: Callable[[str], None] = print, *, cache_stats: Callable[[], dict] = dict
+) -> dict[str, Any]:
+    """Every benchmark in `cfg.order()` through `backend` (the caller's cached backend); returns what table.json
+    holds. A benchmark whose results.json exists is read, not rerun."""
+    run_dir = Path(cfg.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    out: dict[str, Any] = {"config": to_dict(cfg), "benchmarks": {}}
+    for benchmark in cfg.order():
+        bcfg = cfg.benchmark_config(benchmark)
+        done = Path(bcfg.run_dir, "results.json")
+        t0 = time.perf_counter()
+        if done.exists():
+            results = json.loads(done.read_text())
+            log(f"[table] {benchmark}: finished before, read from {done}")
+        else:
+            log(f"[table] {benchmark}: policy {cfg.trained_on(benchmark) or 'untrained'}; cache {cache_stats()}")
+            results = experiment.run(bcfg, backend=backend, log=lambda line, b=benchmark: log(f"[{b}] {line}"))
+        out["benchmarks"][benchmark] = benchmark_rows(cfg, benchmark, results)
+        log(f"[table] {benchmark} in {time.perf_counter() - t0:.0f} s; cache {cache_stats()}")
+        _write(run_dir, out | {"cache": cache_stats(), "seconds_this_call": time.perf_counter() - start})
+    out |= {"cache": cache_stats(), "seconds_this_call": time.perf_counter() - start}
+    _write(run_dir, out)
+    return out
+
+
+def _write(run_dir: Path, out: dict[str, Any]) -> None:
+    analysis.write_json(run_dir / "table.json", out)
+    (run_dir / "table.md").write_text(markdown(out))
+    plot(out, run_dir / "table.png")
+
+
+def _fmt(c: dict[str, Any]) -> str:
+    mark = "*" if c["at_chance"] else ""
+    return f"{c['accuracy']:.3f}{mark} [{c['ci_low']:.2f}, {c['ci_high']:.2f}] · {c['tokens_per_task']:,.0f}"
+
+
+def markdown(out: dict[str, Any]) -> str:
+    """The wide table (systems x benchmarks) and the long one (every cell with its counts)."""
+    benches = [b for b in BENCHMARK_ORDER if b in out["benchmarks"]] + [
+        b for b in out["benchmarks"] if b not in BENCHMARK_ORDER
+    ]
+    data = out["benchmarks"]
+    systems = list(dict.fromkeys(c["system"] for b in benches for c in data[b]["cells"]))
+    lines = [
+        "# MACA with real agents",
+        "",
+        "Accuracy (pass@1 for code) on each benchmark's recorded 30-task test subset, Wilson 95% interval, and tokens "
+        "per task (prompt + completion over every agent call). `*`: the interval holds the chance level (a uniform "
+        "guess over the options; 0 for numbers and programs, where `*` marks no task solved).",
+        "",
+        "| system | " + " | ".join(benches) + " |",
+        "|---|" + "---|" * len(benches),
+    ]
+    for s in systems:
+        cells = []
+        for b in benches:
+            c = next((c for c in data[b]["cells"] if c["system"] == s), None)
+            cells.append("" if c is None else _fmt(c))
+        lines.append(f"| {s} | " + " | ".join(cells) + " |")
+    lines.append("| chance | " + " | ".join(f"{data[b]['chance']:.3f}" for b in benches) + " |")
+    lines.append(
+        "| pi_theta trained on | "
+        + " | ".join(str(data[b]["trained_on"] or "none (untrained)") for b in benches)
+        + " |"
+    )
+    lines += ["", "## Every cell", ""]
+    lines += [
+        "| benchmark | system | correct / n | accuracy | 95% CI | tokens / task | calls / task | invalid actions | "
+        "policy |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for b in benches:
+        for c in data[b]["cells"]:
+            invalid = f"{c['invalid_action_rate']:.3f}" if "invalid_action_rate" in c else ""
+            lines.append(
+                f"| {b} | {c['system']} | {c['correct']} / {c['n']} | {c['accuracy']:.3f} | "
+                f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}] | {c['tokens_per_task']:,.0f} | {c['calls_per_task']:.2f} | "
+                f"{invalid} | {c.get('policy', '')} |"
+            )
+    seconds = {b: round(data[b]["seconds"]) for b in benches}
+    lines += ["", f"Seconds per benchmark (its own run): {json.dumps(seconds)}", f"Cache: {json.dumps(out['cache'])}"]
+    return "\n".join(lines) + "\n"
+
+
+def plot(out: dict[str, Any], path: Path) -> None:
+    """Accuracy with its interval per system, one panel per benchmark."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    benches = [b for b in BENCHMARK_ORDER if b in out["benchmarks"]]
+    if not benches:
+        return
+    fig, axes = plt.subplots(1, len(benches), figsize=(3.2 * len(benches), 4.2), sharey=True, squeeze=False)
+    for ax, b in zip(axes[0], benches, strict=True):
+        cells = out["benchmarks"][b]["cells"]
+        acc = np.array([c["accuracy"] for c in cells])
+        err = np.array([[c["accuracy"] - c["ci_low"] for c in cells], [c["ci_high"] - c["accuracy"] for c in cells]])
+        ax.bar(range(len(cells)), acc, yerr=err, capsize=2, color=["C0" if c.get("policy") else "C1" for c in cells])
+        ax.axhline(out["benchmarks"][b]["chance"], color="grey", linestyle="--", linewidth=1)
+        ax.set_xticks(range(len(cells)), [c["system"] for c in cells], rotation=90, fontsize=7)
+        ax.set_title(b, fontsize=9)
+    axes[0][0].set_ylabel("accuracy / pass@1 (95% CI); dashed: chance")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -1,0 +1,136 @@
+"""MACA's real-agent table (porch_jax/maca/table.py, experiments/maca_real_agents.py) with a scripted model in place
+of the served one: which benchmark trains, which runs a family's policy and which none; per-cell counts, intervals
+and chance levels; the whole table resumed from its results and its response cache."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from porch_jax.typed_config import ConfigError, from_dict
+
+pytestmark = pytest.mark.slow  # three small MACA experiments end to end (about a minute)
+
+
+def _tasks(names):
+    from porch_jax.envs.benchmarks import load_tasks
+
+    try:
+        return {n: load_tasks(n, "train", subset=True) + load_tasks(n, "test", subset=True) for n in names}
+    except (FileNotFoundError, OSError, ImportError) as e:
+        pytest.skip(f"benchmark data is not available: {e}")
+
+
+class Model:
+    """MathSolver and CodeWriting answer right; every other agent restates the task; routers pick MathSolver or
+    CodeWriting once, then STOP; the single-model systems answer right."""
+
+    def __init__(self, tasks):
+        from porch_jax.envs.benchmarks.answers import format_number
+
+        self.calls = 0
+        self.answers = {}
+        for t in (t for ts in tasks.values() for t in ts):
+            if t.family == "math":
+                self.answers[t.prompt] = f"The answer is {format_number(t.data['target'])}."
+            else:
+                self.answers[t.prompt] = f"```python\n{t.data['prompt']}{t.reference}```"
+
+    def __call__(self, request):
+        from porch_jax.maca.baselines import COT_SUFFIX
+
+        self.calls += 1
+        text = request.messages[-1]["content"]
+        if request.role == "router":
+            for name in ("MathSolver", "CodeWriting"):
+                if f"- {name}:" in text and f"[{name}]" not in text:
+                    return name
+            return "STOP"
+        if request.role == "critic":
+            return "NO ISSUES"
+        task = text.split("\n\nWork so far:")[0].removesuffix(COT_SUFFIX)
+        if request.role == "solver" or any(n in request.messages[0]["content"] for n in ("MathSolver", "CodeWrit")):
+            return self.answers[task]
+        return "Restating: " + task[:40]
+
+
+def _cached(model, path):
+    from porch_jax.backends import ScriptedBackend
+    from porch_jax.backends.cache import CachedBackend
+
+    return CachedBackend(ScriptedBackend(model), path, model_id="scripted@1")
+
+
+def test_the_table_trains_transfers_and_resumes_from_its_results_and_cache(tmp_path):
+    from experiments.maca_real_agents import smoke_config
+    from porch_jax.maca.table import TableConfig, run_table
+
+    names = ("gsm_hard", "svamp", "humaneval")
+    cfg = from_dict(TableConfig, smoke_config(str(tmp_path / "table"), names))
+    assert cfg.order() == ["gsm_hard", "svamp", "humaneval"]
+    assert [cfg.trained_on(b) for b in names] == ["gsm_hard", "gsm_hard", None]
+    assert cfg.benchmark_config("svamp").policy_from == str(tmp_path / "table" / "gsm_hard")
+    assert cfg.benchmark_config("humaneval").grpo.iterations == 0
+    assert cfg.benchmark_config("humaneval").pool_families == ("code", "auxiliary")
+    model = Model(_tasks(names))
+    backend = _cached(model, tmp_path / "table" / "responses.jsonl")
+    out = run_table(cfg, backend, log=lambda s: None, cache_stats=backend.stats.to_dict)
+    backend.close()
+
+    assert list(out["benchmarks"]) == list(names)
+    for b in names:
+        cells = {c["system"]: c for c in out["benchmarks"][b]["cells"]}
+        assert list(cells) == [
+            "maca",
+            "no_z_prior",
+            "no_p_prior",
+            "no_graphspec",
+            "no_policy",
+            "vanilla",
+            "router_mask",
+        ]
+        assert all(c["n"] == 2 and 0 <= c["ci_low"] <= c["accuracy"] <= c["ci_high"] <= 1 for c in cells.values())
+        assert cells["vanilla"]["accuracy"] == 1.0 and cells["vanilla"]["calls_per_task"] == 1
+        assert cells["router_mask"]["invalid_action_rate"] == 0.0
+        assert out["benchmarks"][b]["chance"] == 0.0 and out["benchmarks"][b]["tasks"] == 2
+    policy = {b: out["benchmarks"][b]["cells"][0]["policy"] for b in names}
+    assert policy["gsm_hard"].startswith("trained here") and policy["humaneval"] == "untrained"
+    assert policy["svamp"] == f"trained in {tmp_path / 'table' / 'gsm_hard'}"
+    table = (tmp_path / "table" / "table.md").read_text()
+    assert "| pi_theta trained on | gsm_hard | humaneval" not in table and "none (untrained)" in table
+    assert (tmp_path / "table" / "table.png").stat().st_size > 0
+    assert out["cache"]["misses"] == model.calls > 0
+
+    # a rerun reads every finished benchmark; one whose results are gone is replayed from the cache alone
+    (tmp_path / "table" / "svamp" / "results.json").unlink()
+    model2 = Model(_tasks(names))
+    again_backend = _cached(model2, tmp_path / "table" / "responses.jsonl")
+    again = run_table(cfg, again_backend, log=lambda s: None, cache_stats=again_backend.stats.to_dict)
+    again_backend.close()
+    assert model2.calls == 0 and again["cache"]["hits"] > 0
+    strip = {"seconds"}
+    for b in names:
+        first = [{k: v for k, v in c.items() if k not in strip} for c in out["benchmarks"][b]["cells"]]
+        second = [{k: v for k, v in c.items() if k not in strip} for c in again["benchmarks"][b]["cells"]]
+        assert first == second, b
+    assert json.loads((tmp_path / "table" / "table.json").read_text())["benchmarks"]["svamp"]["cells"]
+
+
+def test_the_table_config_is_checked_before_any_work():
+    from experiments.maca_real_agents import get_config
+    from porch_jax.maca.table import TableConfig
+
+    c = get_config()
+    cfg = from_dict(TableConfig, c)
+    assert cfg.maca.world.num_eval == 30 and cfg.maca.backend.sampling.max_tokens == 128 and len(cfg.benchmarks) == 6
+    c.grpo_on = ("gsm_hard", "svamp")
+    with pytest.raises(ConfigError, match="one benchmark per family"):
+        from_dict(TableConfig, c)
+    c.grpo_on = ("gsm_hard", "arc_challenge", "humaneval")
+    with pytest.raises(ConfigError, match="at most two"):
+        from_dict(TableConfig, c)
+    c.grpo_on = ("gsm_hard",)
+    c.maca.baselines.systems = ("vanilla", "debate")
+    with pytest.raises(ConfigError, match="debate"):
+        from_dict(TableConfig, c)
