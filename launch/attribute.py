@@ -30,7 +30,7 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     if not Path(cfg.records).is_file():
         raise app.UsageError(f"config.records: no trajectory store at {cfg.records}")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # not one INFO line per request
+    logging.getLogger("httpx2").setLevel(logging.WARNING)  # not one INFO line per request
     s = asyncio.run(run_job(cfg))
     print(
         f"{s.total} decisions: {s.judged} judged now ({s.skipped_done} done earlier), {s.attributable} attributable, "

@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     cfg = _CONFIG.value
     may_change = transport_keys("orchestrator", "executor", "judge") | {"concurrency", "episode_timeout_s"}
     claim_run_dir(cfg.out_dir, cfg, may_change=may_change, file="eval_config.json")
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     with ExitStack() as stack:
         results = run_benchmark(cfg, served_endpoint(cfg, stack))
     print(Path(cfg.out_dir, "results.md").read_text())

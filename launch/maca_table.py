@@ -63,7 +63,7 @@ def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
     claim_run_dir(cfg.run_dir, cfg, may_change=transport_keys("maca.backend.endpoint") | {"maca.baselines.concurrency"})
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     with ExitStack() as stack:
         cfg, model_id = agents_endpoint(cfg, stack)
         backend = CachedBackend(

@@ -1,10 +1,10 @@
 """One evaluation config for every benchmark runner: what to evaluate, on which benchmark, how often, how wide.
 
 ``BenchmarkEvalConfig`` is what ``launch/eval.py`` validates once: the benchmark (``gaia``, ``taskcraft``,
-``gaia2``), where its tasks come from (a local file in the hub's row format, or the hub), the policy (``policy``: a
-provider ``endpoint``, an ``hf`` folder or an ``orbax`` step, both served by vLLM for the run; or ``answer_key`` /
-``oracle``, the runners' own checks that score 100%), each role's endpoint, runs per task, concurrency and the
-engine's sampling and budgets. ``run_benchmark(cfg, orchestrator)`` runs it with the orchestrator endpoint the
+``gaia2``, ``swe``), where its tasks come from (a local file in the hub's row format, or the hub), the policy
+(``policy``: a provider ``endpoint``, an ``hf`` folder or an ``orbax`` step, both served by vLLM for the run; or
+``answer_key`` / ``oracle`` / ``gold``, the runners' own checks that score 100%), each role's endpoint, runs per
+task, concurrency and the engine's sampling and budgets. ``run_benchmark(cfg, orchestrator)`` runs it with the orchestrator endpoint the
 launcher resolved; every runner resumes from its run directory (a rerun plays only the unfinished (task, run)
 pairs) and writes ``results.json`` / ``results.md`` and a plot there.
 """
@@ -15,12 +15,14 @@ import dataclasses
 from typing import Any, Literal
 
 from porch_jax.backends.spec import EndpointSpec
+from porch_jax.envs.swe import SWEConfig
 from porch_jax.rollout import EngineConfig
 from porch_jax.serving import ServerConfig
 from porch_jax.typed_config import check, to_dict
 
-BENCHMARKS = ("gaia", "taskcraft", "gaia2")
-POLICY_KINDS = ("endpoint", "hf", "orbax", "answer_key", "oracle")
+BENCHMARKS = ("gaia", "taskcraft", "gaia2", "swe")
+POLICY_KINDS = ("endpoint", "hf", "orbax", "answer_key", "oracle", "gold")
+CHECK_POLICIES = {"gaia": "answer_key", "taskcraft": "answer_key", "gaia2": "oracle", "swe": "gold"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,7 +32,7 @@ class PolicySource:
     ``orbax``: ``path`` is a trainer folder (``RUN/opod``) or a bare checkpoint folder, ``step`` 0 the newest; both
     are served by vLLM (``serve``) for the run and the orchestrator endpoint points at that server."""
 
-    kind: Literal["endpoint", "hf", "orbax", "answer_key", "oracle"] = "endpoint"
+    kind: Literal["endpoint", "hf", "orbax", "answer_key", "oracle", "gold"] = "endpoint"
     path: str = ""
     step: int = 0
     tokenizer: str = ""  # orbax: a folder whose tokenizer goes into the export (the base model's)
@@ -49,9 +51,11 @@ class PolicySource:
 
 @dataclasses.dataclass(frozen=True)
 class BenchmarkEvalConfig:
-    benchmark: Literal["gaia", "taskcraft", "gaia2"] = "gaia"
+    benchmark: Literal["gaia", "taskcraft", "gaia2", "swe"] = "gaia"
     out_dir: str = "runs/eval"
-    tasks: str = ""  # gaia / taskcraft: rows file in the hub's format ("" : the hub); gaia2: hub rows ("" : none)
+    # gaia / taskcraft: rows file in the hub's format ("" : the hub); gaia2: hub rows ("" : none); swe: full rows of
+    # SWE-bench Verified in the hub's format ("" : the shared list, its missing fields from the hub)
+    tasks: str = ""
     split: str = "validation"
     level: int = 0  # gaia / taskcraft: one level only (0: all)
     corpus: str = ""  # search "offline": JSONL pages (url, title, html)
@@ -60,6 +64,8 @@ class BenchmarkEvalConfig:
     gaia2_checks: str = ""  # gaia2 with judge "scripted": ARE scripted checks per scenario
     gaia2_hub_config: str = ""  # gaia2 from the hub: a capability or "mini"
     gaia2_judge: Literal["scripted", "llm"] = "scripted"  # "llm": ARE's judge on the `judge` endpoint
+    swe_repos: str = ""  # swe: a folder of git mirrors named <owner>__<name> (checkouts at each base commit)
+    swe: SWEConfig = SWEConfig()  # swe: the sub-agents' tools, the paper's budgets (500 / 50), the grader
     limit: int = 0  # at most this many tasks (0: all)
     runs: int = 1
     concurrency: int = 4
@@ -78,11 +84,17 @@ class BenchmarkEvalConfig:
         check(self.limit >= 0 and self.level >= 0, "limit", "limit and level must be >= 0")
         needs_model = self.policy.kind == "endpoint"
         check(not needs_model or self.orchestrator.configured, "orchestrator.model", "an endpoint policy needs it")
+        own = CHECK_POLICIES[self.benchmark]
+        check(
+            self.policy.kind not in CHECK_POLICIES.values() or self.policy.kind == own,
+            "policy.kind",
+            f"{self.benchmark}'s check policy is {own}, got {self.policy.kind!r}",
+        )
         if self.benchmark in ("gaia", "taskcraft"):
-            check(self.policy.kind != "oracle", "policy.kind", "GAIA's check policy is answer_key")
             check(self.search != "offline" or bool(self.corpus), "corpus", "offline search needs a corpus file")
+        elif self.benchmark == "swe":
+            check(bool(self.swe_repos), "swe_repos", "swe needs a folder of git mirrors of the instances' repositories")
         else:
-            check(self.policy.kind != "answer_key", "policy.kind", "GAIA2's check policy is oracle")
             sources = (self.tasks, self.gaia2_dataset, self.gaia2_hub_config)
             check(any(sources), "tasks", "gaia2 needs hub rows (tasks), a gaia2_dataset folder or a gaia2_hub_config")
             check(self.gaia2_judge != "llm" or self.judge.configured, "judge.model", "gaia2_judge 'llm' needs it")
@@ -100,7 +112,31 @@ def run_benchmark(cfg: BenchmarkEvalConfig, orchestrator: EndpointSpec) -> dict[
     executor = cfg.executor if cfg.executor.configured else orchestrator
     if cfg.benchmark == "gaia2":
         return _run_gaia2(cfg, orchestrator, executor)
+    if cfg.benchmark == "swe":
+        return _run_swe(cfg, orchestrator, executor)
     return _run_gaia(cfg, orchestrator, executor)
+
+
+def _run_swe(cfg: BenchmarkEvalConfig, orchestrator: EndpointSpec, executor: EndpointSpec) -> dict[str, Any]:
+    from porch_jax.envs.swe import load_full
+    from porch_jax.eval import swe_runner
+
+    instances = load_full(cfg.tasks or None)
+    instances = instances[: cfg.limit] if cfg.limit else instances
+    run_cfg = swe_runner.SWERunConfig(
+        out_dir=cfg.out_dir,
+        repos=cfg.swe_repos,
+        runs=cfg.runs,
+        concurrency=cfg.concurrency,
+        policy="gold" if cfg.policy.kind == "gold" else "llm",
+        system=cfg.system,
+        orchestrator=orchestrator,
+        executor=executor,
+        episode_timeout_s=cfg.episode_timeout_s,
+        swe=cfg.swe,
+        engine=engine_changes(cfg),
+    )
+    return swe_runner.run(run_cfg, instances)
 
 
 def _run_gaia(cfg: BenchmarkEvalConfig, orchestrator: EndpointSpec, executor: EndpointSpec) -> dict[str, Any]:

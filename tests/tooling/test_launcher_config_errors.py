@@ -138,6 +138,18 @@ def _cases(tmp: pathlib.Path) -> dict[str, list[tuple[str, list[str], str]]]:
             ("unknown", [f"--out_dir={tmp}", "--nonexistent_flag=3"], "nonexistent_flag"),
             ("bad", [f"--out_dir={tmp}", "--top_p=2"], "--top_p"),
         ],
+        "maca_table": [
+            (
+                "unknown",
+                ["--config=experiments/maca_real_agents.py", run, "--config.maca.grpo.itrations=3"],
+                "config.maca.grpo.itrations",
+            ),
+            (
+                "bad",
+                ["--config=experiments/maca_real_agents.py", run, "--config.grpo_on=('gsm_hard','svamp')"],
+                "config.grpo_on",
+            ),
+        ],
         "view": [
             (
                 "unknown",
