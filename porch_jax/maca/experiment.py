@@ -353,18 +353,19 @@ def run_systems(
             names = setup.study.world.pool.names
             extra["correct"] = [e.correct for e in evals[0].episodes]
             extra["paths"] = [" > ".join(names[a] for a in e.path) for e in evals[0].episodes]
-            extra["policy"] = (
-                "none"
-                if not VARIANTS[name].learn
-                else f"trained in {cfg.policy_from}"
-                if cfg.policy_from
-                else "untrained"
-                if cfg.grpo.iterations == 0
-                else f"trained here ({cfg.grpo.iterations} iterations)"
-            )
+            extra["policy"] = policy_source(cfg, name)
         rows.append(_row(name, evals, best, **extra))
         log(f"{name}: {_brief(rows[-1])}")
     return rows, evaluations, histories
+
+
+def policy_source(cfg: MacaConfig, name: str) -> str:
+    """Where system `name`'s pi_theta comes from in this run (a table row says it)."""
+    if not VARIANTS[name].learn:
+        return "none"
+    if cfg.policy_from:
+        return f"trained in {cfg.policy_from}"
+    return "untrained" if cfg.grpo.iterations == 0 else f"trained here ({cfg.grpo.iterations} iterations)"
 
 
 PAPER_TABLE3_ORDER = ("maca", "no_policy", "no_z_prior", "no_p_prior", "no_graphspec")  # by accuracy, MACA Table 3

@@ -325,3 +325,21 @@ def test_head_policy_starts_uniform_over_the_allowed_set(spool):
     masks = np.zeros((1, n + 1), bool)
     masks[0, [1, 5, n]] = True
     np.testing.assert_allclose(np.exp(policy([State(task)], masks)[0][[1, 5, n]]), 1 / 3, rtol=1e-6)
+
+
+def test_an_agent_prompt_over_the_context_length_is_answered_empty_and_other_failures_propagate():
+    from porch_jax.backends import BackendError, ChatRequest
+    from porch_jax.maca.orchestrator import answer
+
+    class Refusing:
+        def __init__(self, message, kind=None):
+            self.error = BackendError(message, kind=kind)
+
+        async def chat(self, request):
+            raise self.error
+
+    request = ChatRequest(messages=[{"role": "user", "content": "x"}], role="agent")
+    over = asyncio.run(answer(Refusing("This model's maximum context length is 4096 tokens"), request))
+    assert (over.text, over.finish_reason, over.prompt_tokens, over.completion_tokens) == ("", "context_length", 0, 0)
+    with pytest.raises(BackendError, match="server down"):
+        asyncio.run(answer(Refusing("server down", kind="server"), request))
