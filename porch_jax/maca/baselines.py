@@ -247,6 +247,13 @@ def vote_key(task: BenchmarkTask) -> Callable[[str], Hashable | None]:
     raise ValueError(f"{task.benchmark} {task.task_id}: no answer to vote on for family {task.family!r}")
 
 
+def extracted(task: BenchmarkTask, text: str) -> str | float | bool | None:
+    """What the scorer finds in a final answer, for the records: the number (math), the option letter (QA), True
+    where a program is there (code); None where it finds nothing."""
+    value = vote_key(task)(text)
+    return (value is not None) or None if task.family == "code" else value
+
+
 async def run_baseline(
     name: str,
     backend: Backend,

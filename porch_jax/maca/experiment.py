@@ -353,6 +353,7 @@ def run_systems(
             names = setup.study.world.pool.names
             extra["correct"] = [e.correct for e in evals[0].episodes]
             extra["paths"] = [" > ".join(names[a] for a in e.path) for e in evals[0].episodes]
+            extra["extracted"] = [baselines.extracted(e.task.source, e.answer) for e in evals[0].episodes]
             extra["policy"] = policy_source(cfg, name)
         rows.append(_row(name, evals, best, **extra))
         log(f"{name}: {_brief(rows[-1])}")
@@ -486,6 +487,7 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
             "avg_calls": float(np.mean([r.calls for r in runs])),
             "seconds_all_baselines": seconds,
             "correct": [r.correct for r in report.results],
+            "extracted": [baselines.extracted(t.source, r.answer) for t, r in zip(study.eval_tasks, runs, strict=True)],
         }
         if name.startswith("router_"):
             row["invalid_action_rate"] = baselines.invalid_action_rate(runs)

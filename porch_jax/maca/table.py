@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,22 @@ def chance(benchmark: str, tasks: list) -> float:
     return float(np.mean([1.0 / t.data["n_options"] for t in tasks]))
 
 
-def _cell(row: dict[str, Any]) -> dict[str, Any]:
+def _answers(row: dict[str, Any], golds: list[str | None]) -> dict[str, Any]:
+    """What the scorer found in the answers: the share with an answer at all, the commonest answer with its share,
+    and (multiple choice) how often that answer is the gold one: what always giving it would score."""
+    found = [v for v in row.get("extracted", []) if v is not None]
+    if "extracted" not in row:
+        return {}
+    out: dict[str, Any] = {"answered": len(found) / len(row["extracted"]) if row["extracted"] else 0.0}
+    if found and not isinstance(found[0], bool):
+        top, count = Counter(map(str, found)).most_common(1)[0]
+        out |= {"top_answer": top, "top_share": count / len(row["extracted"])}
+        if any(golds):
+            out["top_is_gold"] = sum(g == top for g in golds) / len(golds)
+    return out
+
+
+def _cell(row: dict[str, Any], golds: list[str | None]) -> dict[str, Any]:
     n, k = len(row["correct"]), int(sum(row["correct"]))
     lo, hi = wilson(k, n)
     out = {
@@ -133,14 +149,15 @@ def _cell(row: dict[str, Any]) -> dict[str, Any]:
         out["invalid_action_rate"] = row["invalid_action_rate"]
     if "policy" in row:
         out["policy"] = row["policy"]
-    return out
+    return out | _answers(row, golds)
 
 
 def benchmark_rows(cfg: TableConfig, benchmark: str, results: dict[str, Any]) -> dict[str, Any]:
     """One benchmark's cells (systems then baselines) with its metric and chance level."""
     bcfg = cfg.benchmark_config(benchmark)
     tasks = load_tasks(benchmark, "test", subset=bcfg.world.subset)[: bcfg.world.num_eval]
-    cells = [_cell(r) for r in results["systems"]] + [_cell(r) for r in results["baselines"]]
+    golds = [t.data.get("answer") if t.family == "qa" else None for t in tasks]
+    cells = [_cell(r, golds) for r in results["systems"]] + [_cell(r, golds) for r in results["baselines"]]
     level = chance(benchmark, tasks)
     for c in cells:
         c["at_chance"] = c["ci_low"] <= level <= c["ci_high"] if level > 0 else c["correct"] == 0
@@ -237,6 +254,24 @@ def markdown(out: dict[str, Any]) -> str:
                 f"[{c['ci_low']:.3f}, {c['ci_high']:.3f}] | {c['tokens_per_task']:,.0f} | {c['calls_per_task']:.2f} | "
                 f"{invalid} | {c.get('policy', '')} |"
             )
+    lines += [
+        "",
+        "## What the scorer found in the answers",
+        "",
+        "answered: the share of tasks whose final answer holds what the scorer reads (a number, an option letter, a "
+        "program); the commonest answer with its share; for multiple choice, how often that letter is the gold one "
+        "(what always answering it would score).",
+        "",
+        "| benchmark | system | answered | commonest answer (share) | always it: accuracy |",
+        "|---|---|---|---|---|",
+    ]
+    for b in benches:
+        for c in data[b]["cells"]:
+            if "answered" not in c:
+                continue
+            top = f"{c['top_answer']} ({c['top_share']:.2f})" if "top_answer" in c else ""
+            gold = f"{c['top_is_gold']:.3f}" if "top_is_gold" in c else ""
+            lines.append(f"| {b} | {c['system']} | {c['answered']:.2f} | {top} | {gold} |")
     seconds = {b: round(data[b]["seconds"]) for b in benches}
     lines += ["", f"Seconds per benchmark (its own run): {json.dumps(seconds)}", f"Cache: {json.dumps(out['cache'])}"]
     return "\n".join(lines) + "\n"

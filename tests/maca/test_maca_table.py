@@ -94,6 +94,7 @@ def test_the_table_trains_transfers_and_resumes_from_its_results_and_cache(tmp_p
         assert cells["vanilla"]["accuracy"] == 1.0 and cells["vanilla"]["calls_per_task"] == 1
         assert cells["router_mask"]["invalid_action_rate"] == 0.0
         assert out["benchmarks"][b]["chance"] == 0.0 and out["benchmarks"][b]["tasks"] == 2
+        assert cells["vanilla"]["answered"] == 1.0 and cells["router_mask"]["answered"] >= 0.0
     policy = {b: out["benchmarks"][b]["cells"][0]["policy"] for b in names}
     assert policy["gsm_hard"].startswith("trained here") and policy["humaneval"] == "untrained"
     assert policy["svamp"] == f"trained in {tmp_path / 'table' / 'gsm_hard'}"
@@ -101,6 +102,9 @@ def test_the_table_trains_transfers_and_resumes_from_its_results_and_cache(tmp_p
     assert "| pi_theta trained on | gsm_hard | humaneval" not in table and "none (untrained)" in table
     assert (tmp_path / "table" / "table.png").stat().st_size > 0
     assert out["cache"]["misses"] == model.calls > 0
+    gsm = {c["system"]: c for c in out["benchmarks"]["gsm_hard"]["cells"]}
+    assert gsm["vanilla"]["top_share"] == 0.5 and "top_is_gold" not in gsm["vanilla"]  # two tasks, two numbers
+    assert "## What the scorer found in the answers" in table
 
     # a rerun reads every finished benchmark; one whose results are gone is replayed from the cache alone
     (tmp_path / "table" / "svamp" / "results.json").unlink()
@@ -134,3 +138,12 @@ def test_the_table_config_is_checked_before_any_work():
     c.maca.baselines.systems = ("vanilla", "debate")
     with pytest.raises(ConfigError, match="debate"):
         from_dict(TableConfig, c)
+
+
+def test_what_the_scorer_found_counts_answers_and_what_always_giving_the_commonest_would_score():
+    from porch_jax.maca.table import _answers
+
+    got = _answers({"extracted": ["A", "A", "B", None]}, ["A", "B", "A", "C"])
+    assert got == {"answered": 0.75, "top_answer": "A", "top_share": 0.5, "top_is_gold": 0.5}
+    assert _answers({"extracted": [True, None]}, [None, None]) == {"answered": 0.5}  # code: a program or not
+    assert _answers({"correct": [True]}, [None]) == {}  # results from before the field: nothing to say
