@@ -129,6 +129,7 @@ def test_the_real_agent_table_on_smollm2_resumes_from_its_response_cache(smollm2
     again_backend = backend()
     again = run_table(cfg, again_backend, log=print, cache_stats=again_backend.stats.to_dict)
     again_backend.close()
-    assert again["cache"]["misses"] == 0 and again["cache"]["hits"] >= first["cache"]["misses"]
+    # the prior and GRPO restore from their checkpoints; every evaluation and baseline call replays
+    assert again["cache"]["misses"] == 0 and again["cache"]["hits"] > 20
     for b in cells:
         assert again["benchmarks"][b]["cells"] == first["benchmarks"][b]["cells"], b
