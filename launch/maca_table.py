@@ -52,7 +52,11 @@ def agents_endpoint(cfg: TableConfig, stack: ExitStack) -> tuple[TableConfig, st
     server = stack.enter_context(VLLMServer(folder, Path(cfg.run_dir, "server"), api_key=key, config=cfg.agents.serve))
     print(f"[maca_table] serving {folder} at {server.base_url} (ready in {server.startup_s:.0f} s)", flush=True)
     endpoint = dataclasses.replace(
-        cfg.maca.backend.endpoint, model=server.model, urls=(server.base_url,), provider="vllm", api_key_env=SERVED_KEY_ENV
+        cfg.maca.backend.endpoint,
+        model=server.model,
+        urls=(server.base_url,),
+        provider="vllm",
+        api_key_env=SERVED_KEY_ENV,
     )
     maca = dataclasses.replace(cfg.maca, backend=dataclasses.replace(cfg.maca.backend, endpoint=endpoint))
     cfg = dataclasses.replace(cfg, maca=maca)
