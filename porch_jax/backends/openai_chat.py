@@ -47,7 +47,7 @@ from typing import Any, Self
 import httpx2 as httpx
 
 from porch_jax.backends.base import BackendError, ChatRequest, ChatResult, check_single
-from porch_jax.backends.providers import Provider, provider
+from porch_jax.backends.providers import DEFAULT, Provider, provider
 from porch_jax.backends.resilient import RetryingBackend
 from porch_jax.protocol.render import chat_inputs
 
@@ -102,7 +102,7 @@ class OpenAIChatBackend:
         base_urls: str | Sequence[str] | None,
         model: str,
         *,
-        provider: str | Provider = "vllm",
+        provider: str | Provider = DEFAULT,
         api_key: str | None = None,
         api_key_env: str | None = None,
         timeout_s: float = 120.0,
@@ -338,15 +338,22 @@ def _error_text(response: httpx.Response) -> str:
 
 
 def parse_chat_response(
-    data: dict[str, Any], *, latency_s: float = 0.0, url: str = "", provider: str | Provider = "vllm"
+    data: dict[str, Any], *, latency_s: float = 0.0, url: str = "", provider: str | Provider = DEFAULT
 ) -> ChatResult:
     """A ``ChatResult`` from a chat completion. A reply missing a field this provider is declared
     to return (token ids for vLLM) is an error, not retryable: the server is not configured as
-    the backend expects. Without token ids the result's ``token_source`` is "none"."""
+    the backend expects. Without token ids the result's ``token_source`` is "none" (training
+    re-tokenizes the text and counts the row as such)."""
     p = _provider(provider)
     try:
         choice = data["choices"][0]
         message = choice["message"]
+        if p.token_ids and "token_ids" not in choice:
+            raise BackendError(
+                f"{url}: the reply has no token_ids, which provider {p.name!r} asks for (vLLM's return_token_ids); a "
+                f"server that speaks only the standard chat-completions format needs provider={DEFAULT!r}",
+                kind="server",
+            )
         raw_ids = choice["token_ids"] if p.token_ids else choice.get("token_ids") or ()
         token_ids = [int(t) for t in raw_ids]
         source = "server" if token_ids or p.token_ids else "none"

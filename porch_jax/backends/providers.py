@@ -21,12 +21,17 @@ never a branch in the request code:
   SGLang): the thinking switch (``Sampling.thinking``) reaches the template this way; elsewhere it is not sent.
 - ``base_url`` and ``api_key_env``: the hosted endpoint and the environment variable its key is
   read from by default (a config may name another variable; a key never sits in a config).
+
+The default, ``openai_compatible``, asks for standard fields only, so a server that speaks just the standard
+chat-completions format works without declaring anything; vLLM's extras are asked for only under ``vllm``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+
+DEFAULT = "openai_compatible"
 
 
 @dataclass(frozen=True)
@@ -57,8 +62,9 @@ PROVIDERS: dict[str, Provider] = {
         Provider(
             "vllm", token_ids=True, prompt_text=True, top_k=True, reasoning_fields=("reasoning",), template_kwargs=True
         ),
-        # vLLM (or any OpenAI-compatible server) asked for standard fields only.
-        Provider("vllm_plain"),
+        # Any OpenAI-compatible server asked for standard fields only (a hosted API, SGLang without extras, a proxy,
+        # vLLM itself): the default, because every such server answers it.
+        Provider(DEFAULT),
         Provider("sglang", top_k=True, reasoning_fields=("reasoning_content",), template_kwargs=True),
         Provider(
             "openai",

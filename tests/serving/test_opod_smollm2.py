@@ -31,7 +31,8 @@ CONFIG = "experiments/opod_smollm2.py:smoke"
 KEY_ENV = "PORCH_TEST_POLICY_KEY"
 
 
-def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 690) -> subprocess.CompletedProcess:
+def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
+    """A hang guard, not a speed check: the smoke takes ~500 s on 2 quiet cores and over 690 s with one kept busy."""
     return subprocess.run(
         [sys.executable, "-m", "launch.pipeline", f"--config={CONFIG}", *overrides],
         cwd=ROOT,
@@ -43,7 +44,7 @@ def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(720)
+@pytest.mark.timeout(1560)
 def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server, tmp_path):
     run_dir = tmp_path / "run"
     original = export_for_serving(from_pretrained(smollm2_dir), tmp_path / "original")
@@ -64,7 +65,8 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
             sync.push(original)
     wall = time.monotonic() - t0
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-    print(f"\nOPOD smoke on SmolLM2 with vLLM: {wall:.0f} s\n" + done.stdout[-2500:])
+    stages = "\n".join(line for line in done.stdout.splitlines() if line.startswith("=== ["))
+    print(f"\nOPOD smoke on SmolLM2 with vLLM: {wall:.0f} s; its stages:\n{stages}\n" + done.stdout[-2500:])
 
     expert = TrajectoryStore(run_dir / "expert.jsonl").read()
     assert len(expert) == 8 and all(ep.decisions for ep in expert)
@@ -90,15 +92,15 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
     rows = [json.loads(line) for line in (run_dir / "attribution.jsonl").read_text().splitlines()]
     asked = [r for r in rows if r["status"] != "skipped"]
     assert asked, "the SFT policy delegated nothing, so the base model was never asked"
-    assert all(r["reply"] or r["detail"].startswith("backend") for r in asked)  # the base model's own words
-    assert all(r["status"] == "ok" or r["attempts"] == 2 for r in asked)  # malformed: asked again once
+    # The format held: every reply a FLAG line, its flag the base model's choice by logprobs (never malformed).
+    assert all(r["status"] == "ok" and r["reply"].startswith("FLAG: ") for r in asked), asked
     summary = json.loads((run_dir / "attribution.jsonl.summary.json").read_text())
     assert summary["judged"] == len(asked) and 0.0 <= summary["flag_rate"] <= 1.0
     assert (run_dir / "attribution_secondary.jsonl").is_file()
 
     results = json.loads((run_dir / "results.json").read_text())
     evaluated = {m["system"] for m in results["methods"]}
-    assert "sft" in evaluated and "dagrpo" in evaluated, results
+    assert {"sft", "opod_secondary"} <= evaluated <= {"sft", "opod_secondary", "rwr"}, results  # RWR: a success
     table = (run_dir / "results.md").read_text()
     assert "primary attribution (the frozen base model" in table and "FLAG rate" in table
     for name in evaluated:
@@ -136,6 +138,7 @@ def test_a_grm_endpoint_that_does_not_answer_fails_at_start(tmp_path):
         tmp_path,
         "--config.attribution.endpoint.model=base",
         f"--config.attribution.endpoint.urls=('http://127.0.0.1:{free_port()}',)",
+        "--config.attribution.endpoint.provider=vllm",  # the held reading scores prompts on a vLLM server
     )
     assert "config.attribution.endpoint.urls" in out and "does not answer" in out
 

@@ -128,26 +128,27 @@ def call_latency(server: VLLMServer, concurrency: int) -> float:
 @pytest.mark.timeout(900)  # its setup starts the servers: minutes on a loaded machine
 def test_a_stalled_server_times_out_and_the_pool_moves_on(smollm2_server, second_server, tmp_path):
     # The per-call timeout sits well above what a call takes on this machine now, so that only the stalled server
-    # misses it; the stall outlasts it.
+    # misses it. The stall lasts until a call on the stalled server has timed out: an event, not a length of time.
     latency = call_latency(smollm2_server, 6)
     timeout_s = min(120.0, max(15.0, 4 * latency))
-    stall_s = timeout_s + 4.0
     backend = pool(smollm2_server, second_server, timeout_s=timeout_s, cooldown_s=10.0)
     b = stats(backend, second_server)
     store = TrajectoryStore(tmp_path / "stall.jsonl")
     tasks = make_tasks(6)
 
     a = stats(backend, smollm2_server)
-    during: dict[str, int] = {}
+    during: dict[str, float] = {}
 
     async def stall(done):
         await wait_until(lambda: b.inflight >= 1, "the second server to hold a call")
         second_server.pause()
-        during.update(a_answered=a.answered, b_inflight=b.inflight)
+        t0, a_answered = time.monotonic(), a.answered
         try:
-            await asyncio.sleep(stall_s)  # longer than the per-call timeout: its in-flight calls time out
+            # A call it holds now, or the next the pool sends it (it is least loaded once a buffered answer lands),
+            # cannot be answered: it times out.
+            await wait_until(lambda: b.timeouts >= 1, "a call on the stalled server to time out", 3 * timeout_s + 60)
         finally:
-            during.update(a_answered=a.answered - during["a_answered"], b_timeouts=b.timeouts)
+            during.update(a_answered=a.answered - a_answered, b_timeouts=b.timeouts, stall_s=time.monotonic() - t0)
             second_server.resume()
 
     t0 = time.monotonic()
@@ -157,11 +158,11 @@ def test_a_stalled_server_times_out_and_the_pool_moves_on(smollm2_server, second
     assert summary.retryable == 0 and len(store.read()) == 6  # every call that timed out was answered elsewhere
     assert b.timeouts >= 1 and backend.retries >= b.timeouts  # timed out, backed off, retried on the other server
     print(
-        f"\nstall: 6 calls took {latency:.1f} s, timeout {timeout_s:.0f} s, stall {stall_s:.0f} s; {wall:.1f} s for "
-        f"6 episodes; during the stall {during}; stalled server: {b}; retries {backend.retries}"
+        f"\nstall: 6 calls took {latency:.1f} s, timeout {timeout_s:.0f} s; {wall:.1f} s for 6 episodes; during the "
+        f"stall {during}; stalled server: {b}; retries {backend.retries}"
     )
-    # No hang: while the server was stalled its calls gave up after timeout_s and the run went on with the other.
-    assert during["b_inflight"] >= 1 and during["b_timeouts"] >= 1 and during["a_answered"] >= 1, during
+    # No hang: while the server was stalled its call gave up after timeout_s and the run went on with the other.
+    assert during["b_timeouts"] >= 1 and during["a_answered"] >= 1, during
     answered = b.answered
     time.sleep(max(0.0, b.down_until - time.monotonic()) + 0.1)
     asyncio.run(calls(backend, 2))
@@ -226,7 +227,8 @@ def test_the_only_server_killed_leaves_retryable_episodes_and_a_rerun_plays_exac
     assert_each_task_once(store, tasks)
     finished, retryable = store.episode_ids(), store.retryable_ids()
     assert finished and retryable and finished | retryable == {t.task_id for t in tasks}
-    assert first.retryable == len(retryable) >= in_flight[0] >= 1
+    # An episode whose call the kill cut short is retryable; one whose answer was already on its way may finish.
+    assert first.retryable == len(retryable) and in_flight[0] >= 1
     for r in store:
         if r.outcome.retryable:
             assert r.outcome.reason.startswith("backend_unavailable: ") and not r.outcome.success

@@ -125,6 +125,7 @@ def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, mo
     assert "k" not in cmd and env["VLLM_API_KEY"] == "k" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(128 * 2**20) and "--enforce-eager" in cmd
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "PYTHONPATH" not in env
+    assert env["GOMP_SPINCOUNT"] == "10000"  # CPU threads sleep soon at a barrier (a busy core must not stall them)
     with pytest.raises(ValueError, match="tensor_paralel_size"):
         ServerConfig.from_mapping({"tensor_paralel_size": 2})
     assert ServerConfig.from_mapping({"tensor_parallel_size": 2, "extra_args": ["--x"]}).extra_args == ("--x",)
@@ -133,7 +134,9 @@ def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, mo
     gpu = VLLMServer(model_dir, tmp_path / "gpu", api_key="k", config=gpu_config)
     gpu_cmd = gpu.command()
     assert "--enforce-eager" not in gpu_cmd and gpu_cmd[gpu_cmd.index("--tensor-parallel-size") + 1] == "2"
-    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu.environment()
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in gpu.environment() and "GOMP_SPINCOUNT" not in gpu.environment()
+    with pytest.raises(ValueError, match="cpu_spin_count must be >= 0"):
+        ServerConfig(cpu_spin_count=-1)
     with pytest.raises(FolderError, match="is not a model folder \\(no config.json\\)"):
         server(tmp_path / "b", tmp_path, "exit 0\n").start()
 
@@ -223,9 +226,13 @@ def test_a_server_dies_with_the_process_that_started_it_even_by_kill_9(tmp_path)
             break
         time.sleep(0.05)
     server_pid = int(pid_file.read_text())
-    time.sleep(0.5)  # the guard has run and exec'd the server's own command
+    cmdline = b""
+    for _ in range(600):  # until the guard has run and exec'd the server's own command
+        cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes()
+        if b"prctl" not in cmdline:  # the guard's own command line names the server's command too
+            break
+        time.sleep(0.05)
     assert alive(server_pid)
-    cmdline = Path(f"/proc/{server_pid}/cmdline").read_bytes()
     assert b"time.sleep(600)" in cmdline and b"prctl" not in cmdline  # the guard exec'd the server's command
     parent.send_signal(signal.SIGKILL)
     parent.wait()

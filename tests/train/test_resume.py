@@ -6,10 +6,11 @@ import os
 import re
 import signal
 import subprocess
-import time
 
 import numpy as np
 import tiny_data
+
+from porch_jax import faults
 
 STEPS, KILL_AFTER = 20, 7
 
@@ -39,15 +40,18 @@ def test_kill_9_and_resume_gives_the_uninterrupted_parameters(tmp_path):
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     command = tiny_data.launch_command(_config(tmp_path, inputs, "killed"))
-    # Output goes to files: an unread pipe would fill up and stall the run.
+    # Killed by the trainer's crash point after step KILL_AFTER + 1 (porch_jax/faults.py): that step's save has
+    # started, and Orbax starts a save only once the one before it is committed, so step KILL_AFTER has landed.
     with open(tmp_path / "killed.log", "wb") as log:
-        proc = subprocess.Popen(command, cwd=tiny_data.REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-        landed = tmp_path / "killed" / "checkpoints" / str(KILL_AFTER)  # orbax renames a step dir in once committed
-        deadline = time.monotonic() + 300
-        while not landed.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.005)
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc = subprocess.run(
+            command,
+            cwd=tiny_data.REPO,
+            env={**env, faults.ENV: f"killed.step@{KILL_AFTER + 1}"},
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=300,
+        )
+    landed = tmp_path / "killed" / "checkpoints" / str(KILL_AFTER)  # orbax renames a step dir in once committed
     assert landed.exists() and proc.returncode == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
     assert not (tmp_path / "killed" / "export").exists()
 
