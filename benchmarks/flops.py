@@ -26,6 +26,46 @@ def qwen3_step_flops(hf: dict, batch: int, seq: int) -> tuple[float, float]:
     return n, 6 * n * batch * seq + attention
 
 
+def forward_flops(hf: dict, seq: int, head_tokens: int) -> float:
+    """FLOPs of one forward pass over one sequence of ``seq`` tokens whose LM head runs at ``head_tokens`` of them
+    (the fused head only scores target positions), for any decoder we build (llama, qwen2, qwen3, qwen3_5).
+
+    Counted: every projection and MLP matmul (2 * in * out per token); causal attention's scores and weighted sum
+    over the causal half, 2 * 2 * heads * head_dim * seq(seq+1)/2 per layer; a Gated DeltaNet layer's delta rule in
+    its recurrent form, 6 * key_dim * value_dim per value head per token (read the state at k, write the outer
+    product, read it at q); the LM head, 2 * hidden * vocab per scored token. Not counted: norms, activations,
+    RoPE, softmax, the depthwise conv (under 1% at every shape here): the usual "model FLOPs" of MFU."""
+    h, i, v = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
+    layers = hf["num_hidden_layers"]
+    q, kv, d = hf["num_attention_heads"], hf["num_key_value_heads"], hf["head_dim"]
+    types = hf.get("layer_types") or (
+        [("full_attention" if (j + 1) % 4 == 0 else "linear_attention") for j in range(layers)]
+        if hf["model_type"] in ("qwen3_5_text", "qwen3_5")
+        else ["full_attention"] * layers
+    )
+    gate = 2 if hf.get("attn_output_gate") else 1  # Qwen3.5's q_proj also writes the output gate
+    attention_params = h * q * d * gate + 2 * h * kv * d + q * d * h
+    attention_mix = 2 * 2 * q * d * seq * (seq + 1) / 2
+    per_token = 0.0
+    mixing = 0.0
+    for kind in types:
+        per_token += 2 * 3 * h * i  # gate, up, down
+        if kind == "full_attention":
+            per_token += 2 * attention_params
+            mixing += attention_mix
+        else:
+            nk, nv = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+            dk, dv = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
+            projections = h * (2 * nk * dk + nv * dv) + h * nv * dv + 2 * h * nv + nv * dv * h  # qkv, z, b, a, out
+            per_token += 2 * projections + 6 * nv * dk * dv
+    return per_token * seq + mixing + 2 * h * v * head_tokens
+
+
+def train_flops(hf: dict, seq: int, head_tokens: int) -> float:
+    """A training step's FLOPs per sequence: forward and backward, 3 x the forward."""
+    return 3 * forward_flops(hf, seq, head_tokens)
+
+
 def matmul_runner(n: int = 2048, dtype: str = "f32"):
     """A blocking callable doing one jitted n^3 matmul (operands in dtype, f32 result), and its FLOPs."""
     import jax

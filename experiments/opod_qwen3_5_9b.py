@@ -13,7 +13,8 @@ What the file sets and why:
   bytes (f32 weights, two moments) / 8 = ~14 GB per device before activations.
 - serving: a vLLM server this run starts on the SFT export (GPU vLLM in this environment), bf16, each export pushed
   into it without a restart; bf16 serving against our f32 master weights needs a looser parity bound.
-- attribution: the frozen base model served separately (the command above) answers the I_GRM prompt.
+- attribution: the frozen base model served separately (the command above) answers the I_GRM prompt, its reply
+  format held (its flag read from vLLM's prompt logprobs after a forced "FLAG:"; provider "vllm").
 - policy: contexts up to 4,096 tokens (the paper's rollouts keep full tool outputs), actions up to 512 tokens.
 - The sizes of each method (steps, batch) follow the paper's setup at one learning rate per method; the paper
   trains on its own expert data (GAIA, GAIA2, SWE-bench trajectories): point `expert_rollouts` at that world's
@@ -56,7 +57,7 @@ def get_config() -> ConfigDict:
         {
             "grm": "base_model",
             "endpoint": c.attribution.endpoint.to_dict()
-            | {"model": "policy", "urls": ("http://127.0.0.1:8001",), "api_key_env": "BASE_KEY"},
+            | {"model": "policy", "urls": ("http://127.0.0.1:8001",), "api_key_env": "BASE_KEY", "provider": "vllm"},
             "secondary": True,
             "retries": 1,
             "concurrency": 64,
@@ -90,6 +91,7 @@ def get_config() -> ConfigDict:
     c.optimizer.log_every = 10
     method = {"warmup_steps": 20, "export_every": 100}
     c.sft = ConfigDict({"steps": 1000, "batch": 32, "learning_rate": 1e-5, "seed": 1} | method)
+    c.sft_hints = ConfigDict(c.sft.to_dict() | {"hint_rows": 0.5})
     c.rwr = ConfigDict({"steps": 300, "batch": 32, "learning_rate": 2e-6, "seed": 2} | method)
     opd = {"batch": 32, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "seed": 3}
     c.opod = ConfigDict(

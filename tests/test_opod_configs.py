@@ -40,8 +40,11 @@ def test_the_smollm2_experiment_is_the_papers_loop(arg):
     cfg = load("opod_smollm2", arg)
     assert cfg.model.init_from and cfg.policy.view == "full" and cfg.attribution.grm == "base_model"
     assert cfg.sft.hint_rows == 0 and not cfg.sft.empty_hint_rows  # SFT on expert decisions only
+    assert cfg.attribution.reading == "held" and cfg.attribution.free_reading == (arg is None)  # both read in full
     assert cfg.attribution.secondary and "opod_secondary" in cfg.methods
-    assert all(cfg.method(m).lr_grid is None for m in cfg.methods)  # one learning rate per method
+    # One learning rate per method after SFT; SFT's chosen among three on its validation loss in the full run.
+    assert all(cfg.method(m).lr_grid is None for m in cfg.methods if m != "sft")
+    assert (cfg.sft.lr_grid is None) == (arg == "smoke") and (cfg.sft.validation_share > 0) == (arg is None)
     if arg is None:
         assert cfg.eval.tasks.num_tasks >= 100
 
@@ -84,3 +87,15 @@ def test_the_qwen3_5_9b_experiment_fits_its_mesh_and_exports_what_vllm_registers
     exported = export_config(config, jnp.bfloat16)
     assert exported["architectures"] == ["Qwen3_5ForCausalLM"]
     assert check_vllm_architecture(exported) == "Qwen3_5ForCausalLM"
+
+
+def test_the_held_reading_needs_an_endpoint_that_scores_prompts():
+    raw = json.loads(json.dumps(dataclasses.asdict(load("opod_smollm2", "smoke"))))
+    raw["attribution"]["endpoint"] |= {"model": "base", "urls": ["http://127.0.0.1:9"], "provider": "openai"}
+    with pytest.raises(ConfigError, match=r"attribution\.endpoint\.provider.*prompt_logprobs"):
+        from_dict(ExperimentConfig, raw)
+    raw["attribution"]["reading"] = "free"  # a free reply needs chat completions only
+    assert from_dict(ExperimentConfig, raw).attribution.endpoint.provider == "openai"
+    raw["attribution"] |= {"reading": "held", "free_reading": True}
+    raw["attribution"]["endpoint"]["provider"] = "vllm"
+    assert from_dict(ExperimentConfig, raw).attribution.free_reading

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -283,6 +284,14 @@ def causal_attention(
     return jnp.transpose(out.reshape(b, kv, t, g, d), (0, 2, 1, 3, 4))
 
 
+def fresh_prefill(length: int, cache_index: Any) -> bool:
+    """Whether a cached forward of `length` tokens at `cache_index` is a first prefill: a static index 0 and more
+    than one token. The cache then holds nothing before the chunk, so causal attention within the chunk is the
+    cached attention's result, blockwise (models/sampler.py prefills long prompts this way; decoding and a chunk after
+    reused keys read the cache)."""
+    return length > 1 and isinstance(cache_index, int) and cache_index == 0
+
+
 def cached_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, cache_index) -> jax.Array:
     """Queries q [B, T, K, G, D] in cache slots [cache_index, cache_index + T) over all cache slots.
 
@@ -362,8 +371,11 @@ class Attention(nnx.Module):
             start = (layer, 0, 0, index, 0)  # KVCache is heads-major: [L, B, K, S, D]
             k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
-            keys, values = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
-            out = cached_attention(q, keys, values, key_mask, index)
+            if fresh_prefill(t, index):  # the cache holds nothing before this chunk: attend within it, blockwise
+                out = causal_attention(q, k, v, attention_mask=key_mask[:, :t], segment_ids=None)
+            else:
+                keys, values = k_cache[layer].astype(self.dtype), v_cache[layer].astype(self.dtype)
+                out = cached_attention(q, keys, values, key_mask, index)
             new_kv = (k_cache, v_cache)
         return dense(out.reshape(b, t, -1), self.o_proj[...].astype(self.dtype).reshape(-1, h)), new_kv
 

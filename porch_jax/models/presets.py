@@ -58,7 +58,52 @@ QWEN3_5_TINY: dict[str, Any] = {k: v for k, v in QWEN3_5_9B.items() if k != "lay
     "tie_word_embeddings": True,
 }
 
-PRESETS: dict[str, dict[str, Any]] = {"qwen3.5-9b": QWEN3_5_9B, "qwen3.5-tiny": QWEN3_5_TINY}
+# Qwen3-1.7B's config.json: the dense shape the accelerator check (scripts/device_check.sh) measures MFU at.
+QWEN3_1P7B: dict[str, Any] = {
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1_000_000.0,
+    "max_position_embeddings": 40960,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+}
+
+# SmolLM2-135M-Instruct's config.json (the real-model experiments' model; its weights come from
+# porch_jax.models.smollm2).
+SMOLLM2_135M: dict[str, Any] = {
+    "model_type": "llama",
+    "vocab_size": 49152,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "head_dim": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 100_000.0,
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+    "hidden_act": "silu",
+    "initializer_range": 0.02,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 2,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen3.5-9b": QWEN3_5_9B,
+    "qwen3.5-tiny": QWEN3_5_TINY,
+    "qwen3-1.7b": QWEN3_1P7B,
+    "smollm2-135m": SMOLLM2_135M,
+}
 
 
 def preset(name: str, **overrides: Any) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from porch_jax.models.layers import (
     cached_attention,
     causal_attention,
     dense,
+    fresh_prefill,
     param,
     rms_norm,
 )
@@ -121,9 +122,12 @@ class GatedAttention(nnx.Module):
             start = (slot, 0, 0, index, 0)
             k_cache = jax.lax.dynamic_update_slice(k_cache, jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)[None], start)
             v_cache = jax.lax.dynamic_update_slice(v_cache, jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)[None], start)
-            out = cached_attention(
-                q, k_cache[slot].astype(self.dtype), v_cache[slot].astype(self.dtype), key_mask, index
-            )
+            if fresh_prefill(t, index):  # nothing cached before this chunk: blockwise causal within it
+                out = causal_attention(q, k, v, attention_mask=key_mask[:, :t], segment_ids=None)
+            else:
+                out = cached_attention(
+                    q, k_cache[slot].astype(self.dtype), v_cache[slot].astype(self.dtype), key_mask, index
+                )
             new_kv = (k_cache, v_cache)
         out = (out.reshape(b, t, -1, self.head_dim) * jax.nn.sigmoid(gate)).reshape(b, t, -1)
         return dense(out, self.o_proj[...].astype(self.dtype).reshape(-1, h)), new_kv

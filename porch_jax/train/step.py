@@ -61,6 +61,7 @@ class TrainStep:
             out_shardings=(state_shardings, mesh_lib.replicated(mesh)),
             donate_argnums=(0,),
         )
+        self._parts = jax.jit(self._parts_impl, out_shardings=mesh_lib.replicated(mesh))
 
     def __call__(self, state: TrainState, batch: Mapping[str, Any], frozen_params: nnx.State | None = None):
         if self.method.frozen != (frozen_params is not None):
@@ -70,13 +71,48 @@ class TrainStep:
         with jax.set_mesh(self.mesh):  # traced under the mesh: `sharding.constrain` and the kernels' per-shard calls
             return self._jitted(*args)
 
+    def parts(self, params: nnx.State, batch: Mapping[str, Any], frozen_params: nnx.State | None = None):
+        """{part: (sum, count)} of the method on `batch` at `params`, summed over its accumulation steps, with no
+        update (a validation loss: `Method.loss(parts, counts)` over several batches' summed parts is their mean)."""
+        if self.method.frozen != (frozen_params is not None):
+            need = "needs" if self.method.frozen else "takes no"
+            raise ValueError(f"method {self.method.name!r} {need} frozen params")
+        with jax.set_mesh(self.mesh):
+            return self._parts(params, batch, frozen_params)
+
+    def _parts_impl(self, params, batch, frozen_params):
+        model = nnx.merge(self.graphdef, params)
+        frozen = None if frozen_params is None else self._frozen(frozen_params)
+
+        total = None
+        for i in range(jax.tree.leaves(batch)[0].shape[0]):  # accumulation steps: static, few
+            parts, _ = self.method.micro_parts(model, frozen, jax.tree.map(lambda x, i=i: x[i], batch))
+            total = parts if total is None else jax.tree.map(jnp.add, total, parts)
+        return total
+
+    def lower(self, state: TrainState, batch: Mapping[str, Any], frozen_params: nnx.State | None = None):
+        """The step lowered for these arguments (arrays or ShapeDtypeStructs with shardings): `.compile()` gives
+        XLA's executable and its `memory_analysis()` without running (or allocating) anything."""
+        args = (state, batch) + ((frozen_params,) if self.method.frozen else ())
+        with jax.set_mesh(self.mesh):
+            return self._jitted.lower(*args)
+
+    def _frozen(self, frozen_params: nnx.State) -> nnx.Module:
+        """The frozen model (OPD's teacher, GRPO's reference) without layer remat: it runs forward only, under
+        stop_gradient, so there is no backward pass to save memory for (and nnx's remat, inside the student's
+        gradient trace, refuses to write a module whose parameters come from outside it)."""
+        frozen = nnx.merge(self.graphdef, frozen_params)
+        if getattr(frozen, "remat", False):
+            frozen.remat = False
+        return frozen
+
     def _step(self, state: TrainState, batch: Mapping[str, Any], frozen_params: nnx.State | None = None):
         self.num_traces += 1
         method = self.method
         counts = method.global_counts(batch)
-        frozen = None if frozen_params is None else nnx.merge(self.graphdef, frozen_params)
 
         def loss_fn(params, micro):
+            frozen = None if frozen_params is None else self._frozen(frozen_params)
             parts, aux = method.micro_parts(nnx.merge(self.graphdef, params), frozen, micro)
             return method.loss(parts, counts), (parts, aux)
 
