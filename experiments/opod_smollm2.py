@@ -10,16 +10,18 @@ Stages (porch_jax/opod/experiment.py), each resumable in one run directory: the 
 workplace suite -> SFT from model.init_from on the expert's decisions only (the paper's setup; `sft.hint_rows` > 0
 is the miniature's variant with hint-following rows, named so in the results) -> export -> the policy sampled by
 the embedded JAX sampler or a vLLM server the export is pushed into (`serving`) -> rollouts of the SFT policy ->
-attribution by the frozen base model answering the I_GRM prompt (FLAG, hint; a malformed reply is asked once more,
-then read as FLAG=false) and, secondary, the scripted judge's verdicts as hints -> RWR, OPOD, OPOD on the
+attribution by the frozen base model answering the I_GRM prompt with its format held (the flag its choice between
+" true" and " false" after "FLAG:", a hint generated for a flagged decision), its free reply read and reported beside
+it (a malformed one asked once more, then read as FLAG=false), and, secondary, the scripted judge's verdicts as
+hints -> RWR, OPOD, OPOD on the
 secondary hints, OPD with empty hints and DA-GRPO from the SFT weights -> evaluation on held-out tasks.
 
 Sizing for 2 CPU cores: the "full" view of the quickstart's suite (its blind spots give attribution something to
-find) is ~450 tokens per orchestrator context at the median and up to ~1,000; `policy.context_tokens` 384 keeps
-every context within 384 tokens by dropping the oldest decision and its feedback (the expert's too, so SFT
-imitates contexts the policy will see). SmolLM2 answers an orchestration prompt zero-shot with small talk, so
-expect the base-model GRM to flag little and to reply malformed often: those rates are reported, not tuned. The
-same file with `model.init_from` pointing at another Hugging Face folder (and a larger budget) is the GPU path;
+find) is ~450 tokens per orchestrator context at the median and up to ~1,000; `policy.context_tokens` 768 keeps
+every context within 768 tokens by dropping the oldest decision and its feedback, for the expert and every policy
+alike, and the expert writes only what its window shows, so SFT imitates decisions made from what it records.
+SmolLM2 answers an orchestration prompt zero-shot with small talk: its GRM reply is read with the format held
+(the flag its own choice by logprobs) and also as written; both readings are reported, not tuned. The same file with `model.init_from` pointing at another Hugging Face folder (and a larger budget) is the GPU path;
 experiments/opod_qwen3_5_9b.py is that config for Qwen3.5-9B.
 """
 
@@ -61,23 +63,32 @@ def get_config(arg: str | None = None) -> ConfigDict:
 
     c = _quickstart()
     c.run_dir = "runs/opod_smollm2_smoke" if a.smoke else "runs/opod_smollm2"
-    c.methods = ("sft", "rwr", "opod", "opod_secondary", "opd_empty", "dagrpo")
+    # The paper's rows, OPOD on the secondary (scripted judge's) hints, and OPD's two controls: empty hints, and
+    # hints drawn from another flagged decision (if OPOD's gain is the hint's information, it beats both).
+    c.methods = ("sft", "rwr", "opod", "opod_secondary", "opd_empty", "opd_wrong_hint", "dagrpo")
     c.model = ConfigDict({"init_from": str(smollm2_folder()), "seed": 0, "vocab_size": 0, "hf": {}})
     c.suite.max_decisions = 8
     c.suite.max_evidence_chars = 120
-    # The natural-language protocol through SmolLM2's chat template, under a 384-token context window for the expert
-    # and every policy alike (an older decision and its feedback are dropped to fit), so a decision with its action
-    # fits the 448-token bucket and trains whole; a longer packed row keeps its first 448 tokens ("cut").
+    # The natural-language protocol through SmolLM2's chat template, under a 768-token context window for the expert
+    # and every policy alike (an older decision and its feedback are dropped to fit). 768 is the shortest window the
+    # task survives: the scripted expert, writing only what its window shows, solves as many held-out tasks under
+    # it as unwindowed (68/100), and none under 512 (the finished answer's fact has scrolled away); the start check
+    # refuses a window under which it solves less than half the validation tasks. Few contexts reach the window, so
+    # an episode's decisions share one packed row (prefix sharing), within the 896-token bucket with its last action.
     c.suite.context_overflow = "drop_oldest"
     c.policy = ConfigDict(
         {
             "view": "full",
             "max_new_tokens": 96,
-            "buckets": (384, 480),
-            "max_len": 576,
+            "buckets": (448, 896),
+            "max_len": 1024,
             "overlong": "cut",
-            "context_tokens": 384,
+            "context_tokens": 768,
+            "prefix_cache_mb": 1024,  # evaluation's embedded sampler prefills only what a decision adds
         }
+    )
+    c.preflight = ConfigDict(
+        {"min_expert_success": 0.5, "tasks": {"num_tasks": 20, "seed_start": 50_000, "prefix": "val"}}
     )
     c.attribution = ConfigDict(
         {
@@ -88,6 +99,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
             "retries": 1,
             "concurrency": 8,
             "sampling": {"temperature": 0.0, "max_tokens": 64},
+            # OPOD trains on the reply with its format held (the flag by the model's logprobs after "FLAG:"); the
+            # free reply, as the model writes it, is read too and reported beside it.
+            "reading": "held",
+            "free_reading": True,
         }
     )
     c.serving = ConfigDict(
@@ -110,18 +125,28 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.optimizer.log_every = 5
     c.optimizer.weight_decay = 0.0
     if a.smoke:
+        # Every stage once: the primary reading is attributed and reported, and OPOD trains on the secondary one
+        # (the scripted judge always flags some decisions, so the trainer's path runs whatever SmolLM2 flags); OPOD
+        # on the primary hints, OPD's controls and DA-GRPO train through code the miniature's tests run
+        # (tests/test_pipeline.py) and are left to the full run.
+        c.methods = ("sft", "rwr", "opod_secondary")
         c.expert_rollouts = ConfigDict({"num_tasks": 8, "seed_start": 0, "prefix": "train"})
         # A policy after a few dozen SFT steps loops or garbles tool names at temperature 1; at 0.7 it delegates.
         c.rollouts = ConfigDict({"num_tasks": 2, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})
         c.suite.max_decisions = 4  # each rollout and evaluation episode at most 4 decisions: minutes, not tens
-        c.attribution.sampling.max_tokens = 32  # enough to see whether the reply starts "FLAG:"
+        # Four decisions cap the expert too (8 of 20 validation tasks, windowed or not); a window the task does not
+        # survive (under 640 tokens) still leaves it none.
+        c.preflight.min_expert_success = 0.25
+        c.attribution.sampling.max_tokens = 32  # a flagged decision's hint
+        c.attribution.free_reading = False  # the held reading alone: CI's minutes
         c.eval.tasks.num_tasks = 2
         c.eval.max_tokens = 96
         c.eval.concurrency = 4
         c.selection = ConfigDict({"enabled": False, "tasks": {"num_tasks": 2, "seed_start": 50_000, "prefix": "val"}})
-        c.policy.buckets = (480,)
-        # Enough SFT for SmolLM2 to write the protocol's tool calls, so its rollouts delegate and the GRM is asked.
-        c.sft = _method(40, 1, 1e-4, 1)
+        c.policy.buckets = (896,)
+        # Enough SFT for SmolLM2 to write the protocol's tool calls, so its rollouts delegate and the GRM is asked:
+        # 2 epochs of the 8 expert episodes, each packed whole into one row.
+        c.sft = _method(16, 1, 1e-4, 1)
         c.rwr = _method(1, 1, 1e-5, 2)
         c.opod = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
         c.opd_empty = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
@@ -129,14 +154,21 @@ def get_config(arg: str | None = None) -> ConfigDict:
             1, 0, 1e-5, 4, group={"contexts_per_step": 1, "group_size": 2, "max_new_tokens": 24, "temperature": 1.0}
         )
         return c
-    c.expert_rollouts = ConfigDict({"num_tasks": 40, "seed_start": 0, "prefix": "train"})
+    c.methods = ("sft", "sft_hints") + c.methods[1:]
+    c.expert_rollouts = ConfigDict({"num_tasks": 120, "seed_start": 0, "prefix": "train"})
     c.rollouts = ConfigDict({"num_tasks": 40, "seed_start": 20_000, "prefix": "roll", "temperature": 1.0})
-    c.eval.tasks.num_tasks = 100
+    c.eval.tasks.num_tasks = 150
     c.eval.max_tokens = 96
     c.eval.concurrency = 16
     c.selection = ConfigDict({"enabled": False, "tasks": {"num_tasks": 30, "seed_start": 50_000, "prefix": "val"}})
-    # One learning rate per method (no grid on the real model); RWR, OPOD and OPD share steps, batch and seed.
-    c.sft = _method(60, 2, 2e-5, 1)
+    # SFT: 3 epochs over 102 expert episodes (15% of the 120 held out for the validation loss, scored once an
+    # epoch), its rate the one of three whose final validation loss is lowest. SFT+hints: the same, with the scripted
+    # judge's hint-following rows for half the episodes (the miniature's variant, its own row). After SFT one rate
+    # per method; RWR, OPOD and OPD share steps, batch and seed.
+    c.sft = _method(1, 4, 3e-5, 1, epochs=3.0, validation_share=0.15, lr_grid=(1e-5, 3e-5, 1e-4))
+    c.sft.warmup_steps = 8
+    c.sft_hints = _method(1, 4, 3e-5, 1, epochs=3.0, hint_rows=0.5)
+    c.sft_hints.warmup_steps = 8
     c.rwr = _method(30, 2, 1e-5, 2)
     c.opod = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
     c.opd_empty = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))

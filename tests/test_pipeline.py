@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -58,7 +59,16 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     run_dir = tmp_path / "run"
     config = tmp_path / "tiny_quickstart.py"
     text = CONFIG.format(run_dir=str(run_dir))
-    config.write_text(text.replace("    return c\n", "    c.dagrpo.lr_grid = (3e-3, 1e-3)\n    return c\n"))
+    extra = (
+        "    c.dagrpo.lr_grid = (3e-3, 1e-3)\n"
+        # SFT in epochs over 9 of the 12 expert episodes, its rate chosen on the other 3's validation loss; the
+        # SFT+hints variant and OPD with wrong hints as rows of their own
+        "    c.sft.update(epochs=2.0, validation_share=0.25, lr_grid=(3e-3, 1e-3))\n"
+        "    c.sft_hints = dict(c.sft.to_dict(), lr_grid=None, validation_share=0.0, hint_rows=0.5)\n"
+        "    c.methods = ('sft', 'sft_hints', 'rwr', 'opod', 'opd_empty', 'opd_wrong_hint', 'dagrpo')\n"
+        "    return c\n"
+    )
+    config.write_text(text.replace("    return c\n", extra))
     first = _pipeline(config)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     for name in (
@@ -77,7 +87,7 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     methods = [m["system"] for m in results["methods"]]
     assert methods[0] == "sft" and "dagrpo" in methods and all(m["n"] == 4 for m in results["methods"])
-    assert "=== " in first.stdout and "step 3/3" in first.stdout  # visible progress
+    assert "=== " in first.stdout and re.search(r"step (\d+)/\1 \(100%\)", first.stdout)  # visible progress
     selection = json.loads((run_dir / "selection.json").read_text())  # checkpoints chosen on validation tasks
     assert set(selection) == set(methods) and selection["sft"]["step"] is None
     dagrpo = selection["dagrpo"]  # always trained (expert contexts), at two rates, exported after steps 1 and 2
@@ -90,6 +100,20 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     assert (run_dir / "eval" / f"{dagrpo['run']}_step{dagrpo['step']}.jsonl").is_file()
     assert {"dagrpo_step1.jsonl", "dagrpo_lr0.003_step2.jsonl"} <= {p.name for p in (run_dir / "val").iterdir()}
     assert "selected on validation" in (run_dir / "results.md").read_text()
+    chosen = json.loads((run_dir / "sft_selection.json").read_text())  # the lowest final validation loss
+    assert (
+        f"{chosen['learning_rate']:g}"
+        == min(chosen["final_val_loss"].items(), key=lambda kv: kv[1])[0]
+        in ("0.003", "0.001")
+    )
+    curve = [json.loads(line) for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
+    assert curve[0]["step"] == 0 and "val_loss" in curve[0] and "val_loss" in curve[-1]  # scored from the start
+    assert (run_dir / "sft_loss.png").is_file() and (run_dir / "sft_hints" / "export" / "policy.json").is_file()
+    assert {"sft_hints", "opd_wrong_hint"} <= {m["system"] for m in results["methods"]} | set(
+        line.split("|")[1].strip()
+        for line in (run_dir / "results.md").read_text().splitlines()
+        if "not trained" in line
+    )
 
     table = (run_dir / "results.md").read_text()
     second = _pipeline(config)

@@ -45,6 +45,24 @@ def plot_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | P
     return _save(fig, path)
 
 
+def plot_loss_curves(runs: Mapping[str, Sequence[Mapping[str, float]]], path: str | Path, smooth: int = 5) -> Path:
+    """Training loss (moving average over ``smooth`` steps) and validation loss (its own points, where logged) per
+    run, in one panel: the SFT curves an epoch and learning-rate choice is read from."""
+    fig, ax = plt.subplots(figsize=(6.4, 3.6))
+    for i, (name, ms) in enumerate(runs.items()):
+        color = f"C{i}"
+        train = [(m["step"], m["loss"]) for m in ms if "loss" in m]
+        val = [(m["step"], m["val_loss"]) for m in ms if "val_loss" in m]
+        if train:
+            ax.plot([p[0] for p in train], _smooth([p[1] for p in train], smooth), color=color, label=f"{name} train")
+        if val:
+            ax.plot([p[0] for p in val], [p[1] for p in val], "o--", color=color, label=f"{name} validation")
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def plot_success(rows: Sequence[Summary], path: str | Path) -> Path:
     """Held-out success per method with its Wilson 95% interval."""
     return _success_with_ci([r.system for r in rows], rows, "held-out success (95% CI)", path)

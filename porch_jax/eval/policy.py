@@ -69,10 +69,13 @@ def load_policy(
     max_len: int = 2048,
     prompt_buckets: Sequence[int] | None = None,
     batch_buckets: Sequence[int] = (1, 4, 16, 64),
+    prefix_cache_bytes: int = 0,
 ) -> Policy:
     """The model and tokenizer saved in ``folder`` (``save_pretrained`` with a tokenizer) and a sampler.
 
     Few buckets keep compilations few: a rollout's batch size varies with the episodes in flight.
+    ``prefix_cache_bytes`` > 0: a decision's prompt that extends an earlier one of its episode starts from that
+    one's keys and values (the sampler's prefix reuse), in a cache of at most that many bytes.
     """
     from transformers import AutoTokenizer
 
@@ -81,5 +84,12 @@ def load_policy(
         raise FileNotFoundError(f"{folder} is not an exported model folder (no config.json)")
     model = from_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    sampler = Sampler(model, tokenizer, max_len=max_len, prompt_buckets=prompt_buckets, batch_buckets=batch_buckets)
+    sampler = Sampler(
+        model,
+        tokenizer,
+        max_len=max_len,
+        prompt_buckets=prompt_buckets,
+        batch_buckets=batch_buckets,
+        prefix_cache_bytes=prefix_cache_bytes,
+    )
     return Policy(folder, model, tokenizer, sampler)

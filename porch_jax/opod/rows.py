@@ -10,6 +10,8 @@ it was sampled or imitated under, at a quarter of the cost of one row per decisi
 from __future__ import annotations
 
 import functools
+import hashlib
+import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -80,6 +82,16 @@ def pack_episode(episode: EpisodeRecord, tokenizer: Any, view: str, weight: floa
         spans.append(Span(len(tokens), len(target), weight))
         tokens.extend(target)
     return [SeqRow(tuple(t), tuple(s), k) for t, s, k in rows if s] + over
+
+
+def validation_split(episodes: Sequence[EpisodeRecord], share: float) -> tuple[list[Any], list[Any]]:
+    """(training, validation) episodes: the `share` whose ids hash lowest are held out (at least one when share > 0
+    and there are two or more), so the split depends on the ids alone, not their order."""
+    if share <= 0 or len(episodes) < 2:
+        return list(episodes), []
+    rank = sorted(episodes, key=lambda ep: hashlib.blake2b(ep.episode_id.encode(), digest_size=8).digest())
+    held = {ep.episode_id for ep in rank[: max(1, round(share * len(episodes)))]}
+    return [ep for ep in episodes if ep.episode_id not in held], [ep for ep in episodes if ep.episode_id in held]
 
 
 def packed_rows(
@@ -166,6 +178,21 @@ def opd_rows(episodes: Iterable[EpisodeRecord], hints: Mapping[Key, str], tokeni
         for d in ep.decisions
         if (ep.episode_id, d.index) in hints and _valid(d)
     ]
+
+
+def wrong_hints(hints: Mapping[Key, str], seed: int) -> dict[Key, str]:
+    """Each flagged decision with the hint of another flagged decision (a seeded derangement over decisions whose
+    hints differ from its own, so no decision keeps its own hint's text): the wrong-hint control of OPD, whose
+    teacher context carries a hint that says nothing about its decision. Empty with fewer than two distinct hints."""
+    keys = sorted(hints)
+    if len(set(hints.values())) < 2:
+        return {}
+    rng = random.Random(seed)
+    out: dict[Key, str] = {}
+    for key in keys:
+        others = [k for k in keys if hints[k] != hints[key]]
+        out[key] = hints[rng.choice(others)]
+    return out
 
 
 def expert_contexts(episodes: Iterable[EpisodeRecord], tokenizer: Any, view: str) -> list[ExpertContext]:

@@ -281,6 +281,30 @@ class PackedSource(_Stateless):
         return place(self.host(step), self.mesh), {}
 
 
+def fixed_batches(
+    rows: Sequence[SeqRow],
+    batch_size: int,
+    buckets: Sequence[int],
+    mesh: jax.sharding.Mesh,
+    view: str = "policy",
+    overlong: overlong_lib.Overlong = "drop",
+) -> list[Batch]:
+    """Every row once, in order, as placed batches of `batch_size` rows (the last padded with rows of no weight)
+    grouped by length bucket: a validation set the trainer scores (Trainer's `validation`)."""
+    rows, _ = overlong_lib.seq_rows(rows, max(buckets), overlong)
+    groups: dict[int, list[SeqRow]] = {}
+    for r in rows:
+        groups.setdefault(bucket(len(r.tokens), buckets), []).append(r)
+    out = []
+    for t, group in sorted(groups.items()):
+        k = _targets_bucket(max(sum(s.length for s in r.spans) for r in group))
+        for start in range(0, len(group), batch_size):
+            chunk = list(group[start : start + batch_size])
+            chunk += [SeqRow((0,), ())] * (batch_size - len(chunk))
+            out.append(place({view: seq_batch(chunk, t, k)}, mesh))
+    return out
+
+
 class OpdSource(_Stateless):
     """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student.
     A row whose prompts exceed the largest bucket follows `overlong` (default "drop"); a prompt is never cut, so

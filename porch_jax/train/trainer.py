@@ -39,7 +39,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -90,11 +90,16 @@ class Trainer:
         export: bool | None = None,
         identity: Mapping[str, Any] | None = None,
         on_step: Callable[[int, dict[str, float]], Mapping[str, float] | None] | None = None,
+        validation: Sequence[Mapping[str, Any]] = (),
+        validate_every: int = 0,
     ):
         self.config, self.method, self.source, self.tokenizer, self.view = config, method, source, tokenizer, view
         self.workdir, self.stream = None if workdir is None else Path(workdir), stream
         self.identity = None if identity is None else json.loads(json.dumps(dict(identity)))
         self.on_step = on_step
+        self.validation, self.validate_every = list(validation), validate_every
+        if self.validation and validate_every <= 0:
+            raise ValueError(f"validation batches need validate_every > 0, got {validate_every}")
         has_hf = hasattr(getattr(model, "config", None), "to_hf")
         self.exports = (has_hf if export is None else export) and self.workdir is not None
         if self.exports and not has_hf:
@@ -124,6 +129,16 @@ class Trainer:
                 source.restore(data_state)
         self.student = nnx.merge(self.graphdef, self.state["params"])
         self._model_hf = model.config.to_hf() if has_hf else None
+
+    def validation_loss(self) -> float:
+        """The method's loss over every validation batch at the current weights (each part's sums and counts added
+        over the batches first, so it is their mean, not a mean of batch means)."""
+        totals: dict[str, Any] = {}
+        for batch in self.validation:
+            parts = self.step_fn.parts(self.state["params"], batch, self.frozen)
+            totals = parts if not totals else jax.tree.map(lambda a, b: a + b, totals, parts)
+        totals = jax.device_get(totals)
+        return float(self.method.loss(totals, {k: c for k, (_, c) in totals.items()}))
 
     def _check_identity(self) -> None:
         """Refuses a workdir whose newest checkpoint records another identity, naming what differs."""
@@ -165,6 +180,9 @@ class Trainer:
         config_json = {"train": to_dict(cfg), "view": self.view, "model": self._model_hf}
         if self.identity is not None:
             config_json["identity"] = self.identity
+        if self.validation and self.start_step == 0 and log_path is not None:  # the curve starts at the initial weights
+            with open(log_path, "a") as f:
+                f.write(json.dumps({"step": 0, "val_loss": self.validation_loss()}) + "\n")
         try:
             for step in range(self.start_step + 1, total + 1):
                 if self.source.on_policy:
@@ -174,6 +192,8 @@ class Trainer:
                 self.state, metrics = self.step_fn(self.state, batch, *args)
                 metrics = {k: float(v) for k, v in jax.device_get(metrics).items()} | host_metrics
                 metrics_lib.check_finite(step, metrics, last_good)
+                if self.validation and (step % self.validate_every == 0 or step == total):
+                    metrics["val_loss"] = self.validation_loss()
                 if self.on_step is not None:
                     metrics |= self.on_step(step, metrics) or {}
                 history.append(logger.log(step, metrics))

@@ -26,6 +26,8 @@ def test_table_intervals_and_paired_differences(tmp_path):
     table = report.format_table(rows, records, [better, close])
     assert "| opod | 100 | 0.800 | [0.711, 0.867] | +0.500" in table and "| 1450 | 350 |" in table
     assert "opod - rwr: paired +0.300" in table and "intervals separated" in table and "intervals overlap" in table
+    skipped = report.format_table(rows, records, [], {"opd_empty": "no flagged decision"})
+    assert "| opd_empty | 0 | not trained: no flagged decision |" in skipped  # a configured method keeps its row
     report.write_results(rows, [better], tmp_path / "r.json")
     assert json.loads((tmp_path / "r.json").read_text())["comparisons"][0]["better"] == "opod"
 

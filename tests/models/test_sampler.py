@@ -233,3 +233,69 @@ def test_a_mesh_splits_rows_over_devices_and_draws_the_same_samples(folder, toke
     for want, got in zip(sampler.generate(prompts, params), sharded.generate(prompts, params), strict=True):
         assert got.token_ids == want.token_ids
         np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-4)
+
+
+def _conversations(tokenizer, prompts, turns: int, sampler) -> list[list[list[int]]]:
+    """Per prompt, `turns` prompts of one conversation: each the last, its greedy reply and a new user line."""
+    out = []
+    for p in prompts[:3]:
+        history, seq = [], list(p)
+        for t in range(turns):
+            history.append(list(seq))
+            reply = sampler.generate([seq], dataclasses.replace(GREEDY, max_new_tokens=12))[0].token_ids
+            seq = seq + reply + tokenizer(f" then {t}?")["input_ids"]
+        out.append(history)
+    return out
+
+
+def test_prefix_reuse_gives_the_uncached_tokens_and_logprobs(model, tokenizer, sampler, prompts):
+    """A conversation's next prompt extends the last one and its reply: the reusing sampler prefills only the new
+    tokens, in batches whose rows reuse prefixes of different lengths, and samples what the uncached one does."""
+    reusing = Sampler(model, tokenizer, **BUCKETS, prefix_cache_bytes=2**26)
+    conversations = _conversations(tokenizer, prompts, 3, sampler)
+    for turn in range(3):
+        batch = [c[turn] for c in conversations] + [prompts[4]]  # one row that extends nothing
+        want = sampler.generate(batch, GREEDY)
+        got = reusing.generate(batch, GREEDY)
+        for g, w in zip(got, want, strict=True):
+            assert g.token_ids == w.token_ids
+            np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    stats = reusing.prefixes.stats()
+    assert stats["hits"] >= 6 and stats["reused_fraction"] > 0.5, stats  # turns 2 and 3 reuse most of each prompt
+
+
+def test_the_prefix_cache_is_bounded_and_cleared_when_the_weights_change(model, tokenizer, prompts):
+    reusing = Sampler(model, tokenizer, **BUCKETS, prefix_cache_bytes=2**26)
+    reusing.generate(prompts[:4], GREEDY)
+    assert len(reusing.prefixes) == 4 and 0 < reusing.prefixes.bytes <= 2**26
+    one = reusing.prefixes.bytes // 4
+    small = Sampler(model, tokenizer, **BUCKETS, prefix_cache_bytes=int(2.5 * one))
+    small.generate(prompts[:4], GREEDY)
+    assert len(small.prefixes) <= 2 and small.prefixes.bytes <= int(2.5 * one)  # least recently used out first
+    params = nnx.state(model, nnx.Param)
+    nnx.update(model, jax.tree.map(lambda x: x * 1.0, params))  # new arrays: a trainer's update
+    reusing.generate(prompts[:1], GREEDY)
+    assert len(reusing.prefixes) == 1  # the other weights' entries went
+
+
+def test_prefix_reuse_needs_a_plain_kv_cache_and_no_mesh(folder, tokenizer):
+    from porch_jax.train.mesh import make_mesh
+
+    with pytest.raises(ValueError, match="prefix reuse"):
+        Sampler(from_pretrained(folder), tokenizer, mesh=make_mesh((1, 2, 1)), prefix_cache_bytes=2**20)
+
+
+def test_score_is_the_sum_of_the_raw_logprobs_of_a_continuation(sampler, prompts):
+    """A greedy completion scored after its prompt gives the sum of the logprobs the sampler reported for it; a
+    batch of prompts of different lengths scores each row as it would alone."""
+    done = sampler.generate(prompts[:4], dataclasses.replace(GREEDY, max_new_tokens=6))
+    scores = sampler.score(prompts[:4], [c.token_ids for c in done])
+    for s, c in zip(scores, done, strict=True):
+        assert s == pytest.approx(sum(c.logprobs), abs=1e-4)
+    assert sampler.score(prompts[1:2], [done[1].token_ids]) == pytest.approx(scores[1:2], abs=1e-5)
+    with pytest.raises(ValueError, match="non-empty"):
+        sampler.score(prompts[:1], [[]])
+    # one-token continuations read from one row per prompt: the same as scoring each
+    nexts = sampler.next_token_logprobs(prompts[:3], [5, 17])
+    singles = sampler.score([p for p in prompts[:3] for _ in range(2)], [[5], [17]] * 3)
+    np.testing.assert_allclose(np.ravel(nexts), singles, atol=1e-5)

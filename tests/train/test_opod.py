@@ -316,3 +316,38 @@ def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
     assert half_stats["sampled_not_action"] == 0.5 and len(seen) == 2
     assert not half["student"]["target_mask"][1].any() and not half["teacher"]["target_mask"][1].any()
     assert half["student"]["target_mask"][0].sum() == full["student"]["target_mask"][0].sum() > 0  # same sample
+
+
+def test_wrong_hints_give_each_flagged_decision_another_decisions_hint():
+    hints = {("e1", 0): "add archive to tools", ("e1", 2): "set budget to 7", ("e2", 1): "add archive to tools",
+             ("e3", 4): "add 'phone of Ana: 1' to context"}  # fmt: skip
+    wrong = od.wrong_hints(hints, seed=3)
+    assert wrong.keys() == hints.keys() and all(wrong[k] != hints[k] for k in hints)
+    assert set(wrong.values()) <= set(hints.values())  # drawn from the other flagged decisions' hints
+    assert od.wrong_hints(hints, seed=3) == wrong  # seeded
+    assert od.wrong_hints({("e", 0): "x", ("f", 1): "x"}, seed=0) == {}  # no other hint to draw
+
+
+def test_the_validation_loss_is_the_methods_loss_at_the_current_weights(tmp_path, tok, episodes, model_dir):
+    """Validation batches fixed once: the loss logged at step 0 (the initial weights) on the batch step 1 trains on
+    is step 1's own loss (computed before its update); over several batches it is their parts' pooled mean."""
+    rows = od.packed_rows(episodes, tok, "compact", 512)
+    source = _packed(rows)
+    first, second = source(1, None)[0], source(2, None)[0]
+    cfg = _cfg(steps=4, method="rwr")
+    model = from_pretrained(model_dir)
+    trainer = Trainer(
+        cfg, model, make_method(cfg.method), _packed(rows), tmp_path / "v", tokenizer=tok,
+        view="compact", stream=io.StringIO(), validation=[first], validate_every=2,
+    )  # fmt: skip
+    history = trainer.run().history
+    logged = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]
+    assert history[0]["loss"] > 0 and logged[0] == {"step": 0, "val_loss": pytest.approx(history[0]["loss"], rel=1e-6)}
+    assert [m["step"] for m in logged if "val_loss" in m] == [0, 2, 4]
+    assert logged[-1]["val_loss"] == pytest.approx(trainer.validation_loss(), rel=1e-6)
+    trainer.validation = [first, second]
+    parts = [jax.device_get(trainer.step_fn.parts(trainer.state["params"], b)["rwr"]) for b in (first, second)]
+    pooled = (parts[0][0] + parts[1][0]) / (parts[0][1] + parts[1][1])
+    assert trainer.validation_loss() == pytest.approx(float(pooled), rel=1e-6)
+    with pytest.raises(ValueError, match="validate_every"):
+        Trainer(cfg, model, make_method(cfg.method), source, None, validation=[first])

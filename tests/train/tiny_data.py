@@ -193,10 +193,10 @@ def read_safetensors(folder: Path) -> dict[str, np.ndarray]:
     return load_file(str(folder / "model.safetensors"))
 
 
-def model(seed: int = 0):
+def model(seed: int = 0, **model_kwargs):
     from porch_jax.models import ModelConfig, init_model
 
-    return init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tokenizer())}), seed=seed)
+    return init_model(ModelConfig.from_hf(TINY_HF | {"vocab_size": len(tokenizer())}), seed=seed, **model_kwargs)
 
 
 def grads_via_sgd(method, model, batch, cfg, frozen_model=None, mesh_shape=(1, 1, 1)):

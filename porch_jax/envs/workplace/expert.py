@@ -14,6 +14,11 @@ absent): it checks a request against the quoted evidence and rejects what the ev
 support; with no request it falls back on its own planner (blind spots included); with no status
 it does not learn what the sub-agent already did (a booking the change made stale). It is
 stateless: each call replays the episode from the view, so runs are deterministic and resumable.
+
+``sees="context"``: the expert writes only what the context it is given shows. Under a context window (the engine
+dropping old turns) the view still holds the whole history, but a recorded decision keeps only the window; an
+expert copying a fact found outside it (a two-back hand-over) would teach imitation to write facts it cannot see.
+So a fact's value, or a booking to cancel, goes into an action only where it appears in the request's messages.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import random
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from porch_jax.envs.base import Feedback, OrchestratorView
 from porch_jax.envs.workplace.clauses import KIND, parse_clause, parse_facts, work
@@ -118,18 +123,27 @@ def _notices_in(msg: Message) -> list[str]:
 
 
 class ScriptedExpert:
-    """A backend policy: ``ScriptedBackend(ScriptedExpert())``; reads ``request.state`` (OrchestratorView)."""
+    """A backend policy: ``ScriptedBackend(ScriptedExpert())``; reads ``request.state`` (OrchestratorView), and with
+    ``sees="context"`` limits what it writes to what ``request.messages`` show (module docstring)."""
 
-    def __init__(self, config: ExpertConfig = ExpertConfig()):
-        self.cfg = config
+    def __init__(self, config: ExpertConfig = ExpertConfig(), *, sees: Literal["history", "context"] = "history"):
+        if sees not in ("history", "context"):
+            raise ValueError(f"sees must be 'history' or 'context', got {sees!r}")
+        self.cfg, self.sees = config, sees
 
     def __call__(self, request: Any) -> str:
-        return render_action(self.decide(request.state))
+        shown = "\n".join(str(m.get("content") or "") for m in request.messages) if self.sees == "context" else None
+        return render_action(self.decide(request.state, shown))
 
     # ---- the decision ------------------------------------------------------------------------
-    def decide(self, view: OrchestratorView) -> OrchestratorAction:
+    def decide(self, view: OrchestratorView, shown: str | None = None) -> OrchestratorAction:
+        """The next action; with `shown` (the context's text), the facts and bookings it writes are those shown."""
         task: WorkplaceTask = view.task
         st = self._replay(view)
+        if shown is not None:
+            st.facts = {k: v for k, v in st.facts.items() if v in shown}
+            for c in st.clauses:
+                c.cancel = [r for r in c.cancel if r in shown]
         if st.response is not None:
             aid, fix = st.response
             if aid in view.live:
