@@ -64,19 +64,30 @@ def analyse(spec, mesh) -> dict:
 
 
 def largest_fit(spec, mesh, budgets: dict[str, float], first: dict, limit: int) -> dict[str, int]:
-    """{budget name: most rows per device (a power of two up to `limit`) whose peak fits}; 0: not even one."""
+    """{budget name: most rows per device (a power of two up to `limit`) whose peak fits}; 0: not even one.
+
+    The peak grows with the rows, so the search walks from the config's rows: up, doubling, while some budget
+    still holds and `limit` allows; down, halving, while some budget is exceeded. Each step is one compile (minutes
+    at the 9B shape), and no step re-measures a size the walk has already settled.
+    """
     import dataclasses
 
-    per_device = spec.rows // (mesh.shape["data"] * mesh.shape["fsdp"])
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    per_device = spec.rows // shards
     peaks = {per_device: first["peak"]}
-    rows = 1
-    while rows <= limit:  # powers of two, until every budget is exceeded
+
+    def peak(rows: int) -> float:
         if rows not in peaks:
-            total = rows * mesh.shape["data"] * mesh.shape["fsdp"]
-            peaks[rows] = analyse(dataclasses.replace(spec, rows=total), mesh)["peak"]
-        if all(peaks[rows] > b * GB for b in budgets.values()):
-            break
+            peaks[rows] = analyse(dataclasses.replace(spec, rows=rows * shards), mesh)["peak"]
+        return peaks[rows]
+
+    rows = per_device
+    while any(peak(rows) <= b * GB for b in budgets.values()) and rows * 2 <= limit:
         rows *= 2
+    rows = per_device
+    while rows > 1 and any(peak(rows) > b * GB for b in budgets.values()):
+        rows //= 2
+    peak(rows)
     return {name: max((r for r, p in peaks.items() if p <= b * GB), default=0) for name, b in budgets.items()}
 
 
