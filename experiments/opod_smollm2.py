@@ -139,6 +139,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.preflight.min_expert_success = 0.25
         c.attribution.sampling.max_tokens = 32  # a flagged decision's hint
         c.attribution.free_reading = False  # the held reading alone: CI's minutes
+        c.attribution.hint_following = ("primary",)  # the secondary's check samples ~100 s; the miniature runs it
         c.eval.tasks.num_tasks = 2
         c.eval.max_tokens = 96
         c.eval.concurrency = 4

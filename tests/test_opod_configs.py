@@ -99,3 +99,12 @@ def test_the_held_reading_needs_an_endpoint_that_scores_prompts():
     raw["attribution"] |= {"reading": "held", "free_reading": True}
     raw["attribution"]["endpoint"]["provider"] = "vllm"
     assert from_dict(ExperimentConfig, raw).attribution.free_reading
+
+
+def test_hint_following_names_readings_and_the_full_run_checks_both():
+    assert load("opod_smollm2").attribution.hint_following == ("primary", "secondary")
+    assert load("opod_smollm2", "smoke").attribution.hint_following == ("primary",)  # CI's minutes
+    raw = json.loads(json.dumps(dataclasses.asdict(load("opod_smollm2", "smoke"))))
+    raw["attribution"]["hint_following"] = ["primary", "secundary"]
+    with pytest.raises(ConfigError, match=r"attribution\.hint_following.*secundary"):
+        from_dict(ExperimentConfig, raw)

@@ -11,40 +11,25 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import httpx2 as httpx
-
 from porch_jax.backends.base import BackendError, Sampling
-from porch_jax.backends.openai_chat import read_api_key
+from porch_jax.backends.openai_chat import OpenAIChatBackend
+
+COMPLETIONS_PATH = "/v1/completions"
 
 
 class CompletionsClient:
-    """``/v1/completions`` of the server at ``base_url`` (without ``/v1``) serving ``model``; the key from
-    ``$api_key_env`` (or ``api_key``), never in a message."""
+    """``/v1/completions`` on the servers of ``pool`` (an ``OpenAIChatBackend``: ``EndpointSpec.backend()``), sent
+    through its rotation, per-attempt timeout and retries, with its key (never in a message)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        model: str,
-        *,
-        api_key: str | None = None,
-        api_key_env: str | None = None,
-        timeout_s: float = 120.0,
-    ):
-        self.base_url, self.model, self.timeout_s = base_url.rstrip("/"), model, timeout_s
-        self.api_key = api_key if api_key is not None else read_api_key(api_key_env)
+    def __init__(self, pool: OpenAIChatBackend):
+        self.pool = pool
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-        url = f"{self.base_url}/v1/completions"
-        try:
-            async with httpx.AsyncClient(timeout=self.timeout_s, trust_env=False) as client:
-                response = await client.post(url, json={"model": self.model, **body}, headers=headers)
-        except httpx.TransportError as e:
-            raise BackendError(f"{url}: {type(e).__name__}: {e}", kind="connection") from None
-        if response.status_code != 200:
-            text = response.text[:300].replace(self.api_key, "[redacted]") if self.api_key else response.text[:300]
-            raise BackendError(f"{url}: HTTP {response.status_code}: {text}", kind="server")
-        return response.json()
+    @property
+    def where(self) -> str:
+        return ", ".join(s.url for s in self.pool.servers)
+
+    async def _post(self, body: dict[str, Any]) -> Any:
+        return await self.pool.post(COMPLETIONS_PATH, body)
 
     async def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
         """The logprob of each token of ``ids`` after the first, given the ones before it."""
@@ -55,7 +40,7 @@ class CompletionsClient:
             return [float(e[str(t)]["logprob"]) for e, t in zip(entries, ids[1:], strict=True)]
         except (KeyError, IndexError, TypeError, ValueError) as e:
             raise BackendError(
-                f"{self.base_url}: no prompt_logprobs over the prompt ({e!r}); the format-held reading needs an "
+                f"{self.where}: no prompt_logprobs over the prompt ({e!r}); the format-held reading needs an "
                 "endpoint that returns them (vLLM, SGLang)",
                 kind="server",
             ) from None
@@ -76,4 +61,4 @@ class CompletionsClient:
         try:
             return str(data["choices"][0]["text"])
         except (KeyError, IndexError, TypeError) as e:
-            raise BackendError(f"{self.base_url}: malformed completion ({e!r})", kind="server") from None
+            raise BackendError(f"{self.where}: malformed completion ({e!r})", kind="server") from None

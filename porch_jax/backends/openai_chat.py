@@ -28,6 +28,8 @@
   generation, read), bounded here rather than by the retry loop so that the server that did not
   answer is the one marked; a call makes at most ``max_retries + 1`` attempts, so it ends within
   (max_retries + 1) · timeout_s plus the backoffs, answered or raising ``BackendError``.
+- Other endpoints: ``post`` sends a body to any path of the pool (``/v1/completions`` on token ids,
+  backends/completions.py) with the same rotation, bounds, retries and redaction as a chat.
 - Connections: one pooled ``httpx2.AsyncClient`` per event loop (``httpx2`` is the httpx API that
   huggingface_hub, hence transformers, already installs).
 """
@@ -60,7 +62,7 @@ AUTH_STATUS = frozenset({401, 403})
 @dataclass
 class ServerStats:
     """Per-server counters, for load-balancing and the run log: attempts sent (``requests``), answered with a
-    completion (``answered``), failed so that the server left the rotation (``failures``; ``timeouts`` of them for
+    JSON reply (``answered``), failed so that the server left the rotation (``failures``; ``timeouts`` of them for
     no reply in time), and when it may be tried again (``down_until``, on the monotonic clock)."""
 
     url: str
@@ -155,6 +157,17 @@ class OpenAIChatBackend:
         except BackendError as e:
             raise self.redacted(e) from e.__cause__
 
+    async def post(self, path: str, body: dict[str, Any]) -> Any:
+        """``body`` (its ``model`` added) POSTed to ``path`` on the pool, with the servers' rotation, timeouts and
+        retries of ``chat``: the JSON reply. For the endpoints beside chat (``/v1/completions``: completions.py)."""
+        try:
+            data, _, _ = await self._retrying.call(
+                lambda: post_once(self, path, {"model": self.model, **body}), f"POST {path}"
+            )
+        except BackendError as e:
+            raise self.redacted(e) from e.__cause__
+        return data
+
     def payload(self, request: ChatRequest) -> dict[str, Any]:
         """The JSON body of a chat completion for ``request``, as this provider takes it."""
         s, p = request.sampling, self.provider
@@ -246,40 +259,45 @@ class _Attempt:
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         owner = self.owner
-        server = owner.pick()
-        server.inflight += 1
-        server.requests += 1
-        t0 = time.perf_counter()
-        url = f"{server.url}{owner.provider.chat_path}"
-        try:
-            async with asyncio.timeout(owner.timeout_s):
-                response = await owner.client().post(url, json=owner.payload(request))
-        except TimeoutError:  # no whole reply in time: a stalled or overloaded server
-            server.timeouts += 1
-            _mark_down(server, owner.cooldown_s, "no reply")
-            raise BackendError(
-                f"{server.url}: no reply within {owner.timeout_s}s", retryable=True, kind="timeout"
-            ) from None
-        except httpx.TransportError as e:  # connect/read errors, dropped connections and httpx timeouts
-            kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
-            server.timeouts += kind == "timeout"
-            _mark_down(server, owner.cooldown_s, type(e).__name__)
-            raise BackendError(
-                f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True, kind=kind
-            ) from None
-        finally:
-            server.inflight -= 1
-        if response.status_code != 200:
-            raise _status_error(owner, server, response)
-        try:
-            data = response.json()
-        except ValueError:
-            raise BackendError(
-                f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}", kind="server"
-            ) from None
-        result = parse_chat_response(data, latency_s=time.perf_counter() - t0, url=server.url, provider=owner.provider)
-        server.answered += 1
-        return result
+        data, latency_s, url = await post_once(owner, owner.provider.chat_path, owner.payload(request))
+        return parse_chat_response(data, latency_s=latency_s, url=url, provider=owner.provider)
+
+
+async def post_once(owner: OpenAIChatBackend, path: str, body: dict[str, Any]) -> tuple[Any, float, str]:
+    """One POST of ``body`` to ``path`` on the server ``owner`` picks: its JSON reply, the seconds it took and the
+    server's URL. A server that does not answer in time, drops the connection or answers 5xx leaves the rotation."""
+    server = owner.pick()
+    server.inflight += 1
+    server.requests += 1
+    t0 = time.perf_counter()
+    try:
+        async with asyncio.timeout(owner.timeout_s):
+            response = await owner.client().post(f"{server.url}{path}", json=body)
+    except TimeoutError:  # no whole reply in time: a stalled or overloaded server
+        server.timeouts += 1
+        _mark_down(server, owner.cooldown_s, "no reply")
+        raise BackendError(
+            f"{server.url}: no reply within {owner.timeout_s}s", retryable=True, kind="timeout"
+        ) from None
+    except httpx.TransportError as e:  # connect/read errors, dropped connections and httpx timeouts
+        kind = "timeout" if isinstance(e, httpx.TimeoutException) else "connection"
+        server.timeouts += kind == "timeout"
+        _mark_down(server, owner.cooldown_s, type(e).__name__)
+        raise BackendError(
+            f"{server.url}: {type(e).__name__}: {owner.redact(str(e))}", retryable=True, kind=kind
+        ) from None
+    finally:
+        server.inflight -= 1
+    if response.status_code != 200:
+        raise _status_error(owner, server, response)
+    try:
+        data = response.json()
+    except ValueError:
+        raise BackendError(
+            f"{server.url}: reply is not JSON: {owner.redact(response.text[:300])!r}", kind="server"
+        ) from None
+    server.answered += 1
+    return data, time.perf_counter() - t0, server.url
 
 
 def _status_error(owner: OpenAIChatBackend, server: ServerStats, response: httpx.Response) -> BackendError:

@@ -12,10 +12,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from porch_jax.backends.base import Backend, BackendError, ChatRequest, ChatResult, error_kind
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 def is_retryable(exc: BaseException) -> bool:
@@ -48,20 +51,24 @@ class RetryingBackend:
         self.retries = 0  # total retries made: a health signal for the run log
 
     async def chat(self, request: ChatRequest) -> ChatResult:
+        return await self.call(lambda: self.inner.chat(request), f"{request.role} call")
+
+    async def call(self, attempt: Callable[[], Awaitable[T]], what: str) -> T:
+        """``attempt()`` until it returns, retrying as ``chat`` does; ``what`` names the call in the final error."""
         last: BaseException | None = None
-        for attempt in range(self.max_retries + 1):
-            if attempt:
-                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * self._rng.uniform(0.5, 1.5)
+        for k in range(self.max_retries + 1):
+            if k:
+                delay = min(self.max_backoff_s, self.backoff_s * 2 ** (k - 1)) * self._rng.uniform(0.5, 1.5)
                 asked = getattr(last, "retry_after_s", None)
                 if asked is not None:
                     delay = max(delay, min(float(asked), self.max_retry_after_s))
                 self.retries += 1
-                log.debug("retry %d/%d in %.3fs after %r", attempt, self.max_retries, delay, last)
+                log.debug("retry %d/%d in %.3fs after %r", k, self.max_retries, delay, last)
                 await asyncio.sleep(delay)
             try:
                 if self.timeout_s is None:
-                    return await self.inner.chat(request)
-                return await asyncio.wait_for(self.inner.chat(request), self.timeout_s)
+                    return await attempt()
+                return await asyncio.wait_for(attempt(), self.timeout_s)
             except TimeoutError as e:  # an alias of TimeoutError since 3.11
                 last = e
             except Exception as e:
@@ -71,7 +78,7 @@ class RetryingBackend:
         kind = "timed out" if error_kind(last) == "timeout" else f"failed ({last!r})"
         bound = f" (timeout {self.timeout_s}s)" if self.timeout_s is not None else f"; last: {last}"
         raise BackendError(
-            f"{request.role} call {kind} on all {self.max_retries + 1} attempts{bound}",
+            f"{what} {kind} on all {self.max_retries + 1} attempts{bound}",
             retryable=False,
             kind=error_kind(last),
         ) from last

@@ -190,6 +190,9 @@ class AttributionSection:
     generated only after a flag (our sampler, or an endpoint that scores token-id prompts: provider "vllm" or
     "sglang"). "free": the reply as the model writes it, parsed (a malformed one read as FLAG=false). OPOD trains on
     this reading; `free_reading` also runs the free one beside a held one, reported, for comparison.
+    hint_following: the readings ("primary", "secondary") whose hints get OPD's precondition check (does the SFT
+    policy act as a hint says more often with it than without: porch_jax/opod/diagnostics.py); each check samples
+    every flagged decision greedily three times, so a run that needs only the stages (CI's smoke) names fewer.
     """
 
     grm: Literal["scripted", "base_model"] = "scripted"
@@ -200,8 +203,11 @@ class AttributionSection:
     secondary: bool = False
     reading: Literal["held", "free"] = "held"
     free_reading: bool = False
+    hint_following: tuple[str, ...] = ("primary", "secondary")
 
     def __post_init__(self):
+        unknown = set(self.hint_following) - {"primary", "secondary"}
+        check(not unknown, "hint_following", f"names readings 'primary' and 'secondary' only, got {sorted(unknown)}")
         check(self.retries >= 0, "retries", f"must be >= 0, got {self.retries}")
         check(self.concurrency >= 1, "concurrency", f"must be >= 1, got {self.concurrency}")
         check(not self.secondary or self.grm == "base_model", "secondary", "needs grm='base_model'")

@@ -156,10 +156,7 @@ def base_model_grm(cfg: ExperimentConfig, reading: str) -> Backend:
     if endpoint.configured:
         if reading == "free":
             return endpoint.backend()
-        client = CompletionsClient(
-            endpoint.urls[0], endpoint.model, api_key_env=endpoint.api_key_env or None, timeout_s=endpoint.timeout_s
-        )
-        return HeldGRM(ServedReader(client), tokenizer)
+        return HeldGRM(ServedReader(CompletionsClient(endpoint.backend(seed=cfg.seed))), tokenizer)
     sampler = Sampler(
         from_pretrained(folder), tokenizer, max_len=GRM_MAX_LEN, prompt_buckets=GRM_BUCKETS, batch_buckets=GRM_BATCH
     )
@@ -531,6 +528,8 @@ def after_sft(
         )
 
     for name, h in readings.items():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
+        if name not in a.hint_following:
+            continue
         check = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
         if not check.is_file():
             check.write_text(

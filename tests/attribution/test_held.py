@@ -10,8 +10,9 @@ from fake_openai import FakeOpenAIServer, Step
 
 from porch_jax.attribution.grm import AttributionUnit, grm_request, parse_reply
 from porch_jax.attribution.held import FLAG_OPENING, HINT_OPENING, HeldGRM, SamplerReader, ServedReader
-from porch_jax.backends import Sampling
+from porch_jax.backends import BackendError, Sampling
 from porch_jax.backends.completions import CompletionsClient
+from porch_jax.backends.openai_chat import OpenAIChatBackend
 from porch_jax.protocol.render import prompt_ids
 
 UNIT = AttributionUnit(
@@ -94,7 +95,7 @@ def test_a_served_reader_sums_the_prompt_logprobs_of_each_choice():
         ]
     )
     try:
-        reader = ServedReader(CompletionsClient(server.url, "base", api_key="k-secret"))
+        reader = ServedReader(CompletionsClient(OpenAIChatBackend(server.url, "base", api_key="k-secret")))
         assert asyncio.run(reader.logprobs(prompt, choices)) == [-0.25, -1.0]
         assert asyncio.run(reader.complete(prompt, Sampling(max_tokens=8, stop=("\nFLAG",)))) == " set budget to 7"
     finally:
@@ -103,6 +104,25 @@ def test_a_served_reader_sums_the_prompt_logprobs_of_each_choice():
     assert bodies[0]["prompt"] == prompt + choices[0] and bodies[0]["prompt_logprobs"] == 0
     assert bodies[2]["stop"] == ["\nFLAG"] and server.paths == ["/v1/completions"] * 3
     assert server.requests[0][0]["Authorization"] == "Bearer k-secret"
+
+
+def test_served_completions_are_retried_as_chat_is():
+    """/v1/completions goes through the chat backend's pool: a 429 with Retry-After and a dropped connection are
+    retried on it, and a refused key fails at once, naming its variable and never the key."""
+    lps = {"choices": [{"text": "", "prompt_logprobs": [None, {"6": {"logprob": -0.5}}]}]}
+    flaky = FakeOpenAIServer([Step(status=429, headers={"Retry-After": "0"}), Step(drop=True)], default=Step(reply=lps))
+    refused = FakeOpenAIServer(default=Step(status=401, reply={"error": {"message": "bad key k-secret"}}))
+    try:
+        pool = OpenAIChatBackend(flaky.url, "base", api_key="k-secret", backoff_s=0.0, cooldown_s=0.0, seed=0)
+        assert asyncio.run(CompletionsClient(pool).prompt_logprobs([5, 6])) == [-0.5]
+        assert pool.retries == 2 and len(flaky.paths) == 3 and set(flaky.paths) == {"/v1/completions"}
+        keyed = CompletionsClient(OpenAIChatBackend(refused.url, "base", api_key="k-secret", api_key_env="GRM_KEY"))
+        with pytest.raises(BackendError, match=r"GRM_KEY") as e:
+            asyncio.run(keyed.prompt_logprobs([5, 6]))
+        assert "k-secret" not in str(e.value) and len(refused.paths) == 1  # refused at once, not retried
+    finally:
+        flaky.close()
+        refused.close()
 
 
 def test_concurrent_requests_share_one_sampler_call():
