@@ -28,13 +28,12 @@ class CompletionsClient:
     def where(self) -> str:
         return ", ".join(s.url for s in self.pool.servers)
 
-    async def _post(self, body: dict[str, Any]) -> Any:
-        return await self.pool.post(COMPLETIONS_PATH, body)
-
     async def prompt_logprobs(self, ids: Sequence[int]) -> list[float]:
         """The logprob of each token of ``ids`` after the first, given the ones before it."""
         ids = [int(t) for t in ids]
-        data = await self._post({"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0})
+        data = await self.pool.post(
+            COMPLETIONS_PATH, {"prompt": ids, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0}
+        )
         try:
             entries = data["choices"][0]["prompt_logprobs"][1:]
             return [float(e[str(t)]["logprob"]) for e, t in zip(entries, ids[1:], strict=True)]
@@ -57,7 +56,7 @@ class CompletionsClient:
             body["stop"] = list(sampling.stop)
         if sampling.seed is not None:
             body["seed"] = sampling.seed
-        data = await self._post(body)
+        data = await self.pool.post(COMPLETIONS_PATH, body)
         try:
             return str(data["choices"][0]["text"])
         except (KeyError, IndexError, TypeError) as e:
