@@ -329,14 +329,14 @@ class ExperimentConfig:
             "the SFT+hints variant needs its section, with hint_rows > 0",
         )
         for name in self.methods:
-            sec = self.method(name)
-            grid = sec.lr_grid or (sec.learning_rate,)
+            settings = self.method(name)
+            grid = settings.lr_grid or (settings.learning_rate,)
             check(
-                sec.learning_rate in grid,
+                settings.learning_rate in grid,
                 f"{name}.lr_grid",
-                f"{grid} must include its learning_rate {sec.learning_rate}",
+                f"{grid} must include its learning_rate {settings.learning_rate}",
             )
-            by_validation_loss = name == "sft" and sec.validation_share > 0
+            by_validation_loss = name == "sft" and settings.validation_share > 0
             check(
                 len(grid) == 1 or self.selection.enabled or by_validation_loss,
                 f"{name}.lr_grid",
@@ -344,14 +344,14 @@ class ExperimentConfig:
                 "SFT, a validation loss (sft.validation_share)",
             )
             if name in ("opod", "opod_secondary", "opd_empty", "opd_wrong_hint"):
-                check(sec.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
+                check(settings.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
                 check(
-                    sec.opd.sampler.kind == "embedded" or self.serving.kind == "vllm",
+                    settings.opd.sampler.kind == "embedded" or self.serving.kind == "vllm",
                     f"{name}.opd.sampler.kind",
                     "'vllm' samples on the experiment's policy server: set serving.kind='vllm'",
                 )
             if name == "dagrpo":
-                check(sec.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
+                check(settings.group is not None, "dagrpo.group", "missing: DA-GRPO's contexts and group size")
 
     def method(self, name: str) -> MethodSection:
         """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo). opod_secondary trains as opod; the two

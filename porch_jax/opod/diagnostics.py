@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from porch_jax.models.sampler import SamplingParams
-from porch_jax.opod import rows as od
+from porch_jax.opod import rows as episode_rows
 from porch_jax.trajectories import EpisodeRecord
 
 
@@ -34,15 +34,17 @@ def hint_following(
             hint = hints.get((ep.episode_id, d.index))
             target = follow(d.action, hint) if hint and d.action is not None else None
             if target is not None:
-                rows.append((d.context, hint, tok.decode(od.action_tokens(tok, target, d.context, view)[:-1])))
+                rows.append(
+                    (d.context, hint, tok.decode(episode_rows.action_tokens(tok, target, d.context, view)[:-1]))
+                )
     rows = rows[:limit]
     if not rows:
         return {"n": 0}
     longest = max(sampler.prompt_buckets)
     prompts = {
-        "student": [od.policy_prompt(tok, c, view) for c, _, _ in rows],
-        "teacher": [od.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
-        "teacher_empty_hint": [od.teacher_prompt(tok, c, "", view) for c, _, _ in rows],
+        "student": [episode_rows.policy_prompt(tok, c, view) for c, _, _ in rows],
+        "teacher": [episode_rows.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
+        "teacher_empty_hint": [episode_rows.teacher_prompt(tok, c, "", view) for c, _, _ in rows],
     }
     out: dict[str, float] = {"n": float(len(rows))}
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)

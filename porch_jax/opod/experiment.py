@@ -58,7 +58,7 @@ from porch_jax.eval.suite import TaskSet
 from porch_jax.models import from_pretrained
 from porch_jax.models.sampler import Sampler
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.opod import rows as od
+from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
 from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
@@ -126,13 +126,13 @@ def rollouts(
     return TrajectoryStore(run / store_name).read()
 
 
-class Windowed:
+class ContextWindowPolicy:
     """A policy (embedded or served) whose every backend decides under the context window ``max_prompt_tokens``."""
 
     def __init__(self, inner: Any, tokenizer: Any, max_prompt_tokens: int):
         self.inner, self.tokenizer, self.max_prompt_tokens = inner, tokenizer, max_prompt_tokens
 
-    def load(self, folder: str | Path) -> Windowed:
+    def load(self, folder: str | Path) -> ContextWindowPolicy:
         self.inner.load(folder)
         return self
 
@@ -294,12 +294,12 @@ METHOD_OF = {
 
 def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None = None) -> TrainConfig:
     """The TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
-    opt, sec = cfg.optimizer, cfg.method(name)
+    opt, settings = cfg.optimizer, cfg.method(name)
     return TrainConfig(
-        steps=sec.steps,
+        steps=settings.steps,
         optimizer=OptimizerConfig(
-            learning_rate=sec.learning_rate if learning_rate is None else float(learning_rate),
-            warmup_steps=sec.warmup_steps,
+            learning_rate=settings.learning_rate if learning_rate is None else float(learning_rate),
+            warmup_steps=settings.warmup_steps,
             final_lr_ratio=opt.final_lr_ratio,
             weight_decay=opt.weight_decay,
             b1=opt.b1,
@@ -307,10 +307,12 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
             eps=opt.eps,
             max_grad_norm=opt.max_grad_norm,
         ),
-        method=MethodConfig(name=METHOD_OF[name], layout="packed", opd_weight=sec.opd_weight, clip_eps=sec.clip_eps),
+        method=MethodConfig(
+            name=METHOD_OF[name], layout="packed", opd_weight=settings.opd_weight, clip_eps=settings.clip_eps
+        ),
         checkpoint=CheckpointConfig(every=opt.checkpoint_every, keep=1, async_save=False),
         log=LogConfig(every=opt.log_every),
-        export_every=sec.export_every,
+        export_every=settings.export_every,
         mesh=cfg.mesh,
     )
 
@@ -405,15 +407,18 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
 
     init = init_model(run)
     tok = AutoTokenizer.from_pretrained(str(init))
-    train_eps, val_eps = od.validation_split(expert, cfg.sft.validation_share)
-    sft_rows, val_rows = od.packed_rows(train_eps, tok, view, max_len), od.packed_rows(val_eps, tok, view, max_len)
+    train_eps, val_eps = episode_rows.validation_split(expert, cfg.sft.validation_share)
+    sft_rows, val_rows = (
+        episode_rows.packed_rows(train_eps, tok, view, max_len),
+        episode_rows.packed_rows(val_eps, tok, view, max_len),
+    )
 
     def with_hints(section: Any) -> list[Any]:
         """The section's hint-following rows (a share of the episodes' rows, not more) beside the expert's."""
-        rows = od.hint_following_rows(train_eps, expert_hints, tok, view, follow_hint)
+        rows = episode_rows.hint_following_rows(train_eps, expert_hints, tok, view, follow_hint)
         rows = rows[: int(section.hint_rows * sum(len(r.tokens) <= max_len for r in sft_rows))]
         if section.empty_hint_rows:  # the same decisions under an empty hint, action unchanged
-            rows += od.empty_hint_rows(train_eps, expert_hints, tok, view, follow_hint)[: len(rows)]
+            rows += episode_rows.empty_hint_rows(train_eps, expert_hints, tok, view, follow_hint)[: len(rows)]
         return rows
 
     hint_rows = with_hints(cfg.sft)
@@ -442,7 +447,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
             )
         print(f"policies are sampled by {describe(policy)}", flush=True)
         if cfg.policy.context_tokens:
-            policy = Windowed(policy, tok, cfg.policy.context_tokens)
+            policy = ContextWindowPolicy(policy, tok, cfg.policy.context_tokens)
         after_sft(run, expert, tok, sft, embedded, policy, served, variants)
 
 
@@ -451,21 +456,21 @@ def train_sft(run: Run, name: str, init: Path, rows: list[Any], validation: list
     (section.validation_share) every validate_every steps; with several rates, the one whose last validation loss
     is lowest is kept (RUN/<name>_selection.json). Train and validation loss curves: RUN/<name>_loss.png. Returns
     the chosen rate and export."""
-    cfg, sec = run.cfg, run.cfg.method(name)
+    cfg, settings = run.cfg, run.cfg.method(name)
     buckets, overlong = cfg.policy.buckets, cfg.policy.overlong
-    steps = math.ceil(sec.epochs * len(rows) / sec.batch) if sec.epochs > 0 else sec.steps
-    every = sec.validate_every or max(1, math.ceil(len(rows) / sec.batch))  # once per epoch by default
+    steps = math.ceil(settings.epochs * len(rows) / settings.batch) if settings.epochs > 0 else settings.steps
+    every = settings.validate_every or max(1, math.ceil(len(rows) / settings.batch))  # once per epoch by default
     exports = {
         lr: train(
             run,
             name,
             init,
-            lambda tok, mesh, sec=sec: sources.PackedSource(
-                rows, sec.batch, buckets, sec.seed, mesh, overlong=overlong
+            lambda tok, mesh, settings=settings: sources.PackedSource(
+                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong
             ),
             learning_rate=lr,
             steps=steps,
-            validation=lambda mesh: sources.fixed_batches(validation, sec.batch, buckets, mesh, overlong=overlong),
+            validation=lambda mesh: sources.fixed_batches(validation, settings.batch, buckets, mesh, overlong=overlong),
             validate_every=every if validation else 0,
         )
         for lr in learning_rates(cfg, name)
@@ -477,7 +482,7 @@ def train_sft(run: Run, name: str, init: Path, rows: list[Any], validation: list
     if len(exports) == 1:
         return next(iter(exports.items()))
     final = {lr: [m["val_loss"] for m in curves[f"{name} lr {lr:g}"] if "val_loss" in m][-1] for lr in exports}
-    chosen = min(final, key=lambda lr: (final[lr], lr != sec.learning_rate))
+    chosen = min(final, key=lambda lr: (final[lr], lr != settings.learning_rate))
     (run / f"{name}_selection.json").write_text(
         json.dumps({"learning_rate": chosen, "final_val_loss": {f"{lr:g}": v for lr, v in final.items()}}, indent=1)
     )
@@ -541,8 +546,8 @@ def after_sft(
             )
         print(f"hinted action matched on flagged decisions ({name}, greedy): {check.read_text()}", flush=True)
 
-    rwr_rows = od.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
-    opd_rows = {name: od.opd_rows(data, h, tok, view) for name, h in readings.items()}
+    rwr_rows = episode_rows.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+    opd_rows = {name: episode_rows.opd_rows(data, h, tok, view) for name, h in readings.items()}
     print(
         f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: "
         + ", ".join(f"{len(r)} attributable decisions ({name})" for name, r in opd_rows.items()),
@@ -555,8 +560,8 @@ def after_sft(
     def packed(section: str, view: str, mesh: Any) -> list[Any]:
         if not has_rwr:
             return []
-        sec = cfg.method(section)
-        return [sources.PackedSource(rwr_rows, sec.batch, buckets, sec.seed, mesh, view, overlong=overlong)]
+        settings = cfg.method(section)
+        return [sources.PackedSource(rwr_rows, settings.batch, buckets, settings.seed, mesh, view, overlong=overlong)]
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
         o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
@@ -571,20 +576,20 @@ def after_sft(
 
     def opod_plan(section: str, rows: list[Any]) -> tuple[Callable[[Any, Any], Any], bool]:
         return (
-            lambda tok, mesh: sources.Joined(*packed(section, "rwr", mesh), *opd(section, rows, tok, mesh)),
+            lambda tok, mesh: sources.CombinedViews(*packed(section, "rwr", mesh), *opd(section, rows, tok, mesh)),
             has_rwr or bool(rows),
         )
 
     def group(tok: Any, mesh: Any) -> Any:
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
         sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
-        contexts = od.expert_contexts(expert, tok, view)
+        contexts = episode_rows.expert_contexts(expert, tok, view)
         return sources.GroupSource(
             contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh, overlong=overlong
         )
 
-    empty_rows = od.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
-    wrong_rows = od.opd_rows(data, od.wrong_hints(hints, cfg.seed), tok, view)
+    empty_rows = episode_rows.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
+    wrong_rows = episode_rows.opd_rows(data, episode_rows.wrong_hints(hints, cfg.seed), tok, view)
     exports = dict(sft_runs or {"sft": {cfg.sft.learning_rate: sft}})  # SFT (chosen rate) and its variants
     plans = {  # a method's batch source (given tokenizer and mesh) and whether it has data
         "rwr": (lambda tok, mesh: packed("rwr", "policy", mesh)[0], has_rwr),

@@ -5,7 +5,7 @@ Modules (imported on use, so `porch_jax.train.losses` stays light):
                 (with `SamplerConfig`: embedded or vLLM-served samples, push cadence, gap bound, timeouts)
   methods       `Method` = loss parts + coefficients; `METHODS` registry (sft, rwr, opod, opd, grpo, dagrpo)
   sources       batch sources: `RecordSource` (data.py records, accumulation, hosts), `PackedSource`,
-                `OpdSource` / `GroupSource` (on-policy, one `ActionSampler` or a served one), `Joined`
+                `OpdSource` / `GroupSource` (on-policy, one `ActionSampler` or a served one), `CombinedViews`
   served_sampler `ServedActionSampler`: on-policy samples from a vLLM server the student is pushed into, the
                 logprob-gap rule (`check_logprob_gap`), `served_action_sampler` (the factory from a config)
   step          `TrainStep` (jitted, generic, exact gradient accumulation, donation), `init_train_state`

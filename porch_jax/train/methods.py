@@ -150,11 +150,11 @@ class CrossEntropy:
             return jnp.sum(v["count"])
         return losses.aggregation_weights(_flat_mask(v), v["weight"].reshape(-1), self.aggregation)[1]
 
-    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+    def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
         total, count = losses.token_cross_entropy_from_hidden(
-            gathered_hidden(fw.model, v),
-            fw.head,
+            gathered_hidden(forward.model, v),
+            forward.head,
             v["targets"],
             v["target_mask"],
             v["weight"],
@@ -186,22 +186,22 @@ class Distillation:
         weights = s["weight"].reshape(-1) if self.weighted else None
         return losses.aggregation_weights(_flat_mask(s), weights, self.aggregation)[1]
 
-    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+    def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         s, t = micro[self.student], micro[self.teacher]
-        student_hidden = gathered_hidden(fw.model, s)
-        teacher_hidden = lax.stop_gradient(gathered_hidden(fw.frozen, t))
+        student_hidden = gathered_hidden(forward.model, s)
+        teacher_hidden = lax.stop_gradient(gathered_hidden(forward.frozen, t))
         part = losses.opd_loss_from_hidden(
             student_hidden,
-            fw.head,
+            forward.head,
             teacher_hidden,
-            lax.stop_gradient(lm_head(fw.frozen)),
+            lax.stop_gradient(lm_head(forward.frozen)),
             s["target_mask"],
             s["weight"] if self.weighted else None,
             aggregation=self.aggregation,
             chunk_size=self.chunk_size,
         )
         logp = losses.token_logprobs_from_hidden(
-            lax.stop_gradient(student_hidden), lax.stop_gradient(fw.head), s["targets"], chunk_size=self.chunk_size
+            lax.stop_gradient(student_hidden), lax.stop_gradient(forward.head), s["targets"], chunk_size=self.chunk_size
         )
         return part, {"tokens": _tokens(s), "teacher_tokens": _tokens(t), **_logprob_gap(logp, s)}
 
@@ -228,17 +228,17 @@ class PolicyGradient:
         agg = "token" if self.aggregation == "token" else "decision"
         return losses.aggregation_weights(_flat_mask(batch[self.view]), None, agg)[1]
 
-    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+    def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
         logp = losses.token_logprobs_from_hidden(
-            gathered_hidden(fw.model, v), fw.head, v["targets"], chunk_size=self.chunk_size
+            gathered_hidden(forward.model, v), forward.head, v["targets"], chunk_size=self.chunk_size
         )
         old = jnp.where(v["sampled"], v["logprobs"], lax.stop_gradient(logp)) if "sampled" in v else v["logprobs"]
         ref = None
         if self.kl_coef > 0:
             ref = losses.token_logprobs_from_hidden(
-                lax.stop_gradient(gathered_hidden(fw.frozen, v)),
-                lax.stop_gradient(lm_head(fw.frozen)),
+                lax.stop_gradient(gathered_hidden(forward.frozen, v)),
+                lax.stop_gradient(lm_head(forward.frozen)),
                 v["targets"],
                 chunk_size=self.chunk_size,
             )
@@ -289,10 +289,10 @@ class ActionPolicyGradient(_OnActions):
     coef: float = 1.0
     name: str = "pg"
 
-    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+    def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
         total, count, m = losses.action_policy_gradient(
-            fw.action_log_probs(self.view, v),
+            forward.action_log_probs(self.view, v),
             v["actions"],
             v["old_logp"],
             v["advantage"],
@@ -309,9 +309,9 @@ class ActionKL(_OnActions):
     coef: float = 0.0
     name: str = "kl_mix"
 
-    def __call__(self, fw: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
+    def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
-        total = losses.action_kl_sum(fw.action_log_probs(self.view, v), v["target"], v["valid"])
+        total = losses.action_kl_sum(forward.action_log_probs(self.view, v), v["target"], v["valid"])
         return (total, _decisions(v)), {}
 
 
@@ -345,10 +345,10 @@ class Method:
 
     def micro_parts(self, model: nnx.Module, frozen: nnx.Module | None, micro: Batch) -> tuple[Parts, dict]:
         """(sum, count) of each present part on one micro-batch, and additive metric sums."""
-        fw = Forward.of(model, frozen)
+        forward = Forward.of(model, frozen)
         parts, aux = {}, {}
         for p in self.present(micro):
-            parts[p.name], extra = p(fw, micro)
+            parts[p.name], extra = p(forward, micro)
             for k, v in extra.items():
                 aux[k] = aux[k] + v if k in aux else v
         return parts, aux

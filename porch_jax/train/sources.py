@@ -11,7 +11,7 @@
 `RecordSource`: data.py records (one decision per row), epochs of shuffled buckets, gradient
 accumulation and several hosts; with an `ActionSampler` it replaces OPD targets by student samples.
 `PackedSource`: packed decision rows (SFT, RWR). `OpdSource`: OPD rows whose action the current
-student samples. `GroupSource`: DA-GRPO groups at expert contexts. `Joined`: several sources'
+student samples. `GroupSource`: DA-GRPO groups at expert contexts. `CombinedViews`: several sources'
 views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
 (seed, step) and the student, so a resumed run sees the same batches.
 
@@ -217,7 +217,7 @@ def check_step_of(obj: Any, step: int, metrics: dict[str, float]) -> None:
         check(step, metrics)
 
 
-class _Stateless:
+class StepSeeded:
     """A source whose batch is a pure function of (seed, step): nothing to save."""
 
     on_policy = False
@@ -243,7 +243,7 @@ def _targets_bucket(n: int, step: int = 64) -> int:
     return -(-n // step) * step
 
 
-class PackedSource(_Stateless):
+class PackedSource(StepSeeded):
     """Batches of packed rows as view `view`, grouped by length bucket so each step compiles once per bucket.
     A row over the largest bucket follows `overlong` (default "drop"; "cut" keeps its first tokens:
     overlong.cut_row)."""
@@ -305,7 +305,7 @@ def fixed_batches(
     return out
 
 
-class OpdSource(_Stateless):
+class OpdSource(StepSeeded):
     """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student.
     A row whose prompts exceed the largest bucket follows `overlong` (default "drop"); a prompt is never cut, so
     "cut" drops it too (overlong.py says why), while the sampled continuation has its room reserved."""
@@ -369,7 +369,7 @@ class OpdSource(_Stateless):
         return place(host, self.mesh), stats
 
 
-class Joined(_Stateless):
+class CombinedViews(StepSeeded):
     """The views of several sources in one batch (OPOD: packed RWR rows and on-policy OPD rows)."""
 
     def __init__(self, *sources: BatchSource):
@@ -392,7 +392,7 @@ class Joined(_Stateless):
             check_step_of(s, step, metrics)
 
 
-class GroupSource(_Stateless):
+class GroupSource(StepSeeded):
     """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each (member j of context c seeded by
     (c.key, j)), scored against the expert.
     A context whose prompt exceeds the largest bucket follows `overlong` (default "drop"; "cut" drops it too: a

@@ -1,7 +1,7 @@
 """The training loop: one `Trainer` for every method, with the method and the batch source plugged in.
 
     method = methods.make_method(MethodConfig(name="opod", layout="packed", opd_weight=1.0))
-    source = sources.Joined(PackedSource(rwr_rows, ..., view="rwr"), OpdSource(opd_rows, ...))
+    source = sources.CombinedViews(PackedSource(rwr_rows, ..., view="rwr"), OpdSource(opd_rows, ...))
     Trainer(TrainConfig(steps=100, method=..., optimizer=...), model, method, source, workdir,
             tokenizer=tok, view="dsl").run()
 

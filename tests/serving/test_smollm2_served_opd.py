@@ -111,7 +111,7 @@ def test_served_opd_pushes_the_student_and_the_gap_bound_stops_a_push_that_kept_
         cfg,
         model,
         make_method(cfg.method),
-        sources.Joined(source),
+        sources.CombinedViews(source),
         tmp_path / "run",
         export=False,
         stream=io.StringIO(),

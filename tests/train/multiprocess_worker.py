@@ -64,7 +64,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from porch_jax.models import from_pretrained
-    from porch_jax.opod import rows as od
+    from porch_jax.opod import rows as episode_rows
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import sources
     from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
@@ -75,19 +75,21 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(model_dir)
     eps = tiny_data.episodes(tok=tok)
     sampling = SamplingConfig(seed=7, **SAMPLING)
-    contexts = [dataclasses.replace(c, decode=_reply) for c in od.expert_contexts(eps, tok, "full")]
+    contexts = [dataclasses.replace(c, decode=_reply) for c in episode_rows.expert_contexts(eps, tok, "full")]
 
     def plan(method, mesh):
         if method == "sft":
-            return sources.PackedSource(od.packed_rows(eps, tok, "full", BUCKETS[-1]), BATCH, BUCKETS, 1, mesh)
-        rwr_rows = od.packed_rows(eps, tok, "full", BUCKETS[-1], weight=lambda ep: float(ep.outcome.success))
+            return sources.PackedSource(
+                episode_rows.packed_rows(eps, tok, "full", BUCKETS[-1]), BATCH, BUCKETS, 1, mesh
+            )
+        rwr_rows = episode_rows.packed_rows(eps, tok, "full", BUCKETS[-1], weight=lambda ep: float(ep.outcome.success))
         if method == "rwr":
             return sources.PackedSource(rwr_rows, BATCH, BUCKETS, 2, mesh)
         if method == "opod":
             opd = sources.OpdSource(
-                od.opd_rows(eps, tiny_data.hints(eps), tok, "full"), tok, sampling, BATCH, BUCKETS, mesh
+                episode_rows.opd_rows(eps, tiny_data.hints(eps), tok, "full"), tok, sampling, BATCH, BUCKETS, mesh
             )
-            return sources.Joined(sources.PackedSource(rwr_rows, BATCH, BUCKETS, 3, mesh, "rwr"), opd)
+            return sources.CombinedViews(sources.PackedSource(rwr_rows, BATCH, BUCKETS, 3, mesh, "rwr"), opd)
         return sources.GroupSource(contexts, tok, sampling, BATCH // 2, 2, BUCKETS, tiny_data.TOOLS, mesh)
 
     results = {}

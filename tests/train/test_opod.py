@@ -22,7 +22,7 @@ from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.suite import SuiteConfig, TaskSet
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.opod import rows as od
+from porch_jax.opod import rows as episode_rows
 from porch_jax.protocol import render_call
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import packing, sources
@@ -84,13 +84,13 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
     """Each span's tokens and left context equal the decision's own prompt + target, and the
     packed row's per-decision mean losses equal those of separate rows (full logits, no gather)."""
     ep = episodes[0]
-    rows = od.pack_episode(ep, tok, "compact", 1.0, 512)
+    rows = episode_rows.pack_episode(ep, tok, "compact", 1.0, 512)
     valid = [d for d in ep.decisions if d.action is not None]
     spans = [(r, s) for r in rows for s in r.spans]
     assert len(spans) == len(valid) and len(rows) < len(valid)
     model = from_pretrained(model_dir)
     for (row, span), d in zip(spans, valid, strict=False):
-        prompt = od.policy_prompt(tok, d.context, "compact")
+        prompt = episode_rows.policy_prompt(tok, d.context, "compact")
         target = decision_target(tok, d)
         assert (
             list(row.tokens[: span.start]) == prompt
@@ -99,7 +99,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
     row = rows[0]
     lp = _logps(model, row.tokens)
     for span, d in zip(row.spans, valid, strict=False):
-        seq = od.policy_prompt(tok, d.context, "compact") + decision_target(tok, d)
+        seq = episode_rows.policy_prompt(tok, d.context, "compact") + decision_target(tok, d)
         alone = _logps(model, seq)
         p = span.start
         packed = [lp[p - 1 + j, row.tokens[p + j]] for j in range(span.length)]
@@ -108,7 +108,7 @@ def test_packing_keeps_every_decision_under_its_own_context(tok, episodes, model
 
 
 def test_losses_average_within_each_decision_then_across(tok, episodes, model_dir):
-    rows = od.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
+    rows = episode_rows.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
     batch = packing.seq_batch(rows, 512, 256)
     model = from_pretrained(model_dir)
     method = make_method(MethodConfig(name="sft", layout="packed"))
@@ -171,11 +171,11 @@ def _params(trainer):
 
 
 def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
-    rows = od.packed_rows(episodes, tok, "compact", 512)
+    rows = episode_rows.packed_rows(episodes, tok, "compact", 512)
     rwr = _trainer(model_dir, tmp_path / "rwr", _cfg(), _packed(rows), tok)
     rwr.run()
-    source = sources.Joined(
-        _packed(rows, view="rwr"), _opd_source(od.opd_rows(episodes, _hints(episodes), tok, "compact"), tok)
+    source = sources.CombinedViews(
+        _packed(rows, view="rwr"), _opd_source(episode_rows.opd_rows(episodes, _hints(episodes), tok, "compact"), tok)
     )
     zero = _trainer(model_dir, tmp_path / "opod0", _cfg(method="opod", opd_weight=0.0), source, tok)
     history = zero.run().history
@@ -186,9 +186,9 @@ def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
 
 def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_it(tmp_path, tok, episodes, model_dir):
     initial = jax.tree.map(np.asarray, nnx.state(from_pretrained(model_dir), nnx.Param))
-    rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
+    rows = episode_rows.opd_rows(episodes, _hints(episodes), tok, "compact")
     cfg = _cfg(steps=4, method="opod", learning_rate=3e-3, opd_weight=1.0)
-    trainer = _trainer(model_dir, tmp_path / "opd", cfg, sources.Joined(_opd_source(rows, tok)), tok)
+    trainer = _trainer(model_dir, tmp_path / "opd", cfg, sources.CombinedViews(_opd_source(rows, tok)), tok)
     history = trainer.run().history
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.frozen), initial)
     moved = jax.tree.map(lambda a, b: float(np.abs(a - b).max()), _params(trainer), initial)
@@ -215,7 +215,7 @@ class _DiesAt3:
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model_dir):
-    rows = od.packed_rows(episodes, tok, "compact", 512)
+    rows = episode_rows.packed_rows(episodes, tok, "compact", 512)
     full = _trainer(model_dir, tmp_path / "full", _cfg(steps=4), _packed(rows, 7), tok)
     full.run()
     with pytest.raises(KeyboardInterrupt):
@@ -229,7 +229,7 @@ def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model
 
 
 def test_export_every_leaves_the_selection_candidates(tmp_path, tok, episodes, model_dir):
-    rows = od.packed_rows(episodes, tok, "compact", 512)
+    rows = episode_rows.packed_rows(episodes, tok, "compact", 512)
     trainer = _trainer(model_dir, tmp_path / "rwr", _cfg(steps=3, export_every=2), _packed(rows), tok)
     trainer.run()
     exports = tmp_path / "rwr" / "exports"
@@ -243,7 +243,7 @@ def test_export_every_leaves_the_selection_candidates(tmp_path, tok, episodes, m
 
 def test_hint_following_rows_put_the_corrected_action_after_the_hint(tok, episodes):
     hints = _hints(episodes)
-    rows = od.hint_following_rows(episodes, hints, tok, "compact", follow_hint)
+    rows = episode_rows.hint_following_rows(episodes, hints, tok, "compact", follow_hint)
     assert rows
     text = tok.decode(list(rows[0].tokens))
     assert "Hint: add archive to tools" in text and '"archive"' in tok.decode(
@@ -268,7 +268,7 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
     target still follows its own context, hint rows put the corrected compact action after the hint,
     and DA-GRPO contexts decode a compact sample before scoring it against the expert's action."""
 
-    rows = od.packed_rows(episodes, tok, "dsl", 512)
+    rows = episode_rows.packed_rows(episodes, tok, "dsl", 512)
     first = episodes[0].decisions[0]
     target = tok.decode(list(rows[0].tokens[rows[0].spans[0].start :][: rows[0].spans[0].length - 1]))
     assert target == codec.encode_action(first.action, first.context) and "<tool_call>" not in target
@@ -276,10 +276,10 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
         for s in row.spans:
             assert row.tokens[s.start + s.length - 1] == tok.eos_token_id
     hints = _hints(episodes)
-    hinted = od.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
+    hinted = episode_rows.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
     assert hinted and "hint tools+archive" in tok.decode(list(hinted[0].tokens))
     assert "tools=archive" in tok.decode(list(hinted[0].tokens[hinted[0].spans[0].start :]))
-    ctx = od.expert_contexts(episodes, tok, "dsl")[0]
+    ctx = episode_rows.expert_contexts(episodes, tok, "dsl")[0]
     dsl = codec.encode_action(ctx.reference, first.context)
     assert decision_reward(ctx.decode(dsl), ctx.reference, TOOLS)["reward"] == pytest.approx(1.0)
     assert decision_reward(ctx.decode("delegate c9"), ctx.reference, TOOLS)["reward"] < 1.0
@@ -287,8 +287,8 @@ def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
 
 def test_empty_hint_rows_keep_the_action_on_the_same_decisions(tok, episodes):
     hints = _hints(episodes)
-    hinted = od.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
-    empty = od.empty_hint_rows(episodes, hints, tok, "dsl", follow_hint)
+    hinted = episode_rows.hint_following_rows(episodes, hints, tok, "dsl", follow_hint)
+    empty = episode_rows.empty_hint_rows(episodes, hints, tok, "dsl", follow_hint)
     assert len(empty) == len(hinted)
     first = next(d for d in episodes[0].decisions if d.action is not None)
     text = tok.decode(list(empty[0].tokens))
@@ -299,7 +299,7 @@ def test_empty_hint_rows_keep_the_action_on_the_same_decisions(tok, episodes):
 def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
     """A sampled reply that is no action (OpdRow.is_action False) scores no token and counts no decision."""
     model = from_pretrained(model_dir)
-    rows = od.opd_rows(episodes, _hints(episodes), tok, "compact")
+    rows = episode_rows.opd_rows(episodes, _hints(episodes), tok, "compact")
     seen = []
 
     def only_first(text):  # the first sample of each batch counts as an action, the rest not
@@ -321,17 +321,17 @@ def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
 def test_wrong_hints_give_each_flagged_decision_another_decisions_hint():
     hints = {("e1", 0): "add archive to tools", ("e1", 2): "set budget to 7", ("e2", 1): "add archive to tools",
              ("e3", 4): "add 'phone of Ana: 1' to context"}  # fmt: skip
-    wrong = od.wrong_hints(hints, seed=3)
+    wrong = episode_rows.wrong_hints(hints, seed=3)
     assert wrong.keys() == hints.keys() and all(wrong[k] != hints[k] for k in hints)
     assert set(wrong.values()) <= set(hints.values())  # drawn from the other flagged decisions' hints
-    assert od.wrong_hints(hints, seed=3) == wrong  # seeded
-    assert od.wrong_hints({("e", 0): "x", ("f", 1): "x"}, seed=0) == {}  # no other hint to draw
+    assert episode_rows.wrong_hints(hints, seed=3) == wrong  # seeded
+    assert episode_rows.wrong_hints({("e", 0): "x", ("f", 1): "x"}, seed=0) == {}  # no other hint to draw
 
 
 def test_the_validation_loss_is_the_methods_loss_at_the_current_weights(tmp_path, tok, episodes, model_dir):
     """Validation batches fixed once: the loss logged at step 0 (the initial weights) on the batch step 1 trains on
     is step 1's own loss (computed before its update); over several batches it is their parts' pooled mean."""
-    rows = od.packed_rows(episodes, tok, "compact", 512)
+    rows = episode_rows.packed_rows(episodes, tok, "compact", 512)
     source = _packed(rows)
     first, second = source(1, None)[0], source(2, None)[0]
     cfg = _cfg(steps=4, method="rwr")

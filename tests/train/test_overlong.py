@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import tiny_data
 
-from porch_jax.opod import rows as od
+from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.config import PolicySection
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
@@ -30,7 +30,7 @@ def _mesh():
 @pytest.fixture(scope="module")
 def packed(tok, eps):
     """ep0 as one packed row (no limit): decision 0 at tokens 35..64, decision 1 (prompt 79) at 79..109."""
-    (row,) = od.pack_episode(eps[0], tok, "full", 1.0, 10_000)
+    (row,) = episode_rows.pack_episode(eps[0], tok, "full", 1.0, 10_000)
     assert [(s.start, s.length) for s in row.spans] == [(35, 29), (79, 30)] and len(row.tokens) == 109
     return row
 
@@ -82,12 +82,12 @@ def test_each_rule_on_packed_rows_counts_and_names_the_row(packed):
 def test_an_over_long_decision_gets_its_own_row_and_the_rest_pack_as_before(tok, eps):
     """The rows within max_len are those of the episode without its over-long decisions (what "drop" trains)."""
     for ep in eps[:6]:
-        rows = od.pack_episode(ep, tok, "full", 1.0, 80)
+        rows = episode_rows.pack_episode(ep, tok, "full", 1.0, 80)
         over = [(ep.episode_id, d.index) for d in ep.decisions if d.index == 1]  # prompts of 78-81 tokens
         without = dataclasses.replace(
             ep, decisions=[dataclasses.replace(d, action=None) if d.index == 1 else d for d in ep.decisions]
         )
-        assert [r for r in rows if len(r.tokens) <= 80] == od.pack_episode(without, tok, "full", 1.0, 10_000)
+        assert [r for r in rows if len(r.tokens) <= 80] == episode_rows.pack_episode(without, tok, "full", 1.0, 10_000)
         assert [r.key for r in rows if len(r.tokens) > 80] == over
         assert all(len(r.spans) == 1 for r in rows if len(r.tokens) > 80)
 
@@ -119,7 +119,7 @@ def test_opd_rows_and_expert_contexts_drop_under_cut_and_name_the_row_under_erro
     with pytest.raises(D.DataError, match="episode 'ep2' decision 3: a DA-GRPO prompt of 33 tokens"):
         O.expert_contexts(contexts, 32, "error")
     sampling = SamplingConfig(max_new_tokens=8)
-    source = sources.Joined(
+    source = sources.CombinedViews(
         sources.PackedSource([SeqRow((1, 2, 3), (Span(1, 2),))], 1, (16, 32), 0, _mesh(), "rwr"),
         sources.OpdSource(opd, tok, sampling, 1, (16, 32), _mesh(), overlong="cut"),
         sources.GroupSource(contexts, tok, sampling, 1, 2, (16, 32), ("search",), _mesh()),

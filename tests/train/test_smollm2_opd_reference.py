@@ -20,7 +20,7 @@ from flax import nnx
 torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==2.13.0); scripts/test.sh installs it")
 
 from porch_jax.models import from_pretrained, save_pretrained  # noqa: E402
-from porch_jax.opod import rows as od  # noqa: E402
+from porch_jax.opod import rows as episode_rows  # noqa: E402
 from porch_jax.protocol import render_call  # noqa: E402
 from porch_jax.train import mesh as mesh_lib  # noqa: E402
 from porch_jax.train import packing, sources  # noqa: E402
@@ -90,8 +90,8 @@ def setup(smollm2_dir):
     torch.set_num_threads(2)
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     eps = _episodes()
-    rows = od.opd_rows(eps, _hints(eps), tok, "full")
-    actions = [od.action_tokens(tok, d.action, d.context, "full") for ep in eps for d in ep.decisions]
+    rows = episode_rows.opd_rows(eps, _hints(eps), tok, "full")
+    actions = [episode_rows.action_tokens(tok, d.action, d.context, "full") for ep in eps for d in ep.decisions]
     assert len(rows) == 3 and all(len(r.teacher) + len(a) <= 200 for r, a in zip(rows, actions, strict=True))
     return tok, eps, rows, actions, from_pretrained(smollm2_dir)
 
@@ -163,7 +163,7 @@ def test_opd_loss_and_gradient_equal_torch_and_a_self_teacher_gives_zero(setup, 
 
     same, zero_grads = _opd_loss_and_grads(model, _batch([r.student for r in rows], [r.student for r in rows], actions))
     _, eps, _, _, _ = setup
-    empty = od.opd_rows(eps, _hints(eps, ""), tok, "full")
+    empty = episode_rows.opd_rows(eps, _hints(eps, ""), tok, "full")
     turn, _ = _opd_loss_and_grads(model, _batch([r.student for r in rows], [r.teacher for r in empty], actions))
     grad_norm = float(jnp.sqrt(sum(jnp.sum(x**2) for x in jax.tree.leaves(nnx.state(zero_grads)))))
     print(f"  self-teacher KL {same:.2e} (gradient norm {grad_norm:.1e}); teacher with an empty hint turn {turn:.2e}")
@@ -190,10 +190,10 @@ def test_opod_at_opd_weight_zero_trains_like_rwr(setup, smollm2_dir):
     tok, eps, rows, _, _ = setup
     mesh = mesh_lib.make_mesh((1, 1, 1))
     buckets = (160,)
-    packed = od.packed_rows(eps, tok, "full", buckets[-1], weight=lambda ep: float(ep.outcome.success))
+    packed = episode_rows.packed_rows(eps, tok, "full", buckets[-1], weight=lambda ep: float(ep.outcome.success))
     rwr, rwr_params = _train(smollm2_dir, tok, sources.PackedSource(packed, 2, buckets, 0, mesh), "rwr")
     opd = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=4, seed=1), 2, buckets, mesh)
-    joined = sources.Joined(sources.PackedSource(packed, 2, buckets, 0, mesh, "rwr"), opd)
+    joined = sources.CombinedViews(sources.PackedSource(packed, 2, buckets, 0, mesh, "rwr"), opd)
     opod, opod_params = _train(smollm2_dir, tok, joined, "opod", 0.0)
     print("\nRWR losses", [round(m["loss"], 6) for m in rwr], "OPOD(0) losses", [round(m["loss"], 6) for m in opod])
     print("  OPD part (weight 0)", [round(m["opd"], 6) for m in opod])
