@@ -399,7 +399,7 @@ def run_variant(
     def probe() -> dict[str, float]:
         return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed).summary
 
-    result = train_grpo(
+    history = train_grpo(
         policy,
         study.train_tasks,
         study.world,
@@ -413,9 +413,7 @@ def run_variant(
         probe_every=curve_every,
         progress=progress,
     )
-    return evaluate(
-        variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed
-    ), result.history
+    return evaluate(variant.name, policy, study.eval_tasks, study.world, eval_specs, eval_cfg, seed=seed), history
 
 
 def mean_summary(evals: Sequence[Evaluation]) -> dict[str, float]:

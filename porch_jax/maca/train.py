@@ -8,10 +8,10 @@ and minimises the clipped surrogate (Eq. 10) over the episodes' decisions. Each 
 
 The loop is the project's one trainer (porch_jax/train/trainer.py): `train_grpo` runs method "maca_grpo"
 (train/methods.py: parts "pg", Eq. 10, and "kl_mix", lambda * KL to pi_mix, over the scorer module's Eq. 11
-log-probs; `maca_loss` is the same objective as one pure function) on `GroupRollouts`, the on-policy batch
-source that rolls out each iteration's groups and yields its batch for `epochs` trainer steps. Checkpoints,
-resume, the finite guard and the learning-rate schedule are the trainer's; the history rows, the probe and
-the progress line are the source's and `train_grpo`'s.
+log-probs; tests/maca/oracles.py's `maca_loss`, the tests' oracle, is the same objective as one pure function)
+on `GroupRollouts`, the on-policy batch source that rolls out each iteration's groups and yields its batch for
+`epochs` trainer steps. Checkpoints, resume, the finite guard and the learning-rate schedule are the trainer's;
+the history rows, the probe and the progress line are the source's and `train_grpo`'s.
 
 Choices the paper leaves open, and why:
 - The KL to pi_mix = (pi_ref + pi_prior) / 2 (pi_ref: the policy's frozen initial parameters, for the
@@ -76,7 +76,7 @@ from porch_jax.progress import ProgressLine
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.config import CheckpointConfig, MethodConfig, OptimizerConfig, TrainConfig
-from porch_jax.train.losses import action_kl_sum, action_policy_gradient, group_advantages, safe_mean
+from porch_jax.train.losses import group_advantages
 from porch_jax.train.mesh import abstract_like
 from porch_jax.train.methods import make_method
 from porch_jax.train.trainer import Trainer
@@ -141,31 +141,8 @@ def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_
 
 
 # ---------------------------------------------------------------------------------------------------
-# The GRPO objective (pure).
+# The GRPO targets (pure): log pi_mix, KL_t, returns and advantages.
 # ---------------------------------------------------------------------------------------------------
-
-
-def maca_loss(
-    log_probs: jax.Array,
-    actions: jax.Array,
-    old_logp: jax.Array,
-    advantages: jax.Array,
-    valid: jax.Array,
-    mix: jax.Array,
-    *,
-    clip_eps: float,
-    prior_kl_weight: float,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Eq. 10 over decisions [D] plus lambda * KL(pi_theta || pi_mix) (see the module docstring): the
-    one trainer's "maca_grpo" method (parts "pg" and "kl_mix" of train/methods.py) computes the same from
-    the same pieces of train/losses.py, with each part's count taken over the whole batch.
-
-    log_probs [D, A] (Eq. 11), actions/old_logp/advantages/valid [D], mix [D, A] = log pi_mix.
-    """
-    total, count, metrics = action_policy_gradient(log_probs, actions, old_logp, advantages, valid, clip_eps=clip_eps)
-    pg = safe_mean(total, count)
-    kl = safe_mean(action_kl_sum(log_probs, mix, valid), count)
-    return pg + prior_kl_weight * kl, {"pg": pg, "kl_mix": kl, "clip_fraction": metrics["clip_fraction"]}
 
 
 @jax.tree_util.register_dataclass
@@ -269,13 +246,6 @@ def optimizer_config(cfg: GRPOConfig) -> OptimizerConfig:
 def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:
     """The optimizer `train_grpo`'s trainer builds from `optimizer_config`."""
     return optim.make_optimizer(optimizer_config(cfg))
-
-
-@dataclasses.dataclass
-class TrainResult:
-    params: nnx.State
-    opt_state: optax.OptState
-    history: list[dict[str, float]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -437,8 +407,9 @@ def train_grpo(
     probe_every: int = 0,
     progress: Callable[[str], None] | None = None,
     progress_every_s: float = 30.0,
-) -> TrainResult:
-    """Trains `policy` in place (its `params` end at the trained values); one history row per iteration.
+) -> list[dict[str, float]]:
+    """Trains `policy` in place (its `params` end at the trained values) and returns the history, one row per
+    iteration.
     `specs` maps task ids to the variant's GraphSpec (None for variants without one). `probe` (e.g. a
     held-out evaluation of `policy`) runs after every `probe_every`-th iteration and after the last; its
     metrics join that iteration's row as `heldout_<metric>` (`seconds`, the iteration's wall time, leaves the probe
@@ -508,7 +479,7 @@ def train_grpo(
 
     trainer.run()
     policy.params = trainer.state["params"]
-    return TrainResult(policy.params, trainer.state["opt_state"], source.history)
+    return source.history
 
 
 def restore_params(directory: str | Path, policy: ActionPolicy, tx: optax.GradientTransformation) -> nnx.State:

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from oracles import maca_loss
 
 from porch_jax.maca.analysis import Study, evaluate, learning_curve, run_variant
 from porch_jax.maca.config import MacaConfig
@@ -47,7 +48,6 @@ from porch_jax.maca.train import (
     GRPOConfig,
     graphspecs,
     group_targets,
-    maca_loss,
     make_optimizer,
     restore_params,
     train_grpo,
@@ -332,10 +332,10 @@ def test_training_runs_and_its_checkpoint_restores(small_study, tmp_path):
     policy = study.make_policy(0)
     before = jax.tree.map(np.asarray, policy.params)
     specs, _ = study.specs(VARIANTS["maca"])
-    result = train_grpo(
+    history = train_grpo(
         policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, checkpoint_dir=tmp_path / "ckpt"
     )
-    assert len(result.history) == 3 and all(np.isfinite(list(h.values())).all() for h in result.history)
+    assert len(history) == 3 and all(np.isfinite(list(h.values())).all() for h in history)
     assert any(
         not np.allclose(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(policy.params), strict=False)
     )
@@ -898,8 +898,8 @@ def test_interrupted_training_resumes_to_the_same_result(small_study, tmp_path):
 
     def train(**kwargs):
         policy = study.make_policy(0)
-        result = train_grpo(policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, **kwargs)
-        return policy, [_timeless(h) for h in result.history]
+        history = train_grpo(policy, study.train_tasks, study.world, specs, VARIANTS["maca"], study.grpo, **kwargs)
+        return policy, [_timeless(h) for h in history]
 
     plain, plain_history = train()
 
@@ -958,10 +958,11 @@ def test_train_grpo_runs_the_one_trainer(small_study, monkeypatch):
     grpo = dataclasses.replace(small_study.grpo, iterations=2, epochs=3)
     specs, _ = small_study.specs(VARIANTS["maca"])
     policy = small_study.make_policy(0)
-    result = train_grpo(policy, small_study.train_tasks, small_study.world, specs, VARIANTS["maca"], grpo)
+    initial = [np.asarray(x) for x in jax.tree.leaves(policy.params)]
+    history = train_grpo(policy, small_study.train_tasks, small_study.world, specs, VARIANTS["maca"], grpo)
     assert runs == [("maca_grpo", 6, 6, False)]
-    assert [h["iteration"] for h in result.history] == [0, 1]
-    assert set(result.history[0]) == {
+    assert [h["iteration"] for h in history] == [0, 1]
+    assert set(history[0]) == {
         "iteration",
         "return",
         "accuracy",
@@ -974,8 +975,8 @@ def test_train_grpo_runs_the_one_trainer(small_study, monkeypatch):
         "clip_fraction",
         "seconds",
     }
-    for a, b in zip(jax.tree.leaves(result.params), jax.tree.leaves(policy.params), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    trained = [np.asarray(x) for x in jax.tree.leaves(policy.params)]
+    assert any(not np.array_equal(a, b) for a, b in zip(initial, trained, strict=True))
 
 
 def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, monkeypatch):
@@ -1063,8 +1064,8 @@ def test_lm_policy_trains_on_a_mesh_as_on_one_device(small_study):
 
     def train(mesh):
         policy = lm_policy(tiny_lm(0, **size)[0], tokenizer, small_study.world.pool.names, max_task_words=8, mesh=mesh)
-        result = train_grpo(policy, tasks, small_study.world, specs, VARIANTS["maca"], grpo)
-        return policy, [_timeless(h) for h in result.history]
+        history = train_grpo(policy, tasks, small_study.world, specs, VARIANTS["maca"], grpo)
+        return policy, [_timeless(h) for h in history]
 
     one, one_history = train(None)
     split, split_history = train(make_mesh((2, 2, 2)))
