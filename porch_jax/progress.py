@@ -30,3 +30,23 @@ class ProgressLine:
         rate = (done - self.start) / max(now - self.t0, 1e-9)
         eta = format_duration((self.total - done) / rate) if rate > 0 else "?"
         self.emit(f"{text} | {rate:.2f} {self.unit}/s, ETA {eta}")
+
+
+class Stages:
+    """The stage log of a resumable experiment: each stage is announced with the seconds since the run began,
+    and a stage whose output is already on disk is skipped, saying so. `should_run(name, done=...)` is the one
+    resume decision (True when the stage has work to do); `begin(name)` announces a stage that always runs
+    (one that resumes inside itself, or reads what is cached)."""
+
+    def __init__(self, emit: Callable[[str], None] = print):
+        self.emit, self.t0 = emit, time.monotonic()
+
+    def begin(self, name: str) -> None:
+        self._announce(name, "running")
+
+    def should_run(self, name: str, *, done: bool) -> bool:
+        self._announce(name, "done, skipped" if done else "running")
+        return not done
+
+    def _announce(self, name: str, state: str) -> None:
+        self.emit(f"\n=== [{time.monotonic() - self.t0:6.0f}s] {name}: {state}")

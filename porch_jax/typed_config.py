@@ -319,15 +319,33 @@ def claim_run_dir(
         raise RunDirError(
             f"{path} is not the JSON a run records ({e}): restore it, or delete {run_dir} to start over"
         ) from e
+    refuse_other_run(run_dir, path.name, recorded, current, may_change=may_change, defaults=defaults)
+    return path
+
+
+def refuse_other_run(
+    where: str | os.PathLike[str],
+    record: str,
+    recorded: Any,
+    current: Any,
+    *,
+    may_change: Iterable[str] = (),
+    defaults: Any = None,
+) -> None:
+    """The one "is this directory's run ours?" check, for a run directory's config record (`claim_run_dir`) and a
+    checkpoint's recorded identity (the trainer): raises `RunDirError` naming `where`, the keys of `recorded` and
+    `current` (JSON-like) that differ but for those under `may_change`, with both values, and `record`, where the
+    recorded values live. With `defaults`, a key the record lacks is no difference while its value is its default."""
     known = _NO_DEFAULT if defaults is None else json.loads(json.dumps(to_dict(defaults)))
-    differ = _changes(recorded, current, frozenset(may_change), "", known)
+    differ = _changes(
+        json.loads(json.dumps(recorded)), json.loads(json.dumps(current)), frozenset(may_change), "", known
+    )
     if differ:
         shown = "; ".join(differ[:8]) + ("; ..." if len(differ) > 8 else "")
         raise RunDirError(
-            f"{run_dir} holds a run of another config ({shown}), recorded in {path.name}: choose another run "
+            f"{where} holds a run of another config ({shown}), recorded in {record}: choose another run "
             "directory, or delete it to start over"
         )
-    return path
 
 
 def _parse_scalar(text: str, default: Any, key: str) -> Any:

@@ -32,6 +32,7 @@ from porch_jax.backends import Backend
 from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
 from porch_jax.maca import analysis, experiment
 from porch_jax.maca.config import MacaConfig
+from porch_jax.progress import Stages
 from porch_jax.rollout.pairs import wilson
 from porch_jax.serving import ServerConfig
 from porch_jax.typed_config import check, to_dict
@@ -182,16 +183,16 @@ def run_table(
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     out: dict[str, Any] = {"config": to_dict(cfg), "benchmarks": {}}
+    stages = Stages(log)
     for benchmark in cfg.order():
         bcfg = cfg.benchmark_config(benchmark)
         done = Path(bcfg.run_dir, "results.json")
         t0 = time.perf_counter()
-        if done.exists():
-            results = json.loads(done.read_text())
-            log(f"[table] {benchmark}: finished before, read from {done}")
-        else:
+        if stages.should_run(f"[table] {benchmark} (results in {done})", done=done.exists()):
             log(f"[table] {benchmark}: policy {cfg.trained_on(benchmark) or 'untrained'}; cache {cache_stats()}")
             results = experiment.run(bcfg, backend=backend, log=lambda line, b=benchmark: log(f"[{b}] {line}"))
+        else:
+            results = json.loads(done.read_text())
         out["benchmarks"][benchmark] = benchmark_rows(cfg, benchmark, results)
         log(f"[table] {benchmark} in {time.perf_counter() - t0:.0f} s; cache {cache_stats()}")
         _write(run_dir, out | {"cache": cache_stats(), "seconds_this_call": time.perf_counter() - start})

@@ -63,6 +63,7 @@ from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingS
 from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
+from porch_jax.progress import Stages
 from porch_jax.rollout import run_episodes
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
@@ -83,20 +84,15 @@ from porch_jax.typed_config import claim_run_dir, to_dict
 
 
 class Run:
-    """Paths and the stage log of one run directory."""
+    """Paths and the stage log (`stages`) of one run directory."""
 
     def __init__(self, cfg: ExperimentConfig):
-        self.cfg, self.dir, self.t0 = cfg, Path(cfg.run_dir), time.monotonic()
+        self.cfg, self.dir = cfg, Path(cfg.run_dir)
+        self.stages = Stages(lambda line: print(line, flush=True))
         self.dir.mkdir(parents=True, exist_ok=True)
 
     def __truediv__(self, name: str) -> Path:
         return self.dir / name
-
-    def stage(self, name: str, done: bool) -> bool:
-        """Announces a stage; True when it still has work to do."""
-        state = "done, skipped" if done else "running"
-        print(f"\n=== [{time.monotonic() - self.t0:6.0f}s] {name}: {state}", flush=True)
-        return not done
 
 
 def rollouts(
@@ -252,7 +248,7 @@ def train(
     it is scored on every `validate_every` steps. `steps` overrides the section's. Returns the export folder."""
     folder = run_name(run.cfg, name, learning_rate)
     export = run / folder / "export"
-    if run.stage(f"train {folder}", (export / POLICY_FILE).is_file()):
+    if run.stages.should_run(f"train {folder}", done=(export / POLICY_FILE).is_file()):
         cfg = train_config(run.cfg, name, learning_rate)
         if steps is not None:
             cfg = dataclasses.replace(cfg, steps=steps)
@@ -395,14 +391,14 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
 
     view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)
     sampler_len = cfg.policy.max_len
-    run.stage("expert rollouts", False)
+    run.stages.begin("expert rollouts")
     expert = rollouts(run, "expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0)
     print(f"expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
     # The expert's decisions are attributed only for the hint-following SFT rows (the miniature's variant); the
     # scripted judge writes them, as in the miniature (the paper's SFT reads expert decisions only).
     expert_hints: dict[tuple[str, int], str] = {}
     if cfg.sft.hint_rows > 0 or cfg.sft.empty_hint_rows or "sft_hints" in cfg.methods:
-        run.stage("attribution of expert decisions (scripted judge, for the hint-following SFT rows)", False)
+        run.stages.begin("attribution of expert decisions (scripted judge, for the hint-following SFT rows)")
         expert_hints = attribute(run, "expert.jsonl", "expert_attribution.jsonl", scripted_grm)
 
     init = init_model(run)
@@ -441,7 +437,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         policy: Any = embedded
         served = None
         if cfg.serving.kind == "vllm":
-            run.stage("serve the SFT export (vLLM)", False)
+            run.stages.begin("serve the SFT export (vLLM)")
             policy = served = stack.enter_context(
                 served_policy(cfg.serving, first=sft, served_dir=init, run_dir=run.dir)
             )
@@ -506,19 +502,19 @@ def after_sft(
     process) measures hint following."""
     cfg = run.cfg
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
-    run.stage("rollouts of the SFT policy", False)
+    run.stages.begin("rollouts of the SFT policy")
     data = rollouts(
         run, "rollouts.jsonl", policy.load(sft), cfg.rollouts, name="sft", temperature=cfg.rollouts.temperature
     )
     print(f"SFT rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
     a = cfg.attribution
     primary = f"base model, {a.reading} reading" if a.grm == "base_model" else "scripted judge"
-    run.stage(f"attribution of SFT decisions ({primary})", False)
+    run.stages.begin(f"attribution of SFT decisions ({primary})")
     grm = (lambda: base_model_grm(cfg, a.reading)) if a.grm == "base_model" else scripted_grm
     hints = attribute(run, "rollouts.jsonl", "attribution.jsonl", grm, label=f" ({primary})")
     readings = {"primary": hints}
     if a.free_reading:  # reported beside the held one; OPOD trains on the primary
-        run.stage("attribution of SFT decisions (base model, free reading: reported)", False)
+        run.stages.begin("attribution of SFT decisions (base model, free reading: reported)")
         attribute(
             run,
             "rollouts.jsonl",
@@ -527,7 +523,7 @@ def after_sft(
             label=" (free reading)",
         )
     if cfg.attribution.secondary:
-        run.stage("secondary attribution of SFT decisions (scripted judge's verdicts as hints)", False)
+        run.stages.begin("secondary attribution of SFT decisions (scripted judge's verdicts as hints)")
         readings["secondary"] = attribute(
             run, "rollouts.jsonl", "attribution_secondary.jsonl", scripted_grm, label=" (secondary: scripted judge)"
         )
@@ -641,7 +637,7 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
             cands = selection_candidates(export) if name != "sft" else {}
             for step, folder in (cands or {-1: export}).items():  # no step exports: the final export only
                 tag = run_name(cfg, name, lr) + ("" if step < 0 else f"_step{step}")
-                run.stage(f"validate {tag} on {len(tasks)} validation tasks", False)
+                run.stages.begin(f"validate {tag} on {len(tasks)} validation tasks")
                 recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
         configured = cfg.method(name).learning_rate
@@ -758,7 +754,7 @@ def evaluate_and_report(
             (lr, folder), step = next(iter(by_lr.items())), None
         runs[name] = run_name(cfg, name, lr)
         tag = runs[name] + ("" if step is None else f"_step{step}")
-        run.stage(f"evaluate {tag} on {len(tasks)} held-out tasks", False)
+        run.stages.begin(f"evaluate {tag} on {len(tasks)} held-out tasks")
         records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
     rows = report.summaries(records, reference="sft")
@@ -798,6 +794,6 @@ def evaluate_and_report(
     plots.plot_success(rows, run / "success.png")
     print(
         f"\n{table}\n\nresults: {run / 'results.md'}, plots: {run / 'curves.png'}, {run / 'success.png'} "
-        f"({time.monotonic() - run.t0:.0f} s)",
+        f"({time.monotonic() - run.stages.t0:.0f} s)",
         flush=True,
     )

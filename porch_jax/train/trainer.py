@@ -57,7 +57,7 @@ from porch_jax.train.config import TrainConfig
 from porch_jax.train.methods import Method
 from porch_jax.train.overlong import ROWS_FILE
 from porch_jax.train.sources import BatchSource
-from porch_jax.typed_config import to_dict
+from porch_jax.typed_config import refuse_other_run, to_dict
 
 
 @dataclasses.dataclass
@@ -141,17 +141,12 @@ class Trainer:
         return float(self.method.loss(totals, {k: c for k, (_, c) in totals.items()}))
 
     def _check_identity(self) -> None:
-        """Refuses a workdir whose newest checkpoint records another identity, naming what differs."""
+        """Refuses a workdir whose newest checkpoint records another identity (typed_config.refuse_other_run)."""
         steps = self.checkpointer.steps()
         if self.identity is None or not steps:
             return
         saved = self.checkpointer.config(steps[-1]).get("identity") or {}
-        differ = sorted(k for k in self.identity if self.identity[k] != saved.get(k))
-        if differ:
-            raise ValueError(
-                f"{self.checkpointer.directory} holds a checkpoint of another run ({', '.join(differ)} differ: saved "
-                f"{ {k: saved.get(k) for k in differ} }); use another directory or delete it"
-            )
+        refuse_other_run(self.checkpointer.directory, f"checkpoint {steps[-1]}", saved, self.identity)
 
     @property
     def export_dir(self) -> Path | None:
