@@ -26,7 +26,7 @@ from pathlib import Path
 
 from absl import app
 
-from porch_jax.backends.spec import EndpointSpec, transport_keys
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.eval.benchmark_eval import BenchmarkEvalConfig, run_benchmark
 from porch_jax.typed_config import claim_run_dir, define_config_flag
 
@@ -81,8 +81,7 @@ def served_endpoint(cfg: BenchmarkEvalConfig, stack: ExitStack) -> EndpointSpec:
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
-    may_change = transport_keys("orchestrator", "executor", "judge") | {"concurrency", "episode_timeout_s"}
-    claim_run_dir(cfg.out_dir, cfg, may_change=may_change, file="eval_config.json")
+    claim_run_dir(cfg.out_dir, cfg, file="eval_config.json")
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     with ExitStack() as stack:
         results = run_benchmark(cfg, served_endpoint(cfg, stack))

@@ -26,7 +26,6 @@ from pathlib import Path
 from absl import app
 
 from porch_jax.backends.cache import CachedBackend
-from porch_jax.backends.spec import transport_keys
 from porch_jax.maca.table import TableConfig, run_table
 from porch_jax.typed_config import claim_run_dir, define_config_flag
 
@@ -66,7 +65,7 @@ def agents_endpoint(cfg: TableConfig, stack: ExitStack) -> tuple[TableConfig, st
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
-    claim_run_dir(cfg.run_dir, cfg, may_change=transport_keys("maca.backend.endpoint") | {"maca.baselines.concurrency"})
+    claim_run_dir(cfg.run_dir, cfg)
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     with ExitStack() as stack:
         cfg, model_id = agents_endpoint(cfg, stack)

@@ -21,7 +21,8 @@ Every unknown key, missing required key, wrong type, choice outside a Literal or
 known: learning_rate, schedule`). `ConfigError` is an absl `flags.Error`: raised while absl parses the command line
 (in a config file's `get_config(arg)`, or in the validator `define_config_flag` registers) it is printed as one
 `FATAL Flags parsing error: ...` line and the program exits with status 1, without a traceback. (ml_collections
-re-raises a ValueError from `get_config` with the traceback pasted into the message, hence not a ValueError.)
+re-raises a ValueError from `get_config` with the traceback pasted into the message, hence not a ValueError.) Where
+absl is missing (the ARE runner's venv reads configs, defines no flags) `ConfigError` is a ValueError.
 
 Conversions are strict where a typo would otherwise pass: an int field takes an int (not a bool, not a string), a
 float field takes an int or a float, a bool field takes a bool, a str field a str; a `tuple[X, ...]` field takes any
@@ -29,8 +30,9 @@ list or tuple (so a config read back from JSON converts again) and holds a tuple
 `Optional[X]` takes None; `Any` / `object` takes any plain data (ConfigDicts turned into dicts).
 
 A resumable run records its config in its run directory (`claim_run_dir`): a rerun with the same config resumes, a
-rerun with another one is refused, naming the keys that differ with both values, except the keys the launcher lets a
-relaunch change (where its models are served, how patiently, how many workers).
+rerun with another one is refused, naming the keys that differ with both values, except the fields declared with
+`resumable(default)`: where a run writes, where its models are served, how patiently and by how many workers, none of
+which changes what it computes. The mark sits on the field, so every config that nests the type inherits it.
 
 Experiment variants are arguments of `get_config(arg)` in one convention, `parse_arg` (as big_vision's):
 `--config=experiments/x.py:seed_set=3,benchmark=humaneval`, or a first bare value for the first key
@@ -51,7 +53,13 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar, Union
 
-from absl import flags
+try:  # the ARE runner's venv reads these configs without absl; absl is needed only to define config flags
+    from absl import flags
+
+    _ERROR_BASE: type[Exception] = flags.Error
+except ImportError:  # pragma: no cover - exercised in the ARE venv
+    flags = None
+    _ERROR_BASE = ValueError
 
 T = TypeVar("T")
 
@@ -66,11 +74,14 @@ __all__ = [
     "diff",
     "from_dict",
     "parse_arg",
+    "refuse_other_run",
+    "resumable",
+    "resumable_keys",
     "to_dict",
 ]
 
 
-class ConfigError(flags.Error):
+class ConfigError(_ERROR_BASE):
     """A config key or value that does not fit its typed schema; the message starts with the dotted key."""
 
 
@@ -284,6 +295,37 @@ def _changes(before: Any, after: Any, ignore: frozenset[str], key: str, defaults
     return [] if before == after else [f"{key or '<root>'}: {before!r} -> {after!r}"]
 
 
+_RESUMABLE = "porch_jax.resumable"
+
+
+def resumable(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field a relaunch into the same run directory may change (`claim_run_dir`): where the run is
+    written or served, how patiently, by how many workers. Not a field that changes what the run computes."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={_RESUMABLE: True})
+
+
+def _dataclass_types(tp: Any) -> list[type]:
+    """The dataclass types a field of type `tp` may hold (`X`, `X | None`)."""
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        return [tp]
+    if typing.get_origin(tp) in (Union, types.UnionType):
+        return [t for arg in typing.get_args(tp) for t in _dataclass_types(arg)]
+    return []
+
+
+@functools.cache
+def resumable_keys(cls: type) -> frozenset[str]:
+    """The dotted keys of every `resumable` field in the config type `cls` and the dataclasses it nests."""
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if f.metadata.get(_RESUMABLE):
+            out.add(f.name)
+            continue
+        for sub in _dataclass_types(_hints(cls)[f.name]):
+            out |= {f"{f.name}.{k}" for k in resumable_keys(sub)}
+    return frozenset(out)
+
+
 class RunDirError(ValueError):
     """A run directory that holds a run of another config, or a config record that does not read; the message
     names the directory and the keys that differ."""
@@ -296,13 +338,16 @@ def claim_run_dir(
     may_change: Iterable[str] = (),
     file: str = "config.json",
     defaults: Any = None,
+    schema: type | None = None,
 ) -> Path:
-    """Makes `run_dir` the run of `config` (a dataclass or its `to_dict` form): records it as RUN_DIR/`file` where
-    no run has yet, or checks that the recorded config is the same but for the dotted keys in `may_change` (each
-    with everything under it), so a rerun after a crash resumes and another config never resumes another run's
-    state. The first record stays. With `defaults` (the config's defaults, a dataclass or its dict) a key the record
-    lacks is no difference while its value is its default. Raises `RunDirError` naming the keys that differ, with
-    both values. Returns the record's path."""
+    """Makes `run_dir` the run of `config` (a dataclass, or its `to_dict` form with its type as `schema`): records it
+    as RUN_DIR/`file` where no run has yet, or checks that the recorded config is the same but for its `resumable`
+    fields and the dotted keys in `may_change` (each with everything under it), so a rerun after a crash resumes and
+    another config never resumes another run's state. The first record stays. With `defaults` (the config's
+    defaults, a dataclass or its dict) a key the record lacks is no difference while its value is its default.
+    Raises `RunDirError` naming the keys that differ, with both values. Returns the record's path."""
+    schema = type(config) if schema is None and dataclasses.is_dataclass(config) else schema
+    may_change = frozenset(may_change) | (resumable_keys(schema) if schema is not None else frozenset())
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     path, current = run_dir / file, json.loads(json.dumps(to_dict(config)))
@@ -453,16 +498,18 @@ def define_config_flag(
     required: bool = False,
     select: Callable[[Any], Any] | None = None,
     section: str | None = None,
-    flag_values: flags.FlagValues = flags.FLAGS,
+    flag_values: flags.FlagValues | None = None,
 ) -> ConfigFlag[T]:
     """An ml_collections config-file flag (`--NAME=file.py[:arg]`, `--NAME.key=value` overrides) whose value is
         converted to `cls` once absl has applied every override. An unknown override key (accepted into the ConfigDict,
         so ml_collections does not fail on it with a traceback), a bad value or a missing required flag is a
         `ConfigError`: absl reports it as a flags error naming the key. `select` picks the part of the ConfigDict that
         `cls` describes (default: all of it); `section` names a key whose value `cls` describes where the config has it
-    (the whole config where it does not), and errors then name `NAME.section.key`."""
+    (the whole config where it does not), and errors then name `NAME.section.key`. `flag_values`: absl's FLAGS by
+    default."""
     from ml_collections import config_flags
 
+    flag_values = flags.FLAGS if flag_values is None else flag_values
     config_flags.DEFINE_config_file(
         name, None, help_string, lock_config=False, accept_new_attributes=True, flag_values=flag_values
     )

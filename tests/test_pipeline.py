@@ -192,7 +192,7 @@ def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, mon
     config = get_config()
     config.run_dir = str(tmp_path / "run")
     cfg = from_dict(ExperimentConfig, config)
-    claim_run_dir(cfg.run_dir, cfg, may_change=experiment.RESUME_MAY_CHANGE)
+    claim_run_dir(cfg.run_dir, cfg)
     stages = []
 
     class Started(Exception):
@@ -212,7 +212,7 @@ def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, mon
     assert stages == [cfg.run_dir]
 
     sets = replace(cfg, run_dir=str(tmp_path / "sets"), seed_sets=(0, 1))
-    claim_run_dir(sets.run_dir, sets, may_change=experiment.RESUME_MAY_CHANGE)
+    claim_run_dir(sets.run_dir, sets)
     ran = []
     monkeypatch.setattr(experiment, "run_pipeline", lambda c: ran.append(c.run_dir))
     monkeypatch.setattr(experiment, "report_seed_sets", lambda base, seed_sets: None)

@@ -23,6 +23,8 @@ from porch_jax.typed_config import (
     diff,
     from_dict,
     parse_arg,
+    resumable,
+    resumable_keys,
     to_dict,
 )
 
@@ -251,3 +253,33 @@ def test_claim_run_dir_records_then_refuses_another_config_naming_the_keys(tmp_p
     with pytest.raises(RunDirError, match=r"settings\.json is not the JSON a run records .*delete .* to start over"):
         claim_run_dir(run, base, file="settings.json")
     assert not list(run.glob("*.partial"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Endpoint:
+    model: str = "m"
+    url: str = resumable("http://a")
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    run_dir: str = resumable()
+    grm: Endpoint = Endpoint()
+    judge: Endpoint | None = None
+    steps: int = 3
+
+
+def test_resumable_fields_are_what_a_rerun_may_change_through_every_nesting(tmp_path):
+    """A field declared `resumable` may change on a rerun into the same run directory, in every config that nests
+    its type (directly or as `X | None`); an unmarked field beside it is refused."""
+    assert resumable_keys(Job) == {"run_dir", "grm.url", "judge.url"}
+    first = Job(str(tmp_path), judge=Endpoint())
+    claim_run_dir(tmp_path, first)
+    claim_run_dir(tmp_path, Job("/elsewhere", grm=Endpoint(url="http://b"), judge=Endpoint(url="http://c")))
+    with pytest.raises(RunDirError, match=r"another config \(judge\.model: 'm' -> 'n'\)"):
+        claim_run_dir(tmp_path, Job(str(tmp_path), judge=Endpoint(model="n")))
+    # a config recorded as a dict names its type to get the marks
+    claim_run_dir(tmp_path / "d", to_dict(first))
+    claim_run_dir(tmp_path / "d", to_dict(dataclasses.replace(first, run_dir="/x")), schema=Job)
+    with pytest.raises(RunDirError, match=r"run_dir: "):
+        claim_run_dir(tmp_path / "d", to_dict(dataclasses.replace(first, run_dir="/y")))

@@ -33,12 +33,12 @@ from porch_jax.attribution.grm import (
     parse_reply,
 )
 from porch_jax.backends import Backend, Sampling
-from porch_jax.backends.spec import EndpointSpec, transport_keys
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.protocol import DELEGATE, REVISE
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, TrajectoryStore
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
-from porch_jax.typed_config import check, claim_run_dir
+from porch_jax.typed_config import check, claim_run_dir, resumable
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,10 @@ class AttributionConfig:
     its key is read from the variable the endpoint names), how it samples, and the calls in flight."""
 
     records: str
-    out: str
+    out: str = resumable()
     grm: EndpointSpec
     sampling: Sampling = Sampling(max_tokens=128)
-    concurrency: int = 16
+    concurrency: int = resumable(16)
     retries: int = 1
 
     def __post_init__(self):
@@ -89,17 +89,12 @@ class AttributionConfig:
         check(self.records != self.out, "out", "must differ from records (the trajectories are read, never written)")
 
 
-# What a rerun into the same output may change: where it is, the calls in flight, and where the GRM is served and
-# how patiently it is called.
-RESUME_MAY_CHANGE = frozenset({"out", "concurrency"}) | transport_keys("grm")
-
-
 async def run_job(cfg: AttributionConfig, *, progress: bool = True) -> JobSummary:
     """The attribution job of ``cfg``: every decision of ``cfg.records`` not yet in ``cfg.out`` through the GRM.
-    ``<out>.config.json`` records the config; a rerun into the same output with another one (but for
-    RESUME_MAY_CHANGE: another GRM, records or sampling) is refused, naming the keys that differ."""
+    ``<out>.config.json`` records the config; a rerun into the same output with another one (but for its
+    `resumable` fields: another GRM, records or sampling) is refused, naming the keys that differ."""
     out = Path(cfg.out)
-    claim_run_dir(out.parent, cfg, may_change=RESUME_MAY_CHANGE, file=f"{out.name}.config.json")
+    claim_run_dir(out.parent, cfg, file=f"{out.name}.config.json")
     grm = cfg.grm.backend()
     try:
         with AttributionStore(cfg.out) as out:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from porch_jax.backends.providers import DEFAULT, PROVIDERS
+from porch_jax.typed_config import resumable
 
 ROLES = ("orchestrator", "executor", "expert", "grm", "judge")
 
@@ -23,13 +24,13 @@ class EndpointSpec:
     the provider's default variable (none for self-hosted servers started without a key)."""
 
     model: str = ""
-    urls: tuple[str, ...] = ()
+    urls: tuple[str, ...] = resumable(())
     provider: str = DEFAULT
-    api_key_env: str = ""
-    timeout_s: float = 120.0
-    max_retries: int = 3
-    backoff_s: float = 0.5
-    cooldown_s: float = 5.0
+    api_key_env: str = resumable("")
+    timeout_s: float = resumable(120.0)
+    max_retries: int = resumable(3)
+    backoff_s: float = resumable(0.5)
+    cooldown_s: float = resumable(5.0)
     tools_in_prompt: bool = False  # the model's chat template does not render tools (e.g. SmolLM2)
 
     def __post_init__(self) -> None:
@@ -71,14 +72,6 @@ class EndpointSpec:
 
 
 ENDPOINT_FIELDS = tuple(EndpointSpec.__dataclass_fields__)
-# Where an endpoint is served and how patiently it is called: what a relaunch after a crash may change (a restarted
-# server moves) without changing the run (`typed_config.claim_run_dir`'s may_change).
-TRANSPORT_FIELDS = ("urls", "api_key_env", "timeout_s", "max_retries", "backoff_s", "cooldown_s")
-
-
-def transport_keys(*prefixes: str) -> frozenset[str]:
-    """The dotted keys of TRANSPORT_FIELDS under each endpoint key in `prefixes` (e.g. "orchestrator")."""
-    return frozenset(f"{prefix}.{name}" for prefix in prefixes for name in TRANSPORT_FIELDS)
 
 
 def add_endpoint_flags(parser, role: str) -> None:

@@ -18,7 +18,7 @@ from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.swe import SWEConfig
 from porch_jax.rollout import EngineConfig
 from porch_jax.serving import ServerConfig
-from porch_jax.typed_config import check, to_dict
+from porch_jax.typed_config import check, resumable, to_dict
 
 BENCHMARKS = ("gaia", "taskcraft", "gaia2", "swe")
 POLICY_KINDS = ("endpoint", "hf", "orbax", "answer_key", "oracle", "gold")
@@ -52,7 +52,7 @@ class PolicySource:
 @dataclasses.dataclass(frozen=True)
 class BenchmarkEvalConfig:
     benchmark: Literal["gaia", "taskcraft", "gaia2", "swe"] = "gaia"
-    out_dir: str = "runs/eval"
+    out_dir: str = resumable("runs/eval")
     # gaia / taskcraft: rows file in the hub's format ("" : the hub); gaia2: hub rows ("" : none); swe: full rows of
     # SWE-bench Verified in the hub's format ("" : the shared list, its missing fields from the hub)
     tasks: str = ""
@@ -68,7 +68,7 @@ class BenchmarkEvalConfig:
     swe: SWEConfig = SWEConfig()  # swe: the sub-agents' tools, the paper's budgets (500 / 50), the grader
     limit: int = 0  # at most this many tasks (0: all)
     runs: int = 1
-    concurrency: int = 4
+    concurrency: int = resumable(4)
     system: str = "proactive"
     policy: PolicySource = PolicySource()
     orchestrator: EndpointSpec = EndpointSpec()
@@ -76,7 +76,7 @@ class BenchmarkEvalConfig:
     judge: EndpointSpec = EndpointSpec()  # gaia: equivalence fallback; gaia2 "llm": ARE's soft checks
     judge_max_tokens: int = 32
     engine: EngineConfig = EngineConfig()  # the benchmark's budgets are taken when these are the defaults
-    episode_timeout_s: float = 1800.0
+    episode_timeout_s: float = resumable(1800.0)
 
     def __post_init__(self) -> None:
         check(self.benchmark in BENCHMARKS, "benchmark", f"one of {BENCHMARKS}, got {self.benchmark!r}")

@@ -23,7 +23,7 @@ from porch_jax.envs.workplace import (
     make_tasks,
 )
 from porch_jax.rollout import Budgets, Engine, EngineConfig, system_config
-from porch_jax.typed_config import check
+from porch_jax.typed_config import check, resumable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +65,7 @@ class EvalConfig:
     tasks: TaskSet
     temperature: float
     max_tokens: int
-    concurrency: int
+    concurrency: int = resumable()
     seed: int = 0
 
 

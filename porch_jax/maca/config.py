@@ -21,7 +21,7 @@ from porch_jax.maca.analysis import NO_POLICY_READINGS
 from porch_jax.maca.baselines import BASELINES
 from porch_jax.maca.prior import PriorConfig
 from porch_jax.maca.train import VARIANTS, GRPOConfig
-from porch_jax.typed_config import check
+from porch_jax.typed_config import check, resumable
 
 __all__ = [
     "GATE_GAMMAS",
@@ -198,7 +198,7 @@ class BaselinesConfig:
     """The comparison systems (baselines.BASELINES) on the held-out tasks; they need a benchmark world."""
 
     systems: tuple[str, ...] = ()
-    concurrency: int = 8  # episodes in flight against the served agents
+    concurrency: int = resumable(8)  # episodes in flight against the served agents
 
     def __post_init__(self):
         unknown = [s for s in self.systems if s not in BASELINES]
@@ -242,7 +242,7 @@ class MacaConfig:
     gate_gammas: Fig. 8's grid.
     """
 
-    run_dir: str
+    run_dir: str = resumable()
     seed: int = 0
     seeds: tuple[int, ...] = (0,)
     sweep_seeds: tuple[int, ...] = (0,)

@@ -25,7 +25,6 @@ import numpy as np
 from absl import logging
 
 from porch_jax.backends import Backend
-from porch_jax.backends.spec import transport_keys
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
@@ -216,7 +215,7 @@ class Setup:
 def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
     # the prior and the training runs resume from what RUN_DIR holds; another config there is refused
-    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE, defaults=MacaConfig(cfg.run_dir))
+    claim_run_dir(cfg.run_dir, cfg, defaults=MacaConfig(cfg.run_dir))
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     world, train, evals, spool = build_world(cfg, backend)
@@ -597,11 +596,6 @@ def run_lm_check(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> d
         f"after {_brief(after.summary)}"
     )
     return out
-
-
-# where the agents are served and how patiently, and where the run directory is: a relaunch after a crash may point
-# at a restarted server
-RESUME_MAY_CHANGE = transport_keys("backend.endpoint") | {"baselines.concurrency", "run_dir"}
 
 
 def run(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> dict[str, Any]:

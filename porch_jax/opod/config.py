@@ -17,7 +17,7 @@ from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
 from porch_jax.serving.server import ServerConfig
 from porch_jax.train.config import SamplerConfig
 from porch_jax.train.overlong import Overlong
-from porch_jax.typed_config import check
+from porch_jax.typed_config import check, resumable
 
 # Providers whose servers score a prompt of token ids (/v1/completions with prompt_logprobs): the held GRM's reading.
 SCORING_PROVIDERS = ("vllm", "sglang")
@@ -145,7 +145,7 @@ class PolicySection:
     max_len: int
     overlong: Overlong = "drop"
     context_tokens: int = 0
-    prefix_cache_mb: int = 0
+    prefix_cache_mb: int = resumable(0)
 
     def __post_init__(self):
         check(self.context_tokens >= 0, "context_tokens", f"must be >= 0, got {self.context_tokens}")
@@ -199,7 +199,7 @@ class AttributionSection:
     endpoint: EndpointSpec = dataclasses.field(default_factory=EndpointSpec)
     sampling: Sampling = dataclasses.field(default_factory=lambda: Sampling(temperature=0.0, max_tokens=96))
     retries: int = 1
-    concurrency: int = 8
+    concurrency: int = resumable(8)
     secondary: bool = False
     reading: Literal["held", "free"] = "held"
     free_reading: bool = False
@@ -238,10 +238,10 @@ class ServingSection:
     """
 
     kind: Literal["embedded", "vllm"] = "embedded"
-    base_url: str = ""
-    api_key_env: str = ""
+    base_url: str = resumable("")
+    api_key_env: str = resumable("")
     server: ServerConfig = dataclasses.field(default_factory=ServerConfig)
-    timeout_s: float = 600.0
+    timeout_s: float = resumable(600.0)
     parity_tol: float = 1e-3
 
     def __post_init__(self):
@@ -269,7 +269,7 @@ class PreflightSection:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    run_dir: str
+    run_dir: str = resumable()
     seed: int
     methods: tuple[
         Literal["sft", "sft_hints", "rwr", "opod", "opod_secondary", "opd_empty", "opd_wrong_hint", "dagrpo"], ...
@@ -290,7 +290,7 @@ class ExperimentConfig:
     seed_sets: tuple[int, ...] = ()
     attribution: AttributionSection = dataclasses.field(default_factory=AttributionSection)
     serving: ServingSection = dataclasses.field(default_factory=ServingSection)
-    preflight: PreflightSection = dataclasses.field(default_factory=PreflightSection)
+    preflight: PreflightSection = resumable(default_factory=PreflightSection)
     sft_hints: MethodSection | None = None  # the SFT+hints variant (its hint_rows share), when "sft_hints" is a method
     mesh: tuple[int, int, int] = (1, 1, 1)  # every trainer's (data, fsdp, tensor) device mesh; product = devices
 

@@ -44,7 +44,6 @@ from porch_jax.attribution.judge import ScriptedJudge, follow_hint
 from porch_jax.backends import Backend, ScriptedBackend
 from porch_jax.backends.completions import CompletionsClient
 from porch_jax.backends.embedded import EmbeddedBackend
-from porch_jax.backends.spec import transport_keys
 from porch_jax.backends.window import ContextWindow
 from porch_jax.envs.views import POLICY_FILE, folder_view
 from porch_jax.envs.workplace import TOOLS
@@ -339,7 +338,7 @@ def run(cfg: ExperimentConfig) -> None:
         run_pipeline(cfg)
         return
     claim_run_dir(
-        base, cfg, may_change=RESUME_MAY_CHANGE | {"seed_sets"}, defaults=NEW_KEY_DEFAULTS
+        base, cfg, may_change={"seed_sets"}, defaults=NEW_KEY_DEFAULTS
     )  # more sets may join; each set claims its own
     for k in seed_sets:
         print(f"\n##### seed set {k} ({seed_sets.index(k) + 1} of {len(seed_sets)})", flush=True)
@@ -359,14 +358,6 @@ def report_seed_sets(base: Path, seed_sets: tuple[int, ...]) -> None:
     print(f"\n{table}\n\nseed sets: {base / 'seed_sets.md'}, {base / 'seed_sets.png'}", flush=True)
 
 
-# What a rerun into the same RUN_DIR may change: where it is, the episodes evaluated in flight, the sampler's prefix
-# cache (it changes no token), the start check (it records nothing), and where the GRM and the policy server are
-# reached and how patiently.
-RESUME_MAY_CHANGE = frozenset(
-    {"run_dir", "eval.concurrency", "attribution.concurrency", "serving.base_url", "serving.api_key_env"}
-    | {"serving.timeout_s", "policy.prefix_cache_mb", "preflight"}
-    | transport_keys("attribution.endpoint")
-)
 # Keys a run directory recorded before they existed holds at these values.
 NEW_KEY_DEFAULTS = {
     "model": {"init_from": "", "compute_dtype": "float32", "remat": False},
@@ -384,9 +375,9 @@ NEW_KEY_DEFAULTS = {
 
 def run_pipeline(cfg: ExperimentConfig) -> None:
     """One seed set's whole loop in cfg.run_dir (module docstring). RUN_DIR/config.json records the typed config
-    (every key, defaults included); a rerun with another one (but for RESUME_MAY_CHANGE) is refused, naming the
+    (every key, defaults included); a rerun with another one (but for its `resumable` fields) is refused, naming the
     keys, before any stage runs."""
-    claim_run_dir(cfg.run_dir, cfg, may_change=RESUME_MAY_CHANGE, defaults=NEW_KEY_DEFAULTS)
+    claim_run_dir(cfg.run_dir, cfg, defaults=NEW_KEY_DEFAULTS)
     run = Run(cfg)
 
     view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from porch_jax.backends import Backend, ScriptedBackend
-from porch_jax.backends.spec import EndpointSpec, transport_keys
+from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.workplace import (
     ExpertConfig,
     ScriptedExpert,
@@ -34,7 +34,7 @@ from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
-from porch_jax.typed_config import check, claim_run_dir, to_dict
+from porch_jax.typed_config import check, claim_run_dir, resumable, to_dict
 
 
 @dataclass(frozen=True)
@@ -124,8 +124,8 @@ class ComparisonConfig:
     num_tasks: int = 500
     seed_start: int = 0
     processes: int = 2
-    concurrency: int = 16
-    episode_timeout_s: float = 60.0
+    concurrency: int = resumable(16)
+    episode_timeout_s: float = resumable(60.0)
     engine: EngineConfig = EngineConfig()
     orchestrator: EndpointSpec = EndpointSpec()
     executor: EndpointSpec = EndpointSpec()
@@ -184,11 +184,6 @@ def _run_system(system: str, cfg: ComparisonConfig) -> None:
     asyncio.run(go())
 
 
-# What a rerun into the same RUN_DIR may change: episodes in flight, their time limit, and where the served roles
-# are and how patiently they are called (a restarted server moves).
-RESUME_MAY_CHANGE = frozenset({"concurrency", "episode_timeout_s"}) | transport_keys("orchestrator", "executor")
-
-
 def settings(cfg: ComparisonConfig) -> dict[str, Any]:
     """What RUN_DIR/settings.json records: the systems and every knob the episodes depend on (not where they are
     written nor how many processes write them)."""
@@ -200,9 +195,9 @@ def settings(cfg: ComparisonConfig) -> dict[str, Any]:
 
 def run_comparison(cfg: ComparisonConfig) -> list[Summary]:
     """Run (or resume) every system into ``cfg.run_dir``, then summarize against ``proactive`` if present. A
-    RUN_DIR whose settings.json records other settings (but for RESUME_MAY_CHANGE) is refused, naming them."""
+    RUN_DIR whose settings.json records other settings (but for ComparisonConfig's `resumable` fields) is refused, naming them."""
     run_dir = Path(cfg.run_dir)
-    claim_run_dir(run_dir, settings(cfg), may_change=RESUME_MAY_CHANGE, file="settings.json")
+    claim_run_dir(run_dir, settings(cfg), file="settings.json", schema=ComparisonConfig)
     if cfg.processes > 1:
         with ProcessPoolExecutor(cfg.processes) as pool:
             for f in [pool.submit(_run_system, s, cfg) for s in cfg.systems]:

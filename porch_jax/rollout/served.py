@@ -36,7 +36,7 @@ from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
 from porch_jax.serving import ServerConfig, VLLMServer
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
-from porch_jax.typed_config import check, claim_run_dir
+from porch_jax.typed_config import check, claim_run_dir, resumable
 
 READINGS = ("zero_shot", "few_shot")
 KEY_ENV = "PORCH_BASELINE_KEY"  # the key of the server this run starts, passed to ARE's child through the env
@@ -61,13 +61,13 @@ class ServedBaselineConfig:
         minutes).
     """
 
-    run_dir: str
+    run_dir: str = resumable()
     model_dir: str = ""
     serve: ServerConfig = ServerConfig(device="cpu", dtype="float32", served_model_name="policy")
     readings: tuple[Literal["zero_shot", "few_shot"], ...] = READINGS
     num_tasks: int = 50
     seed_start: int = 0
-    concurrency: int = 16
+    concurrency: int = resumable(16)
     engine: EngineConfig = EngineConfig(
         budgets=Budgets(12, 3, 4),
         max_decisions=6,
@@ -184,30 +184,12 @@ def run_are(server: VLLMServer, cfg: ServedBaselineConfig, store_path: Path, out
     return time.perf_counter() - start
 
 
-# What a rerun into the same RUN_DIR may change: where it is, episodes in flight, and how the server is reached,
-# waited for and given memory (none of which changes an episode).
-RESUME_MAY_CHANGE = frozenset(
-    {"run_dir", "concurrency"}
-    | {
-        f"serve.{name}"
-        for name in (
-            "host",
-            "startup_timeout_s",
-            "stop_timeout_s",
-            "cpu_venv",
-            "kv_cache_memory_bytes",
-            "gpu_memory_utilization",
-        )
-    }
-)
-
-
 def run(cfg: ServedBaselineConfig, *, api_key: str) -> list[Reading]:
     """Serve the model, run every reading (resuming), write RUN_DIR/results.json and table.md; returns the rows.
-    RUN_DIR/config.json records the config; a rerun with another one (but for RESUME_MAY_CHANGE) is refused,
+    RUN_DIR/config.json records the config; a rerun with another one (but for its `resumable` fields) is refused,
     naming the keys, before the server starts."""
     run_dir = Path(cfg.run_dir)
-    claim_run_dir(run_dir, cfg, may_change=RESUME_MAY_CHANGE)
+    claim_run_dir(run_dir, cfg)
     model_dir = cfg.model_dir or str(smollm2_folder())
     walls_file = run_dir / "wall_s.json"
     walls: dict[str, float] = json.loads(walls_file.read_text()) if walls_file.is_file() else {}

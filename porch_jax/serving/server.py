@@ -47,6 +47,7 @@ import httpx2 as httpx
 from ml_collections import ConfigDict, config_dict
 
 from porch_jax.serving.folder import check_folder, check_same_tokenizer
+from porch_jax.typed_config import resumable
 
 if TYPE_CHECKING:
     from porch_jax.serving.weights import WeightSync
@@ -79,18 +80,18 @@ class ServerConfig:
     tensor_parallel_size: int = 1
     dtype: str = "auto"
     max_model_len: int = 2048
-    kv_cache_memory_bytes: int = 128 * 2**20
-    gpu_memory_utilization: float = 0.85
+    kv_cache_memory_bytes: int = resumable(128 * 2**20)
+    gpu_memory_utilization: float = resumable(0.85)
     enforce_eager: bool | None = None
     weight_reload: bool = True
     chunked_prefill: bool = True
     served_model_name: str = "policy"
-    host: str = "127.0.0.1"
+    host: str = resumable("127.0.0.1")
     seed: int = 0
-    startup_timeout_s: float = 600.0
-    stop_timeout_s: float = 20.0
-    cpu_venv: str = ""  # default: $VLLM_VENV or <repo>/.venv-vllm
-    cpu_spin_count: int = 10_000
+    startup_timeout_s: float = resumable(600.0)
+    stop_timeout_s: float = resumable(20.0)
+    cpu_venv: str = resumable("")  # default: $VLLM_VENV or <repo>/.venv-vllm
+    cpu_spin_count: int = resumable(10_000)
     extra_args: tuple[str, ...] = ()
 
     @classmethod

@@ -9,7 +9,7 @@ import dataclasses
 from typing import Literal
 
 from porch_jax.train.methods import MethodConfig
-from porch_jax.typed_config import check
+from porch_jax.typed_config import check, resumable
 
 __all__ = [
     "CheckpointConfig",
@@ -91,10 +91,10 @@ class SamplerConfig:
     kind: Literal["embedded", "vllm"] = "embedded"
     push_every: int = 1
     max_logprob_gap: float = 0.01
-    push_timeout_s: float = 300.0
-    request_timeout_s: float = 300.0
+    push_timeout_s: float = resumable(300.0)
+    request_timeout_s: float = resumable(300.0)
     push_parity_tol: float | None = 1e-3
-    concurrency: int = 16
+    concurrency: int = resumable(16)
 
     def __post_init__(self):
         check(self.push_every > 0, "push_every", f"must be > 0, got {self.push_every}")
@@ -104,11 +104,6 @@ class SamplerConfig:
         tol = self.push_parity_tol
         check(tol is None or tol > 0, "push_parity_tol", f"must be > 0 or None (no probe), got {tol}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
-
-
-# SamplerConfig's keys a resumed run may change: how patiently and how widely it talks to the server, not what it
-# samples (launchers add them, under their section's path, to what a rerun may change).
-SAMPLER_TRANSPORT_KEYS = ("push_timeout_s", "request_timeout_s", "concurrency")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -138,10 +133,10 @@ class TrainConfig:
     steps: int
     optimizer: OptimizerConfig = OptimizerConfig()
     method: MethodConfig = MethodConfig()
-    checkpoint: CheckpointConfig = CheckpointConfig()
-    log: LogConfig = LogConfig()
+    checkpoint: CheckpointConfig = resumable(CheckpointConfig())
+    log: LogConfig = resumable(LogConfig())
     export_every: int = 0
-    mesh: tuple[int, ...] = (1, 1, 1)
+    mesh: tuple[int, ...] = resumable((1, 1, 1))
 
     def __post_init__(self):
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")

@@ -16,13 +16,13 @@ from flax import nnx
 
 from porch_jax.train import data as data_lib
 from porch_jax.train import mesh as mesh_lib
-from porch_jax.train.config import SAMPLER_TRANSPORT_KEYS, SamplingConfig, TrainConfig
+from porch_jax.train.config import SamplingConfig, TrainConfig
 from porch_jax.train.methods import make_method
 from porch_jax.train.overlong import Overlong
 from porch_jax.train.served_sampler import served_action_sampler
 from porch_jax.train.sources import ActionSampler, RecordSource
 from porch_jax.train.trainer import Trainer
-from porch_jax.typed_config import check, claim_run_dir
+from porch_jax.typed_config import check, claim_run_dir, resumable
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +89,7 @@ class OpdConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RecordsConfig:
-    workdir: str
+    workdir: str = resumable()
     train: TrainConfig
     model: ModelConfig = ModelConfig()
     data: DataConfig = DataConfig()
@@ -107,18 +107,11 @@ class RecordsConfig:
         )
 
 
-# What a rerun into the same workdir may change: where it is, the checkpoint and log cadence, the mesh (a
-# checkpoint restores onto another mesh shape) and how patiently a served sampler talks to its server.
-RESUME_MAY_CHANGE = frozenset({"workdir", "train.checkpoint", "train.log", "train.mesh"}) | {
-    f"opd.sampling.sampler.{key}" for key in SAMPLER_TRANSPORT_KEYS
-}
-
-
 def claim_workdir(cfg: RecordsConfig) -> None:
-    """Records `cfg` as WORKDIR/config.json, or refuses a workdir that records another config (but for
-    RESUME_MAY_CHANGE), naming the keys that differ: a rerun resumes from the newest checkpoint, which must be
-    this config's run."""
-    claim_run_dir(cfg.workdir, cfg, may_change=RESUME_MAY_CHANGE)
+    """Records `cfg` as WORKDIR/config.json, or refuses a workdir that records another config (but for its
+    `resumable` fields: the workdir, checkpoint and log cadence, the mesh, the served sampler's transport), naming
+    the keys that differ: a rerun resumes from the newest checkpoint, which must be this config's run."""
+    claim_run_dir(cfg.workdir, cfg)
 
 
 def records_trainer(

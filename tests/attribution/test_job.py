@@ -184,16 +184,16 @@ def test_the_launcher_judges_through_the_grm_endpoint_its_config_names(tmp_path)
 def test_a_rerun_into_an_output_of_another_config_is_refused(tmp_path):
     """<out>.config.json records the job's config: a rerun with the GRM elsewhere or more calls in flight resumes;
     one with another GRM model or sampling is refused before any call, naming the keys."""
-    from porch_jax.attribution.job import RESUME_MAY_CHANGE, AttributionConfig, run_job
+    from porch_jax.attribution.job import AttributionConfig, run_job
     from porch_jax.backends import Sampling
     from porch_jax.backends.spec import EndpointSpec
     from porch_jax.typed_config import RunDirError, claim_run_dir
 
     out = tmp_path / "a.jsonl"
     cfg = AttributionConfig(str(tmp_path / "t.jsonl"), str(out), EndpointSpec("grm", ("http://127.0.0.1:9",)))
-    claim_run_dir(tmp_path, cfg, may_change=RESUME_MAY_CHANGE, file="a.jsonl.config.json")
+    claim_run_dir(tmp_path, cfg, file="a.jsonl.config.json")
     moved = dataclasses.replace(cfg, grm=dataclasses.replace(cfg.grm, urls=("http://elsewhere:1",)), concurrency=2)
-    claim_run_dir(tmp_path, moved, may_change=RESUME_MAY_CHANGE, file="a.jsonl.config.json")
+    claim_run_dir(tmp_path, moved, file="a.jsonl.config.json")
     other = dataclasses.replace(cfg, grm=dataclasses.replace(cfg.grm, model="judge"), sampling=Sampling(max_tokens=8))
     with pytest.raises(RunDirError, match=r"another config \(grm\.model: 'grm' -> 'judge'; sampling\.max_tokens: 128"):
         asyncio.run(run_job(other, progress=False))

@@ -482,7 +482,6 @@ def test_pretrained_lm_reading_config_is_checked_and_old_run_dirs_still_resume(t
     """The pretrained_lm reading needs no_policy_lm.model_path and no other reading takes one; a run recorded
     before no_policy_lm existed resumes with it at its default, and is refused with it set."""
     from experiments.maca_synthetic import get_config
-    from porch_jax.maca.experiment import RESUME_MAY_CHANGE
     from porch_jax.typed_config import claim_run_dir
 
     def config(**changes):
@@ -505,7 +504,7 @@ def test_pretrained_lm_reading_config_is_checked_and_old_run_dirs_still_resume(t
     (tmp_path / "run" / "config.json").write_text(json.dumps(recorded))
 
     def claim(c):  # as the experiment claims its run directory
-        claim_run_dir(c.run_dir, c, may_change=RESUME_MAY_CHANGE, defaults=MacaConfig(c.run_dir))
+        claim_run_dir(c.run_dir, c, defaults=MacaConfig(c.run_dir))
 
     claim(cfg)  # accepted: the key at its default
     routed = config(no_policy_structure="pretrained_lm", no_policy_lm={"model_path": "/f"})

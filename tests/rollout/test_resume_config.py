@@ -39,7 +39,7 @@ def test_the_served_baseline_refuses_another_config_before_its_server_starts(tmp
     with another config is refused first, naming the keys."""
     serve = ServerConfig(device="cpu", dtype="float32", cpu_venv=str(tmp_path / "no_venv"))
     cfg = served.ServedBaselineConfig(run_dir=str(tmp_path / "run"), model_dir=str(tmp_path / "model"), serve=serve)
-    claim_run_dir(cfg.run_dir, cfg, may_change=served.RESUME_MAY_CHANGE)
+    claim_run_dir(cfg.run_dir, cfg)
     relaunch = dataclasses.replace(
         cfg,
         concurrency=4,
