@@ -224,13 +224,24 @@ def _build(cls: type[T], data: Mapping, path: str) -> T:
         raise ConfigError(f"{path}: {e}") from None
 
 
-def from_dict(cls: type[T], data: Any, *, path: str = "config") -> T:
+def from_dict(cls: type[T], data: Any, *, path: str = "config", base: T | None = None) -> T:
     """`cls` (a dataclass) built from `data` (a ConfigDict or Mapping, nested as `cls`'s fields are); fields absent
-    from `data` take their defaults. Raises `ConfigError` naming the dotted key (rooted at `path`)."""
+    from `data` take their defaults, or with `base` (a `cls`) base's values, merged field by field through nested
+    mappings (a partial mapping over a config, e.g. parsed JSON). Raises `ConfigError` naming the dotted key (rooted
+    at `path`)."""
     data = _plain(data)
     if not isinstance(data, Mapping):
         raise _bad(path, data, f"a mapping of {cls.__name__} fields")
-    return _build(cls, data, path)
+    return _build(cls, data if base is None else _merge(to_dict(base), data), path)
+
+
+def _merge(base: Mapping, changes: Mapping) -> dict:
+    out = dict(base)
+    for key, value in _plain(changes).items():
+        value = _plain(value)
+        both = isinstance(out.get(key), Mapping) and isinstance(value, Mapping)
+        out[key] = _merge(out[key], value) if both else value
+    return out
 
 
 def to_dict(obj: Any) -> Any:

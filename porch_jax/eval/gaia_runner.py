@@ -30,9 +30,9 @@ from porch_jax.envs.gaia.text import Page
 from porch_jax.eval.plots import plot_group_success
 from porch_jax.protocol import Finish, render_action
 from porch_jax.rollout import BUDGETS, Engine, EngineConfig, run_episodes, system_config
-from porch_jax.rollout.config import replace_nested
 from porch_jax.rollout.pairs import Pair, make_pairs, markdown_table, record_outcome, results_by, write_results
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
+from porch_jax.typed_config import from_dict
 
 POLICIES = ("llm", "answer_key")
 EQUIVALENCE_PROMPT = (
@@ -66,7 +66,9 @@ class GaiaRunConfig:
             raise ValueError("policy 'llm' needs an orchestrator endpoint (its model, and urls for a served one)")
 
     def engine_config(self) -> EngineConfig:
-        return system_config(self.system, replace_nested(EngineConfig(budgets=BUDGETS["gaia"]), self.engine))
+        return system_config(
+            self.system, from_dict(EngineConfig, self.engine, path="engine", base=EngineConfig(budgets=BUDGETS["gaia"]))
+        )
 
 
 def _answer_key(request: ChatRequest) -> str:

@@ -32,9 +32,9 @@ from porch_jax.envs.swe import SWEConfig, SWEEnvironment, SWEInstance, SWETask, 
 from porch_jax.eval.plots import plot_group_success
 from porch_jax.protocol import Delegate, Finish, Harness, Submit, ToolCall, render_action
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config
-from porch_jax.rollout.config import replace_nested
 from porch_jax.rollout.pairs import Pair, make_pairs, record_outcome, results_by, write_results
 from porch_jax.trajectories import EpisodeRecord, TrajectoryStore
+from porch_jax.typed_config import from_dict
 
 POLICIES = ("llm", "gold")
 GOLD_DELIMITER = "PORCH_GOLD_PATCH"
@@ -64,7 +64,9 @@ class SWERunConfig:
 
     def engine_config(self) -> EngineConfig:
         budgets = Budgets(self.swe.total_steps, 10, self.swe.agent_steps)
-        return system_config(self.system, replace_nested(EngineConfig(budgets=budgets), self.engine))
+        return system_config(
+            self.system, from_dict(EngineConfig, self.engine, path="engine", base=EngineConfig(budgets=budgets))
+        )
 
 
 def mirror(repos: str | Path, instance: SWEInstance) -> Path:

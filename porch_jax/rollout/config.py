@@ -11,9 +11,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from porch_jax.backends import Sampling
 from porch_jax.protocol import COMM_ACTIONS, FULL_VIEW, REVISABLE_FIELDS, SUBMIT, FeedbackView
@@ -80,24 +79,6 @@ class EngineConfig:
     def config_hash(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def replace_nested(obj: Any, changes: Mapping[str, Any], path: str = "engine") -> Any:
-    """The dataclass ``obj`` with ``changes`` (a plain, possibly partial mapping, e.g. parsed JSON) applied: a nested
-    dataclass field takes a mapping merged field by field, a tuple field a list; an unknown key raises naming its
-    dotted path. Crosses a process boundary that has no absl (ARE's runner takes an EngineConfig this way)."""
-    fields = {f.name for f in dataclasses.fields(obj)}
-    updates = {}
-    for key, value in changes.items():
-        if key not in fields:
-            raise ValueError(f"{path}.{key}: unknown key; known: {', '.join(sorted(fields))}")
-        current = getattr(obj, key)
-        if dataclasses.is_dataclass(current) and isinstance(value, Mapping):
-            value = replace_nested(current, value, f"{path}.{key}")
-        elif isinstance(current, tuple) and isinstance(value, list):
-            value = tuple(value)
-        updates[key] = value
-    return dataclasses.replace(obj, **updates)
 
 
 def system_config(name: str, base: EngineConfig = EngineConfig()) -> EngineConfig:

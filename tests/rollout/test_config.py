@@ -11,14 +11,14 @@ from porch_jax.backends import Sampling
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.rollout import BUDGETS, EngineConfig
 from porch_jax.rollout.compare import ComparisonConfig, run_comparison
-from porch_jax.rollout.config import replace_nested
 from porch_jax.trajectories import TrajectoryStore
+from porch_jax.typed_config import ConfigError, from_dict
 
 
 def test_a_partial_mapping_merges_field_by_field_and_names_an_unknown_key():
     base = EngineConfig(budgets=BUDGETS["gaia2"])
-    cfg = replace_nested(
-        base,
+    cfg = from_dict(
+        EngineConfig,
         json.loads(
             json.dumps(
                 {
@@ -29,17 +29,21 @@ def test_a_partial_mapping_merges_field_by_field_and_names_an_unknown_key():
                 }
             )
         ),
+        path="engine",
+        base=base,
     )
     assert cfg.budgets == BUDGETS["gaia2"].__class__(8, 10, 30)  # the other budget fields are GAIA2's
     assert cfg.orchestrator_sampling == Sampling(max_tokens=96, stop=("</x>",), thinking=False)
     assert cfg.subagent_sampling == base.subagent_sampling and cfg.revisable == ("subgoal",)
     assert cfg.max_evidence_chars is None
-    with pytest.raises(ValueError, match=r"engine\.orchestrator_sampling\.max_tokns: unknown key"):
-        replace_nested(base, {"orchestrator_sampling": {"max_tokns": 3}})
-    with pytest.raises(ValueError, match="max_tokens"):
-        replace_nested(base, {"subagent_sampling": {"max_tokens": 0}})
-    with pytest.raises(ValueError, match="max_evidence_chars"):
-        replace_nested(base, {"max_evidence_chars": 0})
+    with pytest.raises(ConfigError, match=r"engine\.orchestrator_sampling\.max_tokns: unknown key"):
+        from_dict(EngineConfig, {"orchestrator_sampling": {"max_tokns": 3}}, path="engine", base=base)
+    with pytest.raises(ConfigError, match="engine.subagent_sampling: max_tokens: must be > 0"):
+        from_dict(EngineConfig, {"subagent_sampling": {"max_tokens": 0}}, path="engine", base=base)
+    with pytest.raises(ConfigError, match="engine.budgets.total_steps: expected an int"):
+        from_dict(EngineConfig, {"budgets": {"total_steps": "8"}}, path="engine", base=base)
+    with pytest.raises(ConfigError, match="max_evidence_chars"):
+        from_dict(EngineConfig, {"max_evidence_chars": 0}, path="engine", base=base)
 
 
 def test_the_comparison_plays_a_served_orchestrator_named_by_its_endpoint(tmp_path, monkeypatch):

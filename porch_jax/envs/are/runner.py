@@ -56,10 +56,10 @@ from porch_jax.envs.are.env import AREEnvironment
 from porch_jax.envs.are.plan import oracle_plan
 from porch_jax.envs.are.scripted import ScriptedOracle
 from porch_jax.rollout import BUDGETS, EngineConfig, system_config
-from porch_jax.rollout.config import replace_nested
 from porch_jax.rollout.pairs import PairOutcome, pair_id, record_tokens, results_by, write_results
 from porch_jax.trajectories import EpisodeRecord, Outcome, TrajectoryStore
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
+from porch_jax.typed_config import from_dict
 
 POLICIES = ("scripted_oracle", "reworded_oracle", "llm")
 REWORDING = "To confirm: "  # reworded_oracle's prefix to each answer
@@ -96,7 +96,7 @@ class RunSpec:
     hub_split: str = "validation"
     hub_rows: str = ""
     limit: int = 0  # at most this many scenarios (0: all)
-    # JSON of EngineConfig fields over GAIA2's defaults (rollout.config.replace_nested), e.g.
+    # JSON of EngineConfig fields over GAIA2's defaults (typed_config.from_dict with a base), e.g.
     # '{"max_decisions": 4, "budgets": {"total_steps": 8}, "orchestrator_sampling": {"max_tokens": 96}}':
     # sampling per role (max tokens, temperature, thinking), evidence kept, context rule, few-shot.
     engine: str = ""
@@ -318,7 +318,7 @@ def engine_config(spec: RunSpec) -> EngineConfig:
         raise ValueError(f"--engine: not JSON ({e})") from None
     if not isinstance(changes, dict):
         raise ValueError(f"--engine: must be a JSON object of EngineConfig fields, got {spec.engine!r}")
-    return replace_nested(base, changes)
+    return from_dict(EngineConfig, changes, path="engine", base=base)
 
 
 class VerdictLedger(AppendOnlyJsonl):
