@@ -18,7 +18,7 @@ rest as in experiments/maca_synthetic.py. The schema is porch_jax/maca/config.py
 from ml_collections import ConfigDict
 
 from experiments.maca_synthetic import get_config as synthetic_config
-from porch_jax.maca.baselines import BASELINES
+from porch_jax.maca.settings import BASELINES
 from porch_jax.typed_config import ConfigError, parse_arg
 
 
@@ -46,8 +46,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.prior.samples = 4
     c.grpo.iterations = 40
     c.grpo.tasks_per_iteration = 4
-    c.grpo.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
-    c.grpo.final_lr_ratio = 1.0  # the paper's rate, constant (the synthetic decay was chosen on its own validation)
+    c.grpo.optimizer.learning_rate = 1e-5  # paper, App. D.3 (for a pretrained LM policy)
+    c.grpo.optimizer.final_lr_ratio = (
+        1.0  # the paper's rate, constant (the synthetic decay was chosen on its own validation)
+    )
     # every GRPO iteration calls the served agents ~tasks x group x calls times: save the policy every 5, so a
     # crashed run, relaunched with the same command, loses at most 4 (the learned prior is kept as well)
     c.checkpoint_every = 5

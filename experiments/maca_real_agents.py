@@ -42,7 +42,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     m.prior.update({"rounds": 1, "samples": 4, "walk_steps": 4, "batched": True})
     # 6 iterations of 2 tasks x 8: about 100 episodes per system, so each batch of rollouts is used for 4 updates
     # (GRPO's clipped ratio keeps them near the sampling policy) at a rate that lets ~24 updates move the head
-    m.grpo.update({"iterations": 6, "tasks_per_iteration": 2, "group_size": 8, "learning_rate": 1e-2, "epochs": 4})
+    m.grpo.update({"iterations": 6, "tasks_per_iteration": 2, "group_size": 8, "epochs": 4})
+    m.grpo.optimizer.learning_rate = 1e-2
     m.checkpoint_every = 2
     m.systems = (*LEARNED, "no_policy")
     m.baselines.concurrency = 64

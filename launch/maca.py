@@ -18,7 +18,6 @@ from __future__ import annotations
 from absl import app, flags
 
 from porch_jax.maca.config import MacaConfig
-from porch_jax.maca.experiment import gate_report, run, tables
 from porch_jax.typed_config import define_config_flag
 
 _CONFIG = define_config_flag("config", MacaConfig, "Experiment config file (experiments/maca_*.py).", required=True)
@@ -32,6 +31,9 @@ _GATE_ONLY = flags.DEFINE_bool(
 
 def main(argv: list[str]) -> None:
     del argv
+    # Imported once the flags are parsed: the experiment pulls in JAX (a flag error answers before it loads).
+    from porch_jax.maca.experiment import gate_report, run, tables
+
     cfg = _CONFIG.value
     if _GATE_ONLY.value:
         gate_report(cfg)

@@ -29,7 +29,8 @@ from porch_jax.maca.orchestrator import (
     rollout,
 )
 from porch_jax.maca.pools import AgentPool
-from porch_jax.maca.prior import STRUCTURES, PriorPolicy
+from porch_jax.maca.prior import PriorPolicy
+from porch_jax.maca.settings import NO_POLICY_READINGS
 from porch_jax.maca.synthetic import SyntheticPool
 from porch_jax.maca.train import GRPOConfig, Variant, graphspecs, make_optimizer, restore_params, train_grpo
 
@@ -306,8 +307,6 @@ def top2_mass(episodes: Sequence[Episode]) -> float:
 # ---------------------------------------------------------------------------------------------------
 # Variants and sweeps.
 # ---------------------------------------------------------------------------------------------------
-
-NO_POLICY_READINGS = (*STRUCTURES, "reference", "pretrained_lm")  # what "w/o pi_theta" acts by (Study.structure)
 
 
 @dataclasses.dataclass(frozen=True)

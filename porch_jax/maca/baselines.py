@@ -27,10 +27,10 @@ from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.orchestrator import STOP, answer, router_prompt
 from porch_jax.maca.policy import structural_mask
 from porch_jax.maca.pools import AgentPool
+from porch_jax.maca.settings import BASELINES
 
 COT_SUFFIX = "\n\nLet's think step by step."
 ROUTER_MODES = ("none", "hint", "mask")
-BASELINES = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
 ANSWER_SAMPLING = Sampling(max_tokens=1024)
 ROUTER_SAMPLING = Sampling(max_tokens=32)
 

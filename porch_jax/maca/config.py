@@ -17,10 +17,7 @@ from typing import Any, Literal
 
 from porch_jax.backends import Sampling
 from porch_jax.backends.spec import EndpointSpec
-from porch_jax.maca.analysis import NO_POLICY_READINGS
-from porch_jax.maca.baselines import BASELINES
-from porch_jax.maca.prior import PriorConfig
-from porch_jax.maca.train import VARIANTS, GRPOConfig
+from porch_jax.maca.settings import BASELINES, NO_POLICY_READINGS, VARIANTS, GRPOConfig, PriorConfig
 from porch_jax.typed_config import check, resumable
 
 __all__ = [
@@ -135,27 +132,21 @@ class PolicyConfig:
 
 @dataclasses.dataclass(frozen=True)
 class GRPOSection(GRPOConfig):
-    """Token-aware GRPO (maca/train.py `GRPOConfig`) plus lambda, Eq. 12's prior-KL weight (kept by every
-    ablation but unconstrained GRPO). `stop_floor` and `rollout` come from graphspec / rollout, not from here."""
+    """Token-aware GRPO (maca/settings.py `GRPOConfig`, its optimizer a train/config.py `OptimizerConfig`) plus
+    lambda, Eq. 12's prior-KL weight (kept by every ablation but unconstrained GRPO). `stop_floor` and `rollout`
+    come from graphspec / rollout, not from here (experiment.grpo_config joins them into the trainer's GRPOConfig;
+    lambda goes per variant)."""
 
     prior_kl_weight: float = 0.7
 
     def __post_init__(self):
-        parent = getattr(super(), "__post_init__", None)
-        if parent is not None:
-            parent()
         check(self.iterations >= 0, "iterations", f"must be >= 0, got {self.iterations}")
         check(self.tasks_per_iteration > 0, "tasks_per_iteration", f"must be > 0, got {self.tasks_per_iteration}")
         check(self.group_size > 1, "group_size", f"must be > 1 (group advantages), got {self.group_size}")
-        check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
         check(self.prior_kl_weight >= 0, "prior_kl_weight", f"must be >= 0, got {self.prior_kl_weight}")
+        check(self.optimizer.total_steps is None, "optimizer.total_steps", "is set from iterations * epochs")
         check(self.stop_floor == GRPOConfig.stop_floor, "stop_floor", "set graphspec.stop_floor instead")
         check(self.rollout == GRPOConfig().rollout, "rollout", "set rollout.max_steps and graphspec.* instead")
-
-    def grpo(self, **overrides: Any) -> GRPOConfig:
-        """The trainer's GRPOConfig of these settings (lambda dropped: the trainer takes it per variant)."""
-        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(GRPOConfig)}
-        return GRPOConfig(**(fields | overrides))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -50,8 +50,9 @@ from porch_jax.maca.prior import (
     restore_edge_mlp,
     save_edge_mlp,
 )
+from porch_jax.maca.settings import VARIANTS
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
-from porch_jax.maca.train import VARIANTS, GRPOConfig, Variant
+from porch_jax.maca.train import GRPOConfig, Variant
 from porch_jax.train.mesh import make_mesh
 from porch_jax.typed_config import claim_run_dir, to_dict
 
@@ -132,11 +133,9 @@ def prior_config(cfg: MacaConfig) -> PriorConfig:
 
 def grpo_config(cfg: MacaConfig, **overrides: Any) -> GRPOConfig:
     constraint = Constraint(True, cfg.graphspec.edge_threshold, cfg.graphspec.conditional_edges)
-    return cfg.grpo.grpo(
-        stop_floor=cfg.graphspec.stop_floor,
-        rollout=RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint),
-        **overrides,
-    )
+    settings = {f.name: getattr(cfg.grpo, f.name) for f in dataclasses.fields(GRPOConfig)}  # lambda goes per variant
+    rollout = RolloutConfig(max_steps=cfg.rollout.max_steps, constraint=constraint)
+    return GRPOConfig(**settings | {"stop_floor": cfg.graphspec.stop_floor, "rollout": rollout} | overrides)
 
 
 def policy_factory(

@@ -22,21 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-DEFAULT_GAMMA = 0.4
-
-
-@dataclasses.dataclass(frozen=True)
-class BudgetTemperature:
-    """beta(b) = base * (budget / reference) ** exponent."""
-
-    base: float = 0.25
-    reference: float = 2000.0
-    exponent: float = 0.5
-
-    def __call__(self, budget: float) -> float:
-        if budget <= 0:
-            raise ValueError(f"budget must be positive, got {budget}")
-        return self.base * (budget / self.reference) ** self.exponent
+from porch_jax.maca.settings import DEFAULT_GAMMA, BudgetTemperature
 
 
 def context_text(task: str, budget: int) -> str:
@@ -86,7 +72,7 @@ def build_graphspec(
     edge_probs: np.ndarray,
     *,
     gamma: float = DEFAULT_GAMMA,
-    temperature: BudgetTemperature = BudgetTemperature(),
+    temperature: BudgetTemperature = BudgetTemperature(),  # noqa: B008 (frozen: one shared default is safe)
     standardize: bool = True,
 ) -> GraphSpec:
     """GraphSpec of one task from e(x, b) [d], the agents' e_i [N, d] and p [N, N] (Eq. 6 on e(x)), or

@@ -28,6 +28,7 @@ from porch_jax.envs.benchmarks.base import Benchmark, BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.policy import structural_mask
 from porch_jax.maca.pools import AgentPool
+from porch_jax.maca.settings import Constraint, RolloutConfig
 from porch_jax.maca.synthetic import SyntheticPool, SyntheticTask
 
 STOP = "STOP"
@@ -189,15 +190,6 @@ def transcript_entry(world: AgentWorld, agent: int, text: str) -> str:
     return f"[{world.pool.agents[agent].name}]\n{text}"
 
 
-@dataclasses.dataclass(frozen=True)
-class Constraint:
-    """The action space a policy acts in: Eq. 11's H from each task's GraphSpec, or all of A."""
-
-    use_mask: bool = True
-    edge_threshold: float = 0.0
-    conditional: bool = False  # threshold the row normalised over the retained agents (policy.structural_mask)
-
-
 def bucket(n: int, minimum: int = 8) -> int:
     """The power of two >= n (at least `minimum`): jitted functions see few shapes, so compile few times."""
     return max(minimum, 1 << max(n - 1, 0).bit_length())
@@ -237,13 +229,6 @@ def choose(log_probs: np.ndarray, rng: np.random.Generator, *, greedy: bool) -> 
     if greedy:
         return np.argmax(log_probs, axis=-1)
     return np.argmax(log_probs + rng.gumbel(size=log_probs.shape), axis=-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class RolloutConfig:
-    max_steps: int = 6
-    greedy: bool = False
-    constraint: Constraint = Constraint()
 
 
 async def rollout(

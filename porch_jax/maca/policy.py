@@ -39,10 +39,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from porch_jax.maca.settings import PRIOR_KL_WEIGHT, TOKEN_COST_WEIGHT
 from porch_jax.train import losses
-
-TOKEN_COST_WEIGHT = 0.02  # beta in Eq. 12 (paper, Appendix D.3)
-PRIOR_KL_WEIGHT = 0.7  # lambda in Eq. 12 (paper, Sec. 3.6)
 
 
 def structural_mask(

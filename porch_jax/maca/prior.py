@@ -29,7 +29,6 @@ from porch_jax.maca.edges import (
     with_start_node,
 )
 from porch_jax.maca.graphspec import (
-    DEFAULT_GAMMA,
     BudgetTemperature,
     GraphSpec,
     gate,
@@ -43,6 +42,7 @@ from porch_jax.maca.orchestrator import (
     run_path,
 )
 from porch_jax.maca.policy import prior_action_probs, structural_mask
+from porch_jax.maca.settings import STRUCTURES, PriorConfig
 from porch_jax.maca.synthetic import walk
 from porch_jax.progress import ProgressLine
 from porch_jax.train.checkpoint import Checkpointer
@@ -51,33 +51,6 @@ from porch_jax.train.mesh import abstract_like
 # ---------------------------------------------------------------------------------------------------
 # Structural prior learning (Algorithm 1, lines 3-7).
 # ---------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class PriorConfig:
-    gamma: float = DEFAULT_GAMMA
-    temperature: BudgetTemperature = dataclasses.field(default_factory=BudgetTemperature)
-    rounds: int = 3  # passes over the training tasks
-    samples: int = 8  # structures G^(k) per task
-    walk_steps: int = 4
-    sparsity: float = 0.3  # Eq. 5's lambda per agent (times N; see edges.py on why it is needed)
-    edge_learning_rate: float = 0.1
-    credit: str = "sampled"  # Eq. 5 on the sampled or the executed edges (edges.py)
-    init_out_degree: float | None = (
-        None  # pi_phi's initial expected out-degree among a task's agents (None: sigma = 0.5)
-    )
-    per_family: bool = False  # one pi_phi per task family (the paper learns its prior per dataset)
-    buffer_rounds: int | None = None  # fill the success buffer from the last rounds only (None: all)
-    with_start: bool = False  # learn where successful trajectories start (edges.py, START node)
-    keep_cheapest: bool = False  # the buffer keeps each task's cheapest successful walk(s) per round (edges.py)
-    phi_start: bool = False  # pi_phi samples START's edges too, and walks open at one of them (synthetic.walk)
-    # a round's walks sampled from pi_phi as it stands at the round's start and run all at once (edges.py,
-    # prior_learning_round's execute_batch): served agents then answer them concurrently
-    batched: bool = False
-    mlp_hidden: int = 128
-    mlp_steps: int = 300
-    mlp_batch: int = 32
-    mlp_learning_rate: float = 1e-3
 
 
 def relevance_scores(
@@ -351,9 +324,6 @@ def most_probable_path(
             step = cost - float(np.log(pr[a]))
             heapq.heappush(heap, (step, path, True) if a == n else (step, (*path, int(a)), False))
     return ()
-
-
-STRUCTURES = ("greedy", "most_probable")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,6 @@ import numpy as np
 
 from porch_jax.backends import Backend
 from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
-from porch_jax.maca import analysis, experiment
 from porch_jax.maca.config import MacaConfig
 from porch_jax.progress import Stages
 from porch_jax.rollout.pairs import wilson
@@ -190,6 +189,8 @@ def run_table(
         t0 = time.perf_counter()
         if stages.should_run(f"[table] {benchmark} (results in {done})", done=done.exists()):
             log(f"[table] {benchmark}: policy {cfg.trained_on(benchmark) or 'untrained'}; cache {cache_stats()}")
+            from porch_jax.maca import experiment  # JAX: loaded when a benchmark runs, not when its config is read
+
             results = experiment.run(bcfg, backend=backend, log=lambda line, b=benchmark: log(f"[{b}] {line}"))
         else:
             results = json.loads(done.read_text())
@@ -202,6 +203,8 @@ def run_table(
 
 
 def _write(run_dir: Path, out: dict[str, Any]) -> None:
+    from porch_jax.maca import analysis
+
     analysis.write_json(run_dir / "table.json", out)
     (run_dir / "table.md").write_text(markdown(out))
     plot(out, run_dir / "table.png")

@@ -58,20 +58,18 @@ from porch_jax.maca.orchestrator import (
     AgentWorld,
     Episode,
     OrchestrationTask,
-    RolloutConfig,
     State,
     pad_rows,
     rollout,
 )
 from porch_jax.maca.policy import (
-    PRIOR_KL_WEIGHT,
-    TOKEN_COST_WEIGHT,
     kl_to_mix,
     mix_log_probs,
     step_rewards,
     trajectory_return,
 )
 from porch_jax.maca.prior import prior_probs
+from porch_jax.maca.settings import GRPOConfig, Variant
 from porch_jax.progress import ProgressLine
 from porch_jax.train import optim
 from porch_jax.train.checkpoint import Checkpointer
@@ -81,45 +79,9 @@ from porch_jax.train.mesh import abstract_like
 from porch_jax.train.methods import make_method
 from porch_jax.train.trainer import Trainer
 
-PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
-
-
 # ---------------------------------------------------------------------------------------------------
 # Variants (Table 3) and the GraphSpec each one acts under.
 # ---------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Variant:
-    """prior: what GraphSpec keeps ("full"; "no_relevance": Z_prior removed, q = z = 1; "no_edges": P_prior's
-    plausibility removed, p = 1; "none": no GraphSpec). mask: Eq. 11's hard constraint. learn: False acts by
-    executing the structure GraphSpec commits to, with no policy (the structure-centric "w/o pi_theta",
-    `PriorPolicy`)."""
-
-    name: str
-    prior: str = "full"
-    mask: bool = True
-    prior_kl_weight: float = PRIOR_KL_WEIGHT
-    learn: bool = True
-
-    def __post_init__(self) -> None:
-        if self.prior not in PRIOR_KINDS:
-            raise ValueError(f"prior must be one of {PRIOR_KINDS}, got {self.prior!r}")
-        if self.prior == "none" and not self.learn:
-            raise ValueError("a variant without GraphSpec and without a policy has nothing to act by")
-
-
-VARIANTS: dict[str, Variant] = {
-    v.name: v
-    for v in (
-        Variant("maca"),
-        Variant("no_z_prior", prior="no_relevance"),
-        Variant("no_p_prior", prior="no_edges"),
-        Variant("no_graphspec", prior="none", mask=False),
-        Variant("no_policy", learn=False),
-        Variant("grpo", prior="none", mask=False, prior_kl_weight=0.0),  # unconstrained GRPO: no mask, no prior KL
-    )
-}
 
 
 def graphspecs(q: np.ndarray, p: np.ndarray, prior: str, gamma: float = DEFAULT_GAMMA) -> list[GraphSpec] | None:
@@ -206,41 +168,9 @@ def group_targets(d: GroupDecisions, cfg: GRPOConfig, prior_kl_weight: float) ->
 # ---------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
-class GRPOConfig:
-    iterations: int = 60
-    tasks_per_iteration: int = 8
-    group_size: int = 8  # G (paper, App. D.3)
-    learning_rate: float = 3e-3  # the paper's 1e-5 is for an 8B model; these policies start from scratch
-    warmup_steps: int = 0
-    final_lr_ratio: float = 1.0  # cosine decay to learning_rate * this at the last update (1: constant)
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    clip_eps: float = 0.2
-    epochs: int = 1  # updates per batch of rollouts (ratios stay 1 at the first)
-    token_cost_weight: float = TOKEN_COST_WEIGHT
-    token_unit: float = 1000.0
-    kl_in_reward: bool = False  # True: also charge lambda * KL_t in the return (Eq. 12 literally)
-    kl_in_loss: bool = True  # lambda * KL(pi_theta || pi_mix) as a loss term at every decision
-    kl_sample: bool = False  # in the return: KL_t as log pi(a_t) - log pi_mix(a_t) at the taken action
-    advantage_eps: float = 0.1  # Eq. 9's epsilon (see the module docstring)
-    stop_floor: float = 0.05
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
-
-
 def optimizer_config(cfg: GRPOConfig) -> OptimizerConfig:
-    """The trainers' AdamW; its schedule counts updates, `epochs` per iteration (the one trainer's steps)."""
-    return OptimizerConfig(
-        learning_rate=cfg.learning_rate,
-        warmup_steps=cfg.warmup_steps,
-        final_lr_ratio=cfg.final_lr_ratio,
-        total_steps=max(cfg.iterations * cfg.epochs, 1),
-        weight_decay=cfg.weight_decay,
-        b1=0.9,
-        b2=0.999,
-        eps=1e-8,
-        max_grad_norm=cfg.max_grad_norm,
-    )
+    """cfg.optimizer with its schedule's length: updates, `epochs` per iteration (the one trainer's steps)."""
+    return dataclasses.replace(cfg.optimizer, total_steps=max(cfg.iterations * cfg.epochs, 1))
 
 
 def make_optimizer(cfg: GRPOConfig) -> optax.GradientTransformation:

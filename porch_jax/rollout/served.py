@@ -29,7 +29,6 @@ from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.are.client import are_python, run_gaia2
 from porch_jax.envs.workplace import TaskMixture, WorkplaceEnv, make_tasks
-from porch_jax.models.smollm2 import smollm2_folder
 from porch_jax.rollout.config import Budgets, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.pairs import wilson
@@ -190,6 +189,8 @@ def run(cfg: ServedBaselineConfig, *, api_key: str) -> list[Reading]:
     naming the keys, before the server starts."""
     run_dir = Path(cfg.run_dir)
     claim_run_dir(run_dir, cfg)
+    from porch_jax.models.smollm2 import smollm2_folder  # porch_jax.models loads JAX: not while flags parse
+
     model_dir = cfg.model_dir or str(smollm2_folder())
     walls_file = run_dir / "wall_s.json"
     walls: dict[str, float] = json.loads(walls_file.read_text()) if walls_file.is_file() else {}

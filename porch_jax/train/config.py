@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from porch_jax.train.methods import MethodConfig
 from porch_jax.typed_config import check, resumable
 
 __all__ = [
@@ -20,6 +19,33 @@ __all__ = [
     "SamplingConfig",
     "TrainConfig",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodConfig:
+    """Attributes:
+    name: a key of `METHODS`.
+    layout: "records" (data.py rows) or "packed" (porch_jax/opod/rows.py rows); see the module docstring.
+    aggregation: records layout: "token" (mean over tokens) or "decision" (the paper's mean within each
+        decision, then over decisions). Packed rows always average per decision.
+    opd_weight: lambda of OPOD, the weight of the OPD part against the RWR part.
+    clip_eps / clip_eps_high: GRPO's ratio clip (high: None is clip_eps).
+    kl_coef: GRPO's k3 KL to the frozen reference (> 0 keeps a frozen copy of the initial weights).
+    pg_aggregation: GRPO: "token" (mean over the batch's tokens) or "sequence" (per sequence first).
+    chunk_size: tokens per fused LM-head chunk (None: automatic).
+    target_kl_weight: maca_grpo: the weight of KL(pi || the batch's target distribution) (MACA: lambda to pi_mix).
+    """
+
+    name: Literal["sft", "rwr", "opod", "opd", "grpo", "dagrpo", "maca_grpo"] = "sft"
+    layout: Literal["records", "packed", "actions"] = "records"
+    aggregation: Literal["token", "decision"] = "token"
+    opd_weight: float = 1.0
+    clip_eps: float = 0.2
+    clip_eps_high: float | None = None
+    kl_coef: float = 0.0
+    pg_aggregation: Literal["token", "sequence"] = "token"
+    chunk_size: int | None = None
+    target_kl_weight: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)

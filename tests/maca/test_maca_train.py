@@ -41,9 +41,9 @@ from porch_jax.maca.prior import (
     most_probable_path,
     relevance_scores,
 )
+from porch_jax.maca.settings import VARIANTS
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import (
-    VARIANTS,
     GroupDecisions,
     GRPOConfig,
     graphspecs,
@@ -226,9 +226,12 @@ def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
 
 def test_grpo_learning_rate_decays_over_every_update():
     """The cosine runs over iterations x epochs updates (each iteration makes `epochs` of them), from the
-    learning rate to learning_rate * final_lr_ratio; ratio 1 keeps it constant."""
+    learning rate to learning_rate * final_lr_ratio; ratio 1 keeps it constant. MACA's AdamW keeps the b2 its
+    results were produced with."""
+    assert (GRPOConfig().optimizer.b2, GRPOConfig().optimizer.weight_decay) == (0.999, 0.0)
     for ratio in (0.1, 1.0):
-        cfg = GRPOConfig(learning_rate=1e-2, iterations=5, epochs=4, final_lr_ratio=ratio)
+        optimizer = dataclasses.replace(GRPOConfig().optimizer, learning_rate=1e-2, final_lr_ratio=ratio)
+        cfg = GRPOConfig(optimizer=optimizer, iterations=5, epochs=4)
         tx = make_optimizer(cfg)
         params = {"w": jnp.zeros((2, 2))}
         state, steps = tx.init(params), []
@@ -619,7 +622,7 @@ def test_maca_head_policy_learns_the_pools_structure(small_study):
     """After GRPO in the masked space the greedy policy is far above the untrained one on held-out tasks."""
     study = dataclasses.replace(
         small_study,
-        grpo=dataclasses.replace(small_study.grpo, iterations=80, tasks_per_iteration=8, learning_rate=3e-3, epochs=4),
+        grpo=dataclasses.replace(small_study.grpo, iterations=80, tasks_per_iteration=8, epochs=4),
     )
     maca = dataclasses.replace(VARIANTS["maca"], prior_kl_weight=0.05)
     _, eval_specs = study.specs(maca)
@@ -660,7 +663,7 @@ def test_maca_lm_policy_learns_on_a_reduced_setting(small_study):
         make_policy=lambda seed: lm_policy(
             tiny_lm(seed, **size)[0], tokenizer, small_study.world.pool.names, max_task_words=8
         ),
-        grpo=dataclasses.replace(small_study.grpo, iterations=15, tasks_per_iteration=4, learning_rate=3e-3, epochs=2),
+        grpo=dataclasses.replace(small_study.grpo, iterations=15, tasks_per_iteration=4, epochs=2),
     )
     maca = dataclasses.replace(VARIANTS["maca"], prior_kl_weight=0.05)
     _, eval_specs = study.specs(maca)
@@ -706,7 +709,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
         return "Restating: " + task[:40]
 
     cfg = smoke_config(run_dir=str(tmp_path / "run"), iterations=2, mlp_steps=20)
-    cfg.grpo.learning_rate = 1e-3
+    cfg.grpo.optimizer.learning_rate = 1e-3
     cfg = from_dict(MacaConfig, cfg)
     results = experiment.run(cfg, backend=ScriptedBackend(agent), log=lambda s: None)
     (row,) = results["systems"]
@@ -1032,8 +1035,9 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
     )
     assert comparable(experiment.run(moved, log=lambda s: None)) == comparable(clean)
     changed = config(tmp_path / "run")
-    changed = dataclasses.replace(changed, grpo=dataclasses.replace(changed.grpo, learning_rate=1e-2))
-    with pytest.raises(ValueError, match=r"another config \(grpo.learning_rate: 0.003 -> 0.01\)"):
+    optimizer = dataclasses.replace(changed.grpo.optimizer, learning_rate=1e-2)
+    changed = dataclasses.replace(changed, grpo=dataclasses.replace(changed.grpo, optimizer=optimizer))
+    with pytest.raises(ValueError, match=r"another config \(grpo.optimizer.learning_rate: 0.003 -> 0.01\)"):
         experiment.run(changed, log=lambda s: None)
     (tmp_path / "run" / "config.json").write_text('{"run_dir": ')  # a torn write
     with pytest.raises(ValueError, match="config.json is not the JSON a run records"):

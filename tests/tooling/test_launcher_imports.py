@@ -52,10 +52,6 @@ CASES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
 # Launchers whose flag parsing imports JAX today; the marks go as the config schemas become JAX-free.
 IMPORTS_JAX_TODAY: frozenset[tuple[str, str | None]] = frozenset(
     {
-        ("baseline", "experiments/smollm2_baseline.py"),
-        ("maca", "experiments/maca_synthetic.py"),
-        ("maca", "experiments/maca_gsm_hard.py"),
-        ("maca_table", "experiments/maca_real_agents.py"),
         ("pipeline", "experiments/quickstart.py"),
         ("pipeline", "experiments/opod_smollm2.py"),
         ("pipeline", "experiments/opod_qwen3_5_9b.py"),
