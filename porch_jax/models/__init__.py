@@ -1,56 +1,53 @@
-"""Flax NNX decoders with Hugging Face safetensors import/export and logical-axis sharding."""
+"""Flax NNX decoders with Hugging Face safetensors import/export and logical-axis sharding.
 
-from porch_jax.models.cache import KVCache
-from porch_jax.models.config import ConfigError, ModelConfig, RopeScaling
-from porch_jax.models.io import (
-    MODEL_SPECS,
-    CheckpointError,
-    ModelSpec,
-    WeightRule,
-    check_pretrained,
-    export_config,
-    export_tensor_shapes,
-    from_pretrained,
-    init_model,
-    save_pretrained,
-)
-from porch_jax.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
-from porch_jax.models.qwen3 import REMAT_POLICIES, Qwen3ForCausalLM
-from porch_jax.models.qwen3_5 import HybridCache, Qwen3_5ForCausalLM
-from porch_jax.models.sharding import (
-    RULES,
-    data_sharding,
-    logical_to_spec,
-    make_mesh,
-    shard_model,
-    state_shardings,
-)
+The names below load on first use (PEP 562): `porch_jax.models.smollm2` (the SmolLM2 folder) and
+`porch_jax.models.config` are read while launchers parse flags, and importing them must not load JAX.
+"""
 
-__all__ = [
-    "MODEL_SPECS",
-    "REMAT_POLICIES",
-    "RULES",
-    "RopeScaling",
-    "CheckpointError",
-    "ConfigError",
-    "HybridCache",
-    "KVCache",
-    "LlamaForCausalLM",
-    "ModelConfig",
-    "ModelSpec",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "WeightRule",
-    "check_pretrained",
-    "data_sharding",
-    "export_config",
-    "export_tensor_shapes",
-    "from_pretrained",
-    "init_model",
-    "logical_to_spec",
-    "make_mesh",
-    "save_pretrained",
-    "shard_model",
-    "state_shardings",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_WHERE = {
+    "KVCache": "cache",
+    "ConfigError": "config",
+    "ModelConfig": "config",
+    "RopeScaling": "config",
+    "MODEL_SPECS": "io",
+    "CheckpointError": "io",
+    "ModelSpec": "io",
+    "WeightRule": "io",
+    "check_pretrained": "io",
+    "export_config": "io",
+    "export_tensor_shapes": "io",
+    "from_pretrained": "io",
+    "init_model": "io",
+    "save_pretrained": "io",
+    "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "REMAT_POLICIES": "qwen3",
+    "Qwen3ForCausalLM": "qwen3",
+    "HybridCache": "qwen3_5",
+    "Qwen3_5ForCausalLM": "qwen3_5",
+    "RULES": "sharding",
+    "data_sharding": "sharding",
+    "logical_to_spec": "sharding",
+    "make_mesh": "sharding",
+    "shard_model": "sharding",
+    "state_shardings": "sharding",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -15,8 +15,7 @@ from porch_jax.backends.base import Sampling
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
 from porch_jax.serving.server import ServerConfig
-from porch_jax.train.config import SamplerConfig
-from porch_jax.train.overlong import Overlong
+from porch_jax.train.config import Overlong, SamplerConfig
 from porch_jax.typed_config import check, resumable
 
 # Providers whose servers score a prompt of token ids (/v1/completions with prompt_logprobs): the held GRM's reading.

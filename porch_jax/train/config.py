@@ -10,11 +10,15 @@ from typing import Literal
 
 from porch_jax.typed_config import check, resumable
 
+# What a row over the largest bucket does (train/overlong.py): left out, cut from the right, or an error naming it.
+Overlong = Literal["drop", "cut", "error"]
+
 __all__ = [
     "CheckpointConfig",
     "LogConfig",
     "MethodConfig",
     "OptimizerConfig",
+    "Overlong",
     "SamplerConfig",
     "SamplingConfig",
     "TrainConfig",

@@ -34,12 +34,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from porch_jax.train.data import DataError, Example, View
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span
 
-Overlong = Literal["drop", "cut", "error"]
 RULES: tuple[str, ...] = ("drop", "cut", "error")
 ROWS_FILE = "rows.json"  # WORKDIR/rows.json: each source's RowCounts (trainer.py)
 

@@ -10,19 +10,16 @@ import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from flax import nnx
-
-from porch_jax.train import data as data_lib
-from porch_jax.train import mesh as mesh_lib
-from porch_jax.train.config import SamplingConfig, TrainConfig
-from porch_jax.train.methods import make_method
-from porch_jax.train.overlong import Overlong
-from porch_jax.train.served_sampler import served_action_sampler
-from porch_jax.train.sources import ActionSampler, RecordSource
-from porch_jax.train.trainer import Trainer
+from porch_jax.train.config import Overlong, SamplingConfig, TrainConfig
 from porch_jax.typed_config import check, claim_run_dir, resumable
+
+if TYPE_CHECKING:  # the schema above is read while flags parse, without JAX; the trainer's modules load on use
+    from flax import nnx
+
+    from porch_jax.train import data as data_lib
+    from porch_jax.train.trainer import Trainer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,6 +123,13 @@ def records_trainer(
 ) -> Trainer:
     """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them. `server`:
     the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights."""
+    from porch_jax.train import data as data_lib
+    from porch_jax.train import mesh as mesh_lib
+    from porch_jax.train.methods import make_method
+    from porch_jax.train.served_sampler import served_action_sampler
+    from porch_jax.train.sources import ActionSampler, RecordSource
+    from porch_jax.train.trainer import Trainer
+
     method = make_method(cfg.train.method)
     on_policy = method.name == "opod" and cfg.opd.on_policy
     mesh = mesh_lib.make_mesh(cfg.train.mesh)

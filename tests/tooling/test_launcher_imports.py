@@ -49,17 +49,6 @@ CASES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("view", None, ("--store=/nonexistent", "--out=/nonexistent/x")),
 )
 
-# Launchers whose flag parsing imports JAX today; the marks go as the config schemas become JAX-free.
-IMPORTS_JAX_TODAY: frozenset[tuple[str, str | None]] = frozenset(
-    {
-        ("pipeline", "experiments/quickstart.py"),
-        ("pipeline", "experiments/opod_smollm2.py"),
-        ("pipeline", "experiments/opod_qwen3_5_9b.py"),
-        ("train", "experiments/sft_tiny.py"),
-        ("train", "experiments/opod_tiny.py"),
-    }
-)
-
 PROBE = textwrap.dedent(
     """
     import importlib, sys, traceback
@@ -96,19 +85,7 @@ def test_every_launcher_and_experiment_file_has_a_case():
     assert {c[1] for c in CASES if c[1] not in (None, "SERVE")} == files
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(
-            c,
-            id=_id(c),
-            marks=[pytest.mark.xfail(strict=True, reason="its config schema imports JAX")]
-            if (c[0], c[1]) in IMPORTS_JAX_TODAY
-            else [],
-        )
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", [pytest.param(c, id=_id(c)) for c in CASES])
 def test_flag_parsing_imports_no_jax(case, tmp_path):
     launcher, experiment, extra = case
     argv = list(extra)
