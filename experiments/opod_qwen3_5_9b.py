@@ -87,13 +87,13 @@ def get_config() -> ConfigDict:
     c.eval.max_tokens = 512
     c.eval.concurrency = 128
     c.selection = ConfigDict({"enabled": True, "tasks": {"num_tasks": 200, "seed_start": 50_000, "prefix": "val"}})
-    c.optimizer.checkpoint_every = 100
-    c.optimizer.log_every = 10
+    c.checkpoint.every = 100
+    c.log.every = 10
     method = {"warmup_steps": 20, "export_every": 100}
     c.sft = ConfigDict({"steps": 1000, "batch": 32, "learning_rate": 1e-5, "seed": 1} | method)
     c.sft_hints = ConfigDict(c.sft.to_dict() | {"hint_rows": 0.5})
     c.rwr = ConfigDict({"steps": 300, "batch": 32, "learning_rate": 2e-6, "seed": 2} | method)
-    opd = {"batch": 32, "max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "seed": 3}
+    opd = {"batch": 32, "sampling": {"max_new_tokens": 512, "temperature": 1.0, "top_p": 1.0, "seed": 3}}
     c.opod = ConfigDict(
         {"steps": 300, "batch": 32, "learning_rate": 2e-6, "seed": 2, "opd_weight": 1.0, "opd": opd} | method
     )
@@ -106,7 +106,11 @@ def get_config() -> ConfigDict:
             "batch": 0,
             "learning_rate": 2e-6,
             "seed": 4,
-            "group": {"contexts_per_step": 16, "group_size": 8, "max_new_tokens": 512, "temperature": 1.0, "seed": 4},
+            "group": {
+                "contexts_per_step": 16,
+                "group_size": 8,
+                "sampling": {"max_new_tokens": 512, "temperature": 1.0, "seed": 4},
+            },
         }
         | method
     )

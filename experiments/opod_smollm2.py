@@ -45,12 +45,11 @@ def _quickstart() -> ConfigDict:
 
 
 def _opd(batch: int, seed: int, max_new_tokens: int) -> dict:
-    """OPD's on-policy batch; `sampler.kind` "vllm" samples the student on the policy server (serving.kind "vllm"),
-    pushing it every `sampler.push_every` steps, the sampler/trainer logprob gap bounded after each push."""
+    """OPD's on-policy batch; `sampling.sampler.kind` "vllm" samples the student on the policy server (serving.kind
+    "vllm"), pushing it every `sampler.push_every` steps, the sampler/trainer logprob gap bounded after each push."""
     sampler = dataclasses.asdict(SamplerConfig())
-    return {"batch": batch, "max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": seed} | {
-        "sampler": sampler
-    }
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 1.0, "top_p": 1.0, "seed": seed, "sampler": sampler}
+    return {"batch": batch, "sampling": sampling}
 
 
 def _method(steps: int, batch: int, lr: float, seed: int, **extra) -> dict:
@@ -121,8 +120,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
             },
         }
     )
-    c.optimizer.checkpoint_every = 25
-    c.optimizer.log_every = 5
+    c.checkpoint.every = 25
+    c.log.every = 5
     c.optimizer.weight_decay = 0.0
     if a.smoke:
         # Every stage once: the primary reading is attributed and reported, and OPOD trains on the secondary one
@@ -152,7 +151,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.opod = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
         c.opd_empty = _method(1, 1, 1e-5, 2, opd_weight=1.0, opd=_opd(1, 3, 32))
         c.dagrpo = _method(
-            1, 0, 1e-5, 4, group={"contexts_per_step": 1, "group_size": 2, "max_new_tokens": 24, "temperature": 1.0}
+            1,
+            0,
+            1e-5,
+            4,
+            group={"contexts_per_step": 1, "group_size": 2, "sampling": {"max_new_tokens": 24, "temperature": 1.0}},
         )
         return c
     c.methods = ("sft", "sft_hints") + c.methods[1:]
@@ -174,6 +177,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.opod = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
     c.opd_empty = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
     c.dagrpo = _method(
-        15, 0, 1e-5, 4, group={"contexts_per_step": 2, "group_size": 4, "max_new_tokens": 48, "temperature": 1.0}
+        15,
+        0,
+        1e-5,
+        4,
+        group={"contexts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 48, "temperature": 1.0}},
     )
     return c

@@ -68,7 +68,9 @@ def _trainer(steps: int, batch: int, learning_rate: float, warmup: int, seed: in
 
 
 def _opd(batch: int, seed: int) -> ConfigDict:
-    return ConfigDict({"batch": batch, "max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": seed})
+    return ConfigDict(
+        {"batch": batch, "sampling": {"max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": seed}}
+    )
 
 
 def get_config(arg: str | None = None) -> ConfigDict:
@@ -174,10 +176,10 @@ def get_config(arg: str | None = None) -> ConfigDict:
             "b2": 0.95,
             "eps": 1e-8,
             "max_grad_norm": 1.0,
-            "checkpoint_every": 50,
-            "log_every": 10,
         }
     )
+    c.checkpoint = ConfigDict({"every": 50, "keep": 1, "async_save": False})
+    c.log = ConfigDict({"every": 10, "tensorboard": False})
     # hint_rows: hint-following rows per episode row; empty_hint_rows: add their empty-hint contrast rows
     c.sft = _trainer(1000, 4, 3e-3, 30, 1 + s, hint_rows=0.3, empty_hint_rows=True)
     # The methods after SFT share steps, learning-rate grid, RWR batch and seed: at each rate OPOD differs from RWR
@@ -201,10 +203,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
             {
                 "contexts_per_step": 4,
                 "group_size": 4,
-                "max_new_tokens": 24,
-                "temperature": 1.0,
-                "top_p": 1.0,
-                "seed": 4 + s,
+                "sampling": {"max_new_tokens": 24, "temperature": 1.0, "top_p": 1.0, "seed": 4 + s},
             }
         ),
     )

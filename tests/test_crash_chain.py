@@ -36,7 +36,7 @@ CONFIG = textwrap.dedent("""
         c.policy.buckets = (256,)
         # Enough SFT that the policy delegates, so the judge flags decisions and OPOD has on-policy rows to sample.
         c.sft.update(steps=120, batch=8)
-        c.optimizer.update(checkpoint_every=25, log_every=5)
+        c.checkpoint.every, c.log.every = 25, 5
         c.opod.update(steps=3, batch=2, lr_grid=None)
         c.opod.opd.update(batch=2, max_new_tokens=24)
         return c

@@ -31,7 +31,7 @@ CONFIG = textwrap.dedent("""
         c.policy.buckets = (256,)
         c.model.hf.update(hidden_size=32, intermediate_size=64, num_hidden_layers=2, head_dim=8)
         c.sft.update(steps=3, batch=2)
-        c.optimizer.update(checkpoint_every=2, log_every=1)
+        c.checkpoint.every, c.log.every = 2, 1
         for name in ("rwr", "opod", "opd_empty"):
             c[name].update(steps=2, batch=2, export_every=1)
         for name in ("opod", "opd_empty"):

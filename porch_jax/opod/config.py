@@ -15,7 +15,14 @@ from porch_jax.backends.base import Sampling
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.eval.suite import EvalConfig, SuiteConfig, TaskSet
 from porch_jax.serving.server import ServerConfig
-from porch_jax.train.config import Overlong, SamplerConfig
+from porch_jax.train.config import (
+    CheckpointConfig,
+    GroupSourceConfig,
+    LogConfig,
+    OpdSourceConfig,
+    OptimizerConfig,
+    Overlong,
+)
 from porch_jax.typed_config import check, resumable
 
 # Providers whose servers score a prompt of token ids (/v1/completions with prompt_logprobs): the held GRM's reading.
@@ -24,31 +31,6 @@ SCORING_PROVIDERS = ("vllm", "sglang")
 # Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds
 # + ROLLOUT_SEED_STRIDE * k.
 SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
-
-
-@dataclasses.dataclass(frozen=True)
-class OpdSection:
-    """OPD's on-policy batch: rows per step and the student's sampling of their actions. sampler: the embedded JAX
-    sampler or a vLLM server the student is pushed into (train/config.SamplerConfig; train/served_sampler.py)."""
-
-    batch: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
-    sampler: SamplerConfig = SamplerConfig()
-
-
-@dataclasses.dataclass(frozen=True)
-class GroupSection:
-    """DA-GRPO's groups: expert contexts per step and samples per context."""
-
-    contexts_per_step: int
-    group_size: int
-    max_new_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +53,9 @@ class MethodSection:
     hint_rows: float = 0.0
     empty_hint_rows: bool = False
     opd_weight: float = 1.0
-    opd: OpdSection | None = None
+    opd: OpdSourceConfig | None = None
     clip_eps: float = 0.2
-    group: GroupSection | None = None
+    group: GroupSourceConfig | None = None
     epochs: float = 0.0
     validation_share: float = 0.0
     validate_every: int = 0
@@ -84,20 +66,6 @@ class MethodSection:
         check(self.epochs >= 0, "epochs", f"must be >= 0, got {self.epochs}")
         check(0.0 <= self.validation_share < 1.0, "validation_share", f"must be in [0, 1), got {self.validation_share}")
         check(self.validate_every >= 0, "validate_every", f"must be >= 0, got {self.validate_every}")
-
-
-@dataclasses.dataclass(frozen=True)
-class OptimizerSection:
-    learning_rate: float
-    warmup_steps: int
-    final_lr_ratio: float
-    weight_decay: float
-    b1: float
-    b2: float
-    eps: float
-    max_grad_norm: float
-    checkpoint_every: int
-    log_every: int
 
 
 @dataclasses.dataclass(frozen=True)
@@ -280,7 +248,9 @@ class ExperimentConfig:
     selection: SelectionSection
     model: ModelSection
     policy: PolicySection
-    optimizer: OptimizerSection
+    optimizer: (
+        OptimizerConfig  # every trainer's AdamW; a method section's learning_rate and warmup_steps replace its own
+    )
     sft: MethodSection
     rwr: MethodSection
     opod: MethodSection
@@ -292,8 +262,12 @@ class ExperimentConfig:
     preflight: PreflightSection = resumable(default_factory=PreflightSection)
     sft_hints: MethodSection | None = None  # the SFT+hints variant (its hint_rows share), when "sft_hints" is a method
     mesh: tuple[int, int, int] = (1, 1, 1)  # every trainer's (data, fsdp, tensor) device mesh; product = devices
+    # every trainer's checkpoint and log cadence (one checkpoint kept, written synchronously: runs are short)
+    checkpoint: CheckpointConfig = resumable(CheckpointConfig(every=50, keep=1, async_save=False))
+    log: LogConfig = resumable(LogConfig())
 
     def __post_init__(self):
+        check(self.optimizer.total_steps is None, "optimizer.total_steps", "each trainer's schedule is its run's steps")
         pretrained = bool(self.model.init_from)
         check(
             not self.policy.context_tokens or self.suite.context_overflow == "drop_oldest",
@@ -345,8 +319,8 @@ class ExperimentConfig:
             if name in ("opod", "opod_secondary", "opd_empty", "opd_wrong_hint"):
                 check(settings.opd is not None, f"{name}.opd", "missing: the on-policy OPD batch of this method")
                 check(
-                    settings.opd.sampler.kind == "embedded" or self.serving.kind == "vllm",
-                    f"{name}.opd.sampler.kind",
+                    settings.opd.sampling.sampler.kind == "embedded" or self.serving.kind == "vllm",
+                    f"{name}.opd.sampling.sampler.kind",
                     "'vllm' samples on the experiment's policy server: set serving.kind='vllm'",
                 )
             if name == "dagrpo":

@@ -67,11 +67,7 @@ from porch_jax.rollout import run_episodes
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
 from porch_jax.train.config import (
-    CheckpointConfig,
-    LogConfig,
     MethodConfig,
-    OptimizerConfig,
-    SamplingConfig,
     TrainConfig,
 )
 from porch_jax.train.data import hint_table
@@ -289,24 +285,16 @@ METHOD_OF = {
 
 def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None = None) -> TrainConfig:
     """The TrainConfig of config section `name` (the shared optimizer settings, the section's own)."""
-    opt, settings = cfg.optimizer, cfg.method(name)
+    settings = cfg.method(name)
+    rate = settings.learning_rate if learning_rate is None else float(learning_rate)
     return TrainConfig(
         steps=settings.steps,
-        optimizer=OptimizerConfig(
-            learning_rate=settings.learning_rate if learning_rate is None else float(learning_rate),
-            warmup_steps=settings.warmup_steps,
-            final_lr_ratio=opt.final_lr_ratio,
-            weight_decay=opt.weight_decay,
-            b1=opt.b1,
-            b2=opt.b2,
-            eps=opt.eps,
-            max_grad_norm=opt.max_grad_norm,
-        ),
+        optimizer=dataclasses.replace(cfg.optimizer, learning_rate=rate, warmup_steps=settings.warmup_steps),
         method=MethodConfig(
             name=METHOD_OF[name], layout="packed", opd_weight=settings.opd_weight, clip_eps=settings.clip_eps
         ),
-        checkpoint=CheckpointConfig(every=opt.checkpoint_every, keep=1, async_save=False),
-        log=LogConfig(every=opt.log_every),
+        checkpoint=cfg.checkpoint,
+        log=cfg.log,
         export_every=settings.export_every,
         mesh=cfg.mesh,
     )
@@ -489,7 +477,7 @@ def after_sft(
 ) -> None:
     """SFT rollouts, their attribution, the methods after SFT, selection and evaluation. `policy` samples every
     rollout (the embedded sampler or a vLLM server, `served_policy`); `served` is that server's ServedPolicy (None when
-    embedded), on which OPD's student samples with opd.sampler.kind "vllm"; `embedded` (the SFT weights in this
+    embedded), on which OPD's student samples with opd.sampling.sampler.kind "vllm"; `embedded` (the SFT weights in this
     process) measures hint following."""
     cfg = run.cfg
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
@@ -552,11 +540,11 @@ def after_sft(
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
         o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
-        sampling = SamplingConfig(o.max_new_tokens, o.temperature, o.top_p, o.seed, o.sampler)
+        sampling = o.sampling
         if not rows:
             return []
         sampler = None
-        if o.sampler.kind == "vllm":  # the student samples on the policy server, pushed every push_every steps
+        if sampling.sampler.kind == "vllm":  # the student samples on the policy server, pushed every push_every steps
             sampler = served_action_sampler(sampling, tok, server=served, export_dir=run / section / "served_weights")
             served.folder = None  # training changes the served weights: the next load pushes again
         return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong, sampler=sampler)]
@@ -569,10 +557,9 @@ def after_sft(
 
     def group(tok: Any, mesh: Any) -> Any:
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
-        sampling = SamplingConfig(g.max_new_tokens, g.temperature, g.top_p, g.seed)
         contexts = episode_rows.expert_contexts(expert, tok, view)
         return sources.GroupSource(
-            contexts, tok, sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh, overlong=overlong
+            contexts, tok, g.sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh, overlong=overlong
         )
 
     empty_rows = episode_rows.opd_rows(data, dict.fromkeys(hints, ""), tok, view)

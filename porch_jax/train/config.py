@@ -15,8 +15,10 @@ Overlong = Literal["drop", "cut", "error"]
 
 __all__ = [
     "CheckpointConfig",
+    "GroupSourceConfig",
     "LogConfig",
     "MethodConfig",
+    "OpdSourceConfig",
     "OptimizerConfig",
     "Overlong",
     "SamplerConfig",
@@ -171,3 +173,27 @@ class TrainConfig:
     def __post_init__(self):
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
         check(self.export_every >= 0, "export_every", f"must be >= 0, got {self.export_every}")
+
+
+@dataclasses.dataclass(frozen=True)
+class OpdSourceConfig:
+    """OPD's on-policy batch (sources.OpdSource): rows per step and the student's sampling of their actions."""
+
+    batch: int
+    sampling: SamplingConfig
+
+    def __post_init__(self):
+        check(self.batch > 0, "batch", f"must be > 0, got {self.batch}")
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSourceConfig:
+    """GRPO's groups (sources.GroupSource): contexts per step, samples per context and their sampling."""
+
+    contexts_per_step: int
+    group_size: int
+    sampling: SamplingConfig
+
+    def __post_init__(self):
+        check(self.contexts_per_step > 0, "contexts_per_step", f"must be > 0, got {self.contexts_per_step}")
+        check(self.group_size > 1, "group_size", f"must be > 1 (group advantages), got {self.group_size}")

@@ -32,7 +32,8 @@ def _seeds(node, path=""):
 def test_a_seed_set_shifts_every_seed_and_keeps_the_compared_tasks():
     cfg = from_dict(ExperimentConfig, quickstart.get_config())
     base = _seeds(cfg)
-    assert {"seed", "model.seed", "sft.seed", "rwr.seed", "opod.opd.seed", "dagrpo.group.seed"} <= set(base)
+    seeds = {"seed", "model.seed", "sft.seed", "rwr.seed", "opod.opd.sampling.seed", "dagrpo.group.sampling.seed"}
+    assert seeds <= set(base)
     zero = with_seed_set(cfg, 0)
     assert _seeds(zero) == base and zero.rollouts.seed_start == cfg.rollouts.seed_start
     assert zero.run_dir == "runs/quickstart/seed_set_0"

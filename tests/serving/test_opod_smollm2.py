@@ -57,7 +57,7 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
             f"--config.serving.base_url={smollm2_server.base_url}",
             f"--config.serving.api_key_env={KEY_ENV}",
             f"--config.serving.server.served_model_name={smollm2_server.model}",
-            "--config.opod.opd.sampler.kind=vllm",  # OPOD's student samples on the server, pushed each step
+            "--config.opod.opd.sampling.sampler.kind=vllm",  # OPOD's student samples on the server, pushed each step
             env={KEY_ENV: smollm2_server.api_key},
         )
     finally:

@@ -14,10 +14,9 @@ from safetensors.numpy import load_file, save_file
 
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
-from porch_jax.opod.config import OpdSection
 from porch_jax.serving import ServerConfig, VLLMServer, free_port
 from porch_jax.serving.weights import WeightSyncError
-from porch_jax.train.config import SamplerConfig, SamplingConfig
+from porch_jax.train.config import OpdSourceConfig, SamplerConfig, SamplingConfig
 from porch_jax.train.served_sampler import (
     LogprobGapError,
     SamplerError,
@@ -66,13 +65,13 @@ def _sampler(url, export_dir, **serving):
     ],
 )
 def test_a_bad_sampler_setting_is_an_error_naming_its_key(key, value):
-    with pytest.raises(ConfigError, match=rf"opd\.sampler\.{key}"):
-        from_dict(OpdSection, {"batch": 2, "max_new_tokens": 8, "sampler": {key: value}}, path="opd")
+    with pytest.raises(ConfigError, match=rf"opd\.sampling\.sampler\.{key}"):
+        from_dict(OpdSourceConfig, {"batch": 2, "sampling": {"sampler": {key: value}}}, path="opd")
 
 
 def test_the_sampler_section_defaults_to_the_embedded_sampler():
-    section = from_dict(OpdSection, {"batch": 2, "max_new_tokens": 8})
-    assert section.sampler == SamplerConfig() and section.sampler.kind == "embedded"
+    section = from_dict(OpdSourceConfig, {"batch": 2, "sampling": {"max_new_tokens": 8}})
+    assert section.sampling.sampler == SamplerConfig() and section.sampling.sampler.kind == "embedded"
     assert served_action_sampler(SamplingConfig(), None) is None
 
 
