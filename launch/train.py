@@ -82,7 +82,9 @@ def build_examples(config: records.RecordsConfig, tokenizer):
     hints = data.hint_table(_jsonl(config.data.hints)) if config.data.hints else {}
     if not hints:
         logging.warning("OPOD without hints: only the RWR part will train")
-    return data.opod_examples(episodes, tokenizer, hints)
+    from porch_jax.attribution.grm import teacher_context
+
+    return data.opod_examples(episodes, tokenizer, hints, teacher_context=teacher_context)
 
 
 def main(argv: list[str]) -> None:
@@ -112,7 +114,16 @@ def main(argv: list[str]) -> None:
     model = build_model(config.model, len(tokenizer), make_mesh(config.train.mesh))
     examples = build_examples(config, tokenizer)
     logging.info("%d %s examples; workdir %s", len(examples), config.train.method.name, Path(config.workdir).absolute())
-    records.records_trainer(config, model, examples, tokenizer=tokenizer, pad_id=tokenizer.pad_token_id).run()
+    from porch_jax.envs.views import write_policy_file  # records are read in the "full" view
+
+    records.records_trainer(
+        config,
+        model,
+        examples,
+        tokenizer=tokenizer,
+        pad_id=tokenizer.pad_token_id,
+        on_export=lambda folder, step: write_policy_file(folder, "full", step),
+    ).run()
 
 
 if __name__ == "__main__":

@@ -46,3 +46,21 @@ def folder_view(folder: str | Path) -> str:
     """The view an exported policy folder was trained with ("full" without a POLICY_FILE)."""
     path = Path(folder) / POLICY_FILE
     return json.loads(path.read_text())["view"] if path.is_file() else "full"
+
+
+def write_policy_file(folder: str | Path, view: str, step: int | None = None) -> None:
+    """Marks an exported policy folder with its view (and the training step it holds); written after the weights,
+    so a folder with a POLICY_FILE is complete (the trainer's `on_export` hook of a policy run)."""
+    (Path(folder) / POLICY_FILE).write_text(json.dumps({"view": view} | ({} if step is None else {"step": step})))
+
+
+def selection_candidates(export: str | Path) -> dict[int, Path]:
+    """A run's checkpoint-selection candidates by step: its ``exports/step_N`` folders (``export_every``) and,
+    when there are any, the final ``export`` folder under the step its POLICY_FILE records."""
+    export = Path(export)
+    folder = export.parent / "exports"
+    found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
+    final = json.loads((export / POLICY_FILE).read_text()).get("step") if (export / POLICY_FILE).is_file() else None
+    if found and final is not None:
+        found[int(final)] = export
+    return dict(sorted(found.items()))

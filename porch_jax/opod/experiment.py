@@ -45,7 +45,7 @@ from porch_jax.backends import Backend, ScriptedBackend
 from porch_jax.backends.completions import CompletionsClient
 from porch_jax.backends.embedded import EmbeddedBackend
 from porch_jax.backends.window import ContextWindow
-from porch_jax.envs.views import POLICY_FILE, folder_view
+from porch_jax.envs.views import POLICY_FILE, folder_view, selection_candidates, write_policy_file
 from porch_jax.envs.workplace import TOOLS
 from porch_jax.envs.workplace.codec import corpus as dsl_corpus
 from porch_jax.eval import plots, report
@@ -61,6 +61,7 @@ from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
 from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
+from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.progress import Stages
 from porch_jax.rollout import run_episodes
@@ -73,7 +74,7 @@ from porch_jax.train.config import (
 from porch_jax.train.data import hint_table
 from porch_jax.train.methods import make_method
 from porch_jax.train.served_sampler import served_action_sampler
-from porch_jax.train.trainer import Trainer, selection_candidates
+from porch_jax.train.trainer import Trainer
 from porch_jax.trajectories import TrajectoryStore
 from porch_jax.typed_config import claim_run_dir, to_dict
 
@@ -263,7 +264,8 @@ def train(
             source,
             run / folder,
             tokenizer=tok,
-            view=view,
+            on_export=lambda folder, step: write_policy_file(folder, view, step),
+            record={"view": view},
             validation=checks,
             validate_every=validate_every if checks else 0,
         )
@@ -559,7 +561,15 @@ def after_sft(
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
         contexts = episode_rows.expert_contexts(expert, tok, view)
         return sources.GroupSource(
-            contexts, tok, g.sampling, g.contexts_per_step, g.group_size, buckets, TOOLS, mesh, overlong=overlong
+            contexts,
+            tok,
+            g.sampling,
+            g.contexts_per_step,
+            g.group_size,
+            buckets,
+            dagrpo_reward(TOOLS),
+            mesh,
+            overlong=overlong,
         )
 
     empty_rows = episode_rows.opd_rows(data, dict.fromkeys(hints, ""), tok, view)

@@ -23,13 +23,12 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
-from porch_jax.attribution.grm import teacher_context
 from porch_jax.protocol.render import prompt_ids
 
 # Hints come from the attribution step, keyed by decision: (episode_id, decision index).
@@ -168,12 +167,14 @@ def opod_examples(
     tokenizer,
     hints: Mapping[DecisionKey, str],
     *,
+    teacher_context: Callable[[Sequence[Mapping], str], Sequence[Mapping]],
     tools: Sequence[Mapping] | None = None,
 ) -> list[Example]:
     """RWR and OPD paired by decision context: one row per decision that has either.
 
     "rwr": the recorded decision, only for successful episodes. "student"/"teacher": the same
-    target under s and s ⊕ H, only where the attribution gave a hint (FLAG = true). The OPD
+    target under s and s ⊕ H, only where the attribution gave a hint (FLAG = true); s ⊕ H is
+    `teacher_context(s, hint)`, the attribution's (porch_jax/attribution/grm.py), passed in. The OPD
     target starts as the recorded decision; an on-policy hook replaces it with a student sample.
     """
     examples = []

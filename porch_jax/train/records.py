@@ -120,9 +120,11 @@ def records_trainer(
     pad_id: int | None = None,
     stream: TextIO = sys.stdout,
     server: Any = None,
+    on_export: Any = None,
 ) -> Trainer:
     """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them. `server`:
-    the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights."""
+    the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights.
+    `on_export`: the Trainer's hook after each export (launch/train.py marks the folder with its view)."""
     from porch_jax.train import data as data_lib
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train.methods import make_method
@@ -153,4 +155,6 @@ def records_trainer(
         sampler=sampler,
         overlong=cfg.data.overlong,
     )
-    return Trainer(cfg.train, model, method, source, cfg.workdir, tokenizer=tokenizer, stream=stream)
+    return Trainer(
+        cfg.train, model, method, source, cfg.workdir, tokenizer=tokenizer, stream=stream, on_export=on_export
+    )

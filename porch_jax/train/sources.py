@@ -42,7 +42,7 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -55,7 +55,6 @@ from porch_jax.train import losses
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import overlong as overlong_lib
 from porch_jax.train.config import SamplingConfig
-from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, bucket, scored_batch, seq_batch
 
 log = logging.getLogger(__name__)
@@ -393,8 +392,9 @@ class CombinedViews(StepSeeded):
 
 
 class GroupSource(StepSeeded):
-    """DA-GRPO: `contexts_per_step` expert contexts, `group_size` samples each (member j of context c seeded by
-    (c.key, j)), scored against the expert.
+    """GRPO groups at fixed contexts (DA-GRPO: the expert's): `contexts_per_step` contexts, `group_size` samples
+    each (member j of context c seeded by (c.key, j)), each scored by `reward(context, reply)`, the reply as the
+    context's `decode` reads it; the experiment passes the reward (opod/rewards.py: against the expert's action).
     A context whose prompt exceeds the largest bucket follows `overlong` (default "drop"; "cut" drops it too: a
     prompt is never cut)."""
 
@@ -408,7 +408,7 @@ class GroupSource(StepSeeded):
         contexts_per_step: int,
         group_size: int,
         buckets: Sequence[int],
-        available_tools: Collection[str],
+        reward: Callable[[ExpertContext, str], float],
         mesh: jax.sharding.Mesh,
         overlong: overlong_lib.Overlong = "drop",
         sampler: Any = None,
@@ -417,7 +417,7 @@ class GroupSource(StepSeeded):
         self.row_counts = {"dagrpo": _logged("dagrpo", counts)}
         if not contexts:
             raise ValueError("no expert decision contexts")
-        self.contexts, self.buckets, self.tools, self.mesh = contexts, tuple(buckets), tuple(available_tools), mesh
+        self.contexts, self.buckets, self.reward, self.mesh = contexts, tuple(buckets), reward, mesh
         self.per_step, self.group_size, self.seed = contexts_per_step, group_size, sampling.seed
         self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
         longest = max(len(c.prompt) for c in contexts)
@@ -440,7 +440,7 @@ class GroupSource(StepSeeded):
         done = self.sampler(student, prompts, step, seeds=seeds)
         texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done, strict=False)]
         rewards = np.asarray(
-            [decision_reward(t, c.reference, self.tools)["reward"] for c, t in zip(repeated, texts, strict=False)],
+            [self.reward(c, t) for c, t in zip(repeated, texts, strict=False)],
             np.float32,
         )
         advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)

@@ -22,9 +22,9 @@ counts (how many rows each source kept, cut and dropped against its largest buck
 each run starts and WORKDIR/rows.json), the finite guard
 (`NonFiniteError` names the step before a NaN/inf state can be saved), the source's own `check_step`
 (a served sampler's logprob-gap bound: after the step is logged, before its state is exported or saved) and exports: the final
-weights as a Hugging Face folder WORKDIR/export with the tokenizer and POLICY_FILE (the policy's
-view and step), and with `export_every` the candidates WORKDIR/exports/step_N of checkpoint
-selection (`selection_candidates`).
+weights as a Hugging Face folder WORKDIR/export with the tokenizer, and with `export_every` the candidates
+WORKDIR/exports/step_N of checkpoint selection; after each, the experiment's `on_export` hook writes what its
+policy folders carry (the OPOD experiment: envs.views.write_policy_file).
 
 The model need not be a causal LM: a module without an HF config (MACA's action scorer) trains
 the same way; it is exported only when it has one (`export`), and its checkpoints record no model
@@ -47,7 +47,6 @@ import jax
 from flax import nnx
 
 from porch_jax import faults
-from porch_jax.envs.views import POLICY_FILE
 from porch_jax.train import checkpoint as ckpt_lib
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import metrics as metrics_lib
@@ -70,9 +69,11 @@ class TrainResult:
 
 class Trainer:
     """Trains `model` (its weights are the initial, e.g. SFT, parameters) with `method` on `source`'s
-    batches into `workdir`; a rerun with the same workdir resumes. `view`: the context view the policy
-    reads (written next to each export). `export`: write the HF folders (None: when the model has an HF
-    config). `identity`: JSON-able facts a resumed checkpoint must match. `on_step(step, metrics)`: called
+    batches into `workdir`; a rerun with the same workdir resumes. `on_export(folder, step)`: called on process 0
+    after each HF export is written (the experiment writes what its policy folders carry, e.g. the view file; the
+    step is None for an export outside the run's steps). `record`: JSON-able facts saved with every checkpoint's
+    config beside what launch/export.py needs (e.g. the policy's view). `export`: write the HF folders (None: when
+    the model has an HF config). `identity`: JSON-able facts a resumed checkpoint must match. `on_step(step, metrics)`: called
     after each step, before its checkpoint; what it returns joins the step's metrics. `stream` None: no
     lines. `workdir` None: no checkpoints, metrics file or exports."""
 
@@ -85,7 +86,8 @@ class Trainer:
         workdir: str | Path | None,
         *,
         tokenizer: Any = None,
-        view: str = "full",
+        on_export: Callable[[Path, int | None], None] | None = None,
+        record: Mapping[str, Any] | None = None,
         stream: TextIO | None = sys.stdout,
         export: bool | None = None,
         identity: Mapping[str, Any] | None = None,
@@ -93,7 +95,8 @@ class Trainer:
         validation: Sequence[Mapping[str, Any]] = (),
         validate_every: int = 0,
     ):
-        self.config, self.method, self.source, self.tokenizer, self.view = config, method, source, tokenizer, view
+        self.config, self.method, self.source, self.tokenizer = config, method, source, tokenizer
+        self.on_export, self.record = on_export, json.loads(json.dumps(dict(record or {})))
         self.workdir, self.stream = None if workdir is None else Path(workdir), stream
         self.identity = None if identity is None else json.loads(json.dumps(dict(identity)))
         self.on_step = on_step
@@ -172,7 +175,7 @@ class Trainer:
         saved = [] if self.checkpointer is None else self.checkpointer.steps()
         history, last_good = [], saved[-1] if saved else None
         # What launch/export.py needs to rebuild the state from a checkpoint alone.
-        config_json = {"train": to_dict(cfg), "view": self.view, "model": self._model_hf}
+        config_json = self.record | {"train": to_dict(cfg), "model": self._model_hf}
         if self.identity is not None:
             config_json["identity"] = self.identity
         if self.validation and self.start_step == 0 and log_path is not None:  # the curve starts at the initial weights
@@ -226,23 +229,11 @@ class Trainer:
             (self.workdir / ROWS_FILE).write_text(json.dumps(rows, indent=1) + "\n")
 
     def export(self, path: str | Path | None = None, *, step: int | None = None) -> Path:
-        """The current weights as an HF folder with the tokenizer and the policy's view (and the step)."""
+        """The current weights as an HF folder with the tokenizer, then `on_export(folder, step)` on process 0."""
         out = ckpt_lib.export_hf(self.graphdef, self.state["params"], path or self.export_dir, self.tokenizer)
-        if jax.process_index() == 0:
-            (out / POLICY_FILE).write_text(json.dumps({"view": self.view} | ({} if step is None else {"step": step})))
+        if self.on_export is not None and jax.process_index() == 0:
+            self.on_export(out, step)
         return out
-
-
-def selection_candidates(export: str | Path) -> dict[int, Path]:
-    """A run's checkpoint-selection candidates by step: its ``exports/step_N`` folders (``export_every``) and,
-    when there are any, the final ``export`` folder under the step its POLICY_FILE records."""
-    export = Path(export)
-    folder = export.parent / "exports"
-    found = {int(p.name.split("_", 1)[1]): p for p in folder.glob("step_*") if (p / POLICY_FILE).is_file()}
-    final = json.loads((export / POLICY_FILE).read_text()).get("step") if (export / POLICY_FILE).is_file() else None
-    if found and final is not None:
-        found[int(final)] = export
-    return dict(sorted(found.items()))
 
 
 def _truncate_log(path: Path, step: int) -> None:

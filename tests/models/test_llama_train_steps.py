@@ -18,6 +18,7 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 import tiny_data  # noqa: E402
 
+from porch_jax.attribution.grm import teacher_context
 from porch_jax.models import LlamaForCausalLM, ModelConfig, Qwen2ForCausalLM, init_model  # noqa: E402
 from porch_jax.train import data as D  # noqa: E402
 from porch_jax.train import mesh as mesh_lib  # noqa: E402
@@ -73,7 +74,7 @@ def test_sft_steps_lower_the_loss(model_type, tok, eps):
 
 @pytest.mark.parametrize("model_type", list(CLASSES))
 def test_opod_step_has_finite_loss_and_gradients_in_every_layer(model_type, tok, eps):
-    exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
     step, state, shardings = _setup(
         "opod", _model(model_type), MethodConfig(aggregation="decision", opd_weight=0.7), optax.sgd(1.0)
     )

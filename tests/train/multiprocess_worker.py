@@ -65,6 +65,7 @@ def main() -> None:
 
     from porch_jax.models import from_pretrained
     from porch_jax.opod import rows as episode_rows
+    from porch_jax.opod.rewards import dagrpo_reward
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import sources
     from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
@@ -90,7 +91,9 @@ def main() -> None:
                 episode_rows.opd_rows(eps, tiny_data.hints(eps), tok, "full"), tok, sampling, BATCH, BUCKETS, mesh
             )
             return sources.CombinedViews(sources.PackedSource(rwr_rows, BATCH, BUCKETS, 3, mesh, "rwr"), opd)
-        return sources.GroupSource(contexts, tok, sampling, BATCH // 2, 2, BUCKETS, tiny_data.TOOLS, mesh)
+        return sources.GroupSource(
+            contexts, tok, sampling, BATCH // 2, 2, BUCKETS, dagrpo_reward(tiny_data.TOOLS), mesh
+        )
 
     results = {}
     for method in ("sft", "rwr", "opod", "dagrpo"):

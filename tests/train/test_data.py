@@ -61,7 +61,7 @@ def test_loss_mask_covers_exactly_the_decision_tokens(tok, eps):
 
 def test_teacher_view_is_context_plus_hint_with_the_same_target(tok, eps):
     hints = tiny_data.hints(eps)
-    exs = {ex.key: ex for ex in D.opod_examples(eps, tok, hints)}
+    exs = {ex.key: ex for ex in D.opod_examples(eps, tok, hints, teacher_context=teacher_context)}
     for ep in eps:
         for d in ep.decisions:
             key = D.decision_key(ep.episode_id, d.index)
@@ -88,7 +88,11 @@ def test_teacher_view_is_context_plus_hint_with_the_same_target(tok, eps):
 
 
 def test_resampled_opd_target_replaces_both_views(tok, eps):
-    ex = next(e for e in D.opod_examples(eps, tok, tiny_data.hints(eps)) if "teacher" in e.views)
+    ex = next(
+        e
+        for e in D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)
+        if "teacher" in e.views
+    )
     new = D.with_opd_target(ex, [9, 8, tok.eos_token_id], [-1.0, -2.0, -0.1])
     assert new.views["student"].target == new.views["teacher"].target == (9, 8, tok.eos_token_id)
     assert new.views["student"].logprobs == (-1.0, -2.0, -0.1) and new.views["teacher"].logprobs is None

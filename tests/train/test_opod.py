@@ -16,21 +16,21 @@ import pytest
 from flax import nnx
 
 from porch_jax.attribution.judge import follow_hint
-from porch_jax.envs.views import POLICY_FILE
+from porch_jax.envs.views import POLICY_FILE, selection_candidates, write_policy_file
 from porch_jax.envs.workplace import TOOLS, TaskMixture, codec
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.suite import SuiteConfig, TaskSet
 from porch_jax.models import from_pretrained
 from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as episode_rows
+from porch_jax.opod.rewards import decision_reward
 from porch_jax.protocol import render_call
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import packing, sources
 from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
-from porch_jax.train.dagrpo import decision_reward
 from porch_jax.train.data import decision_target
 from porch_jax.train.methods import MethodConfig, make_method
-from porch_jax.train.trainer import Trainer, selection_candidates
+from porch_jax.train.trainer import Trainer
 
 SUITE = SuiteConfig(
     max_decisions=20,
@@ -145,7 +145,14 @@ def _cfg(steps=3, *, method="rwr", learning_rate=1e-3, opd_weight=1.0, export_ev
 def _trainer(model_dir, workdir, cfg, source, tok):
     model = from_pretrained(model_dir)
     return Trainer(
-        cfg, model, make_method(cfg.method), source, workdir, tokenizer=tok, view="compact", stream=io.StringIO()
+        cfg,
+        model,
+        make_method(cfg.method),
+        source,
+        workdir,
+        tokenizer=tok,
+        on_export=lambda folder, step: write_policy_file(folder, "compact", step),
+        stream=io.StringIO(),
     )
 
 
@@ -338,7 +345,7 @@ def test_the_validation_loss_is_the_methods_loss_at_the_current_weights(tmp_path
     model = from_pretrained(model_dir)
     trainer = Trainer(
         cfg, model, make_method(cfg.method), _packed(rows), tmp_path / "v", tokenizer=tok,
-        view="compact", stream=io.StringIO(), validation=[first], validate_every=2,
+        stream=io.StringIO(), validation=[first], validate_every=2,
     )  # fmt: skip
     history = trainer.run().history
     logged = [json.loads(line) for line in (tmp_path / "v" / "metrics.jsonl").read_text().splitlines()]

@@ -14,6 +14,7 @@ import tiny_data
 
 from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.config import PolicySection
+from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import overlong as O
@@ -122,7 +123,7 @@ def test_opd_rows_and_expert_contexts_drop_under_cut_and_name_the_row_under_erro
     source = sources.CombinedViews(
         sources.PackedSource([SeqRow((1, 2, 3), (Span(1, 2),))], 1, (16, 32), 0, _mesh(), "rwr"),
         sources.OpdSource(opd, tok, sampling, 1, (16, 32), _mesh(), overlong="cut"),
-        sources.GroupSource(contexts, tok, sampling, 1, 2, (16, 32), ("search",), _mesh()),
+        sources.GroupSource(contexts, tok, sampling, 1, 2, (16, 32), dagrpo_reward(("search",)), _mesh()),
     )
     assert {k: (c.rule, c.kept, c.cut, c.dropped) for k, c in source.row_counts.items()} == {
         "rwr": ("drop", 1, 0, 0),

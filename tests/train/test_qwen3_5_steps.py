@@ -16,6 +16,7 @@ import pytest
 import tiny_data
 from flax import nnx
 
+from porch_jax.attribution.grm import teacher_context
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
 from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
@@ -64,7 +65,7 @@ def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
 
 
 def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, eps):
-    exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
     assert any("teacher" in e.views for e in exs) and any("rwr" in e.views for e in exs)
     teacher = _model(seed=1)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))

@@ -13,6 +13,7 @@ import pytest
 import tiny_data
 from flax import nnx
 
+from porch_jax.attribution.grm import teacher_context
 from porch_jax.train import data as D
 from porch_jax.train.methods import MethodConfig
 
@@ -107,7 +108,7 @@ def test_step_on_a_sharded_mesh_equals_one_device_and_traces_under_the_mesh(tok,
 
 
 def test_opod_step_is_rwr_plus_lambda_reverse_kl_to_the_frozen_hinted_teacher(tok, eps):
-    exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
     assert any("rwr" not in e.views for e in exs) and any("teacher" not in e.views for e in exs)
     student, teacher = tiny_data.model(seed=0), tiny_data.model(seed=1)
     lam = 0.7
@@ -149,7 +150,7 @@ def test_layer_remat_gives_the_same_step_with_a_frozen_model(tok, eps, method):
     """OPD's teacher and GRPO's KL reference are frozen models merged inside the student's gradient trace; with layer
     remat on, the step runs and equals the step without it."""
     if method == "opod":
-        exs = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+        exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
         batch, cfg = _batch(exs, ("rwr", "student", "teacher")), MethodConfig(opd_weight=0.5)
     else:
         exs = [
@@ -209,7 +210,11 @@ def test_on_policy_sampling_resamples_opd_targets_and_the_logprob_gap_is_small(t
     from porch_jax.train.config import SamplingConfig
     from porch_jax.train.sources import ActionSampler, on_policy_targets
 
-    exs = [e for e in D.opod_examples(eps, tok, tiny_data.hints(eps)) if "teacher" in e.views][:4]
+    exs = [
+        e
+        for e in D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)
+        if "teacher" in e.views
+    ][:4]
     model = tiny_data.model()
     host = D.HostBatch([exs], (128, 32))
     sampler = ActionSampler(tok, SamplingConfig(max_new_tokens=8, temperature=1.0, seed=0), max_len=512)
@@ -254,7 +259,7 @@ def test_sharded_steps_need_no_full_rematerialization(tok, eps, capfd, model_kin
     def model(seed=0):
         return tiny_data.model(seed=seed) if model_kind == "qwen3" else tiny_data.qwen3_5_model(seed=seed)
 
-    opod = D.opod_examples(eps, tok, tiny_data.hints(eps))[:8]
+    opod = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
     groups = [
         {
             "key": "g",

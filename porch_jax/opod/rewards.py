@@ -12,7 +12,7 @@ reference is the expert, DA-GRPO can at best reach the expert, blind spots inclu
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from porch_jax.protocol import ProtocolError, extract_call, orchestrator_action_from_call
@@ -74,3 +74,10 @@ def decision_reward(text: str, reference: Mapping[str, Any], available_tools: Co
             parts["quality"] = argument_similarity(call["arguments"], reference["arguments"])
     parts["reward"] = sum(WEIGHTS[k] * parts[k] for k in WEIGHTS)
     return parts
+
+
+def dagrpo_reward(available_tools: Collection[str]) -> Callable[[Any, str], float]:
+    """The reward `train.sources.GroupSource` calls per sample: (expert context, the reply as the engine reads
+    it) -> `decision_reward` against the context's expert action, with this suite's tools."""
+    tools = tuple(available_tools)
+    return lambda context, text: decision_reward(text, context.reference, tools)["reward"]
