@@ -21,6 +21,7 @@ from pathlib import Path
 from absl import app, flags, logging
 
 from porch_jax.train import records
+from porch_jax.train.config import ModelInit
 from porch_jax.typed_config import define_config_flag
 
 _CONFIG = define_config_flag("config", records.RecordsConfig, "Experiment config file (get_config()).", required=True)
@@ -32,7 +33,7 @@ flags.DEFINE_integer("cpu_devices", None, "Fake CPU device count per process (lo
 FLAGS = flags.FLAGS
 
 
-def build_model(cfg: records.ModelConfig, vocab_size: int, mesh=None):
+def build_model(cfg: ModelInit, vocab_size: int, mesh=None):
     """The initial model: a Hugging Face folder (model.init_from; with `mesh`, each process reads only the slices
     its devices hold) or a fresh init from model.hf."""
     import jax.numpy as jnp
@@ -42,7 +43,7 @@ def build_model(cfg: records.ModelConfig, vocab_size: int, mesh=None):
     dtype = jnp.dtype(cfg.compute_dtype)
     if cfg.init_from:
         return from_pretrained(cfg.init_from, dtype=dtype, param_dtype=jnp.float32, mesh=mesh, remat=cfg.remat)
-    hf = {"vocab_size": vocab_size} | dict(cfg.hf)
+    hf = {"vocab_size": cfg.vocab_size or vocab_size} | dict(cfg.hf)
     return init_model(ModelConfig.from_hf(hf), seed=cfg.seed, dtype=dtype, param_dtype=jnp.float32, remat=cfg.remat)
 
 

@@ -38,7 +38,7 @@ CONFIG = textwrap.dedent("""
         c.sft.update(steps=120, batch=8)
         c.checkpoint.every, c.log.every = 25, 5
         c.opod.update(steps=3, batch=2, lr_grid=None)
-        c.opod.opd.update(batch=2, max_new_tokens=24)
+        c.opod.opd.batch, c.opod.opd.sampling.max_new_tokens = 2, 24
         return c
 """)
 

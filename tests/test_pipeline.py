@@ -35,9 +35,10 @@ CONFIG = textwrap.dedent("""
         for name in ("rwr", "opod", "opd_empty"):
             c[name].update(steps=2, batch=2, export_every=1)
         for name in ("opod", "opd_empty"):
-            c[name].opd.update(batch=2, max_new_tokens=24)
+            c[name].opd.batch, c[name].opd.sampling.max_new_tokens = 2, 24
         c.dagrpo.update(steps=2, export_every=1)
-        c.dagrpo.group.update(contexts_per_step=2, group_size=2, max_new_tokens=24)
+        c.dagrpo.group.update(contexts_per_step=2, group_size=2)
+        c.dagrpo.group.sampling.max_new_tokens = 24
         for name in ("rwr", "opod", "opd_empty", "dagrpo"):
             c[name].lr_grid = None
         return c

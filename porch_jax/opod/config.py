@@ -19,6 +19,7 @@ from porch_jax.train.config import (
     CheckpointConfig,
     GroupSourceConfig,
     LogConfig,
+    ModelInit,
     OpdSourceConfig,
     OptimizerConfig,
     Overlong,
@@ -66,26 +67,6 @@ class MethodSection:
         check(self.epochs >= 0, "epochs", f"must be >= 0, got {self.epochs}")
         check(0.0 <= self.validation_share < 1.0, "validation_share", f"must be in [0, 1), got {self.validation_share}")
         check(self.validate_every >= 0, "validate_every", f"must be >= 0, got {self.validate_every}")
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelSection:
-    """The policy before SFT. init_from: a Hugging Face folder (a pretrained instruct model, e.g.
-    SmolLM2-135M-Instruct from porch_jax.models.smollm2), read in the "full" view through its own chat template;
-    empty: a tiny model built from scratch from `hf` (its config fields), `vocab_size` and `seed`.
-    compute_dtype: "bfloat16" runs matmuls in bf16 with float32 master weights; remat recomputes each layer's
-    activations in the backward pass (memory for compute, the 9B path's setting)."""
-
-    seed: int = 0
-    vocab_size: int = 0
-    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
-    init_from: str = ""
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    remat: bool = False
-
-    def __post_init__(self):
-        if not self.init_from:
-            check(bool(self.hf) and self.vocab_size > 0, "hf", "a model from scratch needs hf and vocab_size > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +227,7 @@ class ExperimentConfig:
     rollouts: RolloutSet
     eval: EvalConfig
     selection: SelectionSection
-    model: ModelSection
+    model: ModelInit  # a pretrained folder (read in the "full" view), or a tiny model from scratch
     policy: PolicySection
     optimizer: (
         OptimizerConfig  # every trainer's AdamW; a method section's learning_rate and warmup_steps replace its own
@@ -268,6 +249,11 @@ class ExperimentConfig:
 
     def __post_init__(self):
         check(self.optimizer.total_steps is None, "optimizer.total_steps", "each trainer's schedule is its run's steps")
+        check(
+            bool(self.model.init_from) or (bool(self.model.hf) and self.model.vocab_size > 0),
+            "model.hf",
+            "a model from scratch needs hf and vocab_size > 0",
+        )
         pretrained = bool(self.model.init_from)
         check(
             not self.policy.context_tokens or self.suite.context_overflow == "drop_oldest",

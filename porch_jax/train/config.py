@@ -6,7 +6,7 @@ A launcher's experiment schema holds these sections; nothing past the launcher r
 from __future__ import annotations
 
 import dataclasses
-from typing import Literal
+from typing import Any, Literal
 
 from porch_jax.typed_config import check, resumable
 
@@ -15,6 +15,7 @@ Overlong = Literal["drop", "cut", "error"]
 
 __all__ = [
     "CheckpointConfig",
+    "ModelInit",
     "GroupSourceConfig",
     "LogConfig",
     "MethodConfig",
@@ -52,6 +53,24 @@ class MethodConfig:
     pg_aggregation: Literal["token", "sequence"] = "token"
     chunk_size: int | None = None
     target_kl_weight: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelInit:
+    """The model a run starts from. init_from: a Hugging Face folder (a pretrained model, or make_tiny_model's);
+    empty: a fresh model built from `hf` (config.json fields), `vocab_size` (0: the tokenizer's, where the launcher
+    knows one) and `seed`. compute_dtype: "bfloat16" runs matmuls in bf16 with float32 master weights; remat
+    recomputes each layer's activations in the backward pass (memory for compute)."""
+
+    init_from: str = ""
+    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
+    vocab_size: int = 0
+    seed: int = 0
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    remat: bool = False
+
+    def __post_init__(self):
+        check(self.vocab_size >= 0, "vocab_size", f"must be >= 0, got {self.vocab_size}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from porch_jax.train.config import Overlong, SamplingConfig, TrainConfig
+from porch_jax.train.config import ModelInit, Overlong, SamplingConfig, TrainConfig
 from porch_jax.typed_config import check, claim_run_dir, resumable
 
 if TYPE_CHECKING:  # the schema above is read while flags parse, without JAX; the trainer's modules load on use
@@ -20,21 +20,6 @@ if TYPE_CHECKING:  # the schema above is read while flags parse, without JAX; th
 
     from porch_jax.train import data as data_lib
     from porch_jax.train.trainer import Trainer
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Attributes:
-    init_from: a Hugging Face folder (e.g. make_tiny_model's); "" builds a fresh model from `hf`
-        (config.json fields; vocab_size defaults to the tokenizer's) and `seed`.
-    compute_dtype: "bfloat16": bf16 matmuls with float32 master weights.
-    """
-
-    init_from: str = ""
-    hf: dict[str, Any] = dataclasses.field(default_factory=dict)
-    seed: int = 0
-    compute_dtype: str = "float32"
-    remat: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +73,7 @@ class OpdConfig:
 class RecordsConfig:
     workdir: str = resumable()
     train: TrainConfig
-    model: ModelConfig = ModelConfig()
+    model: ModelInit = ModelInit()  # vocab_size 0: the tokenizer's
     data: DataConfig = DataConfig()
     batch: BatchConfig = BatchConfig()
     opd: OpdConfig = OpdConfig()
@@ -108,7 +93,7 @@ def claim_workdir(cfg: RecordsConfig) -> None:
     """Records `cfg` as WORKDIR/config.json, or refuses a workdir that records another config (but for its
     `resumable` fields: the workdir, checkpoint and log cadence, the mesh, the served sampler's transport), naming
     the keys that differ: a rerun resumes from the newest checkpoint, which must be this config's run."""
-    claim_run_dir(cfg.workdir, cfg)
+    claim_run_dir(cfg.workdir, cfg, defaults={"model": {"vocab_size": 0}})  # a key newer than some workdirs
 
 
 def records_trainer(
