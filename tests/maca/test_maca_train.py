@@ -1060,9 +1060,7 @@ def test_lm_policy_trains_on_a_mesh_as_on_one_device(small_study):
         "num_hidden_layers": 1,
     }
     tasks = [small_study.train_tasks[i] for i in keep]
-    grpo = dataclasses.replace(
-        small_study.grpo, iterations=2, tasks_per_iteration=2, group_size=4, learning_rate=3e-3, epochs=2
-    )
+    grpo = dataclasses.replace(small_study.grpo, iterations=2, tasks_per_iteration=2, group_size=4, epochs=2)
     specs, _ = small_study.specs(VARIANTS["maca"])
 
     def train(mesh):
