@@ -222,6 +222,7 @@ class GroupRollouts:
 
     on_policy = True
     view = "decisions"
+    views = (view,)
 
     def __init__(
         self,

@@ -251,6 +251,7 @@ def train(
         tok = AutoTokenizer.from_pretrained(str(init))
         mesh = mesh_lib.make_mesh(cfg.mesh)
         source = source_of(tok, mesh)
+        cfg = dataclasses.replace(cfg, method=method_for_views(cfg.method, source.views))
         m = run.cfg.model
         model = from_pretrained(  # on the mesh: each process reads only its devices' slices
             init, dtype=jnp.dtype(m.compute_dtype), param_dtype=jnp.float32, mesh=mesh, remat=m.remat
@@ -300,6 +301,17 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
         export_every=settings.export_every,
         mesh=cfg.mesh,
     )
+
+
+def method_for_views(method: MethodConfig, views: tuple[str, ...]) -> MethodConfig:
+    """OPOD on a source that holds one of its two parts' rows trains as that part's method, with the same
+    coefficient and loss: OPD alone where no SFT rollout succeeded (no RWR rows), RWR alone where no decision was
+    flagged (no OPD rows). Every other method reads the views its source yields (the Trainer checks)."""
+    if method.name == "opod" and "rwr" not in views:
+        return dataclasses.replace(method, name="opd")
+    if method.name == "opod" and "student" not in views:
+        return dataclasses.replace(method, name="rwr")
+    return method
 
 
 def learning_rates(cfg: ExperimentConfig, name: str) -> tuple[float, ...]:
@@ -552,10 +564,12 @@ def after_sft(
         return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong, sampler=sampler)]
 
     def opod_plan(section: str, rows: list[Any]) -> tuple[Callable[[Any, Any], Any], bool]:
-        return (
-            lambda tok, mesh: sources.CombinedViews(*packed(section, "rwr", mesh), *opd(section, rows, tok, mesh)),
-            has_rwr or bool(rows),
-        )
+        def source(tok: Any, mesh: Any) -> Any:
+            if not rows:  # RWR rows alone, as the RWR method reads them (train() then picks "rwr")
+                return packed(section, "policy", mesh)[0]
+            return sources.CombinedViews(*packed(section, "rwr", mesh), *opd(section, rows, tok, mesh))
+
+        return source, has_rwr or bool(rows)
 
     def group(tok: Any, mesh: Any) -> Any:
         g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)

@@ -309,19 +309,15 @@ class Method:
     def views(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(v for p in self.parts for v in p.views))
 
-    def present(self, batch: Batch) -> tuple[Part, ...]:
-        """The parts whose views the batch holds (a static property of its structure)."""
-        return tuple(p for p in self.parts if all(v in batch for v in p.views))
-
     def global_counts(self, batch: Batch) -> dict[str, jax.Array]:
         """Each part's count over the whole [accum, micro] batch (what its sums are divided by)."""
-        return {p.name: p.count(batch) for p in self.present(batch)}
+        return {p.name: p.count(batch) for p in self.parts}
 
     def micro_parts(self, model: nnx.Module, frozen: nnx.Module | None, micro: Batch) -> tuple[Parts, dict]:
-        """(sum, count) of each present part on one micro-batch, and additive metric sums."""
+        """(sum, count) of each part on one micro-batch, and additive metric sums."""
         forward = Forward.of(model, frozen)
         parts, aux = {}, {}
-        for p in self.present(micro):
+        for p in self.parts:
             parts[p.name], extra = p(forward, micro)
             for k, v in extra.items():
                 aux[k] = aux[k] + v if k in aux else v

@@ -1,6 +1,7 @@
 """Batch sources: each step's global batch [accum, micro, ...] for the step, and host metrics.
 
     class BatchSource(Protocol):
+        views: tuple[str, ...]                # the views its batches hold (the Trainer checks the method's)
         on_policy: bool                       # reads the current student (the trainer keeps it current)
         def __call__(self, step, student) -> (batch of global arrays, {metric: float})
         def state(self) -> dict               # the data position, saved with each checkpoint
@@ -62,6 +63,7 @@ Batch = dict[str, Any]
 
 
 class BatchSource(Protocol):
+    views: tuple[str, ...]
     on_policy: bool
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]: ...
@@ -151,7 +153,7 @@ class RecordSource:
         sampler: Any = None,
         overlong: overlong_lib.Overlong = "error",
     ):
-        self.sampler, self.on_policy = sampler, sampler is not None
+        self.sampler, self.on_policy, self.views = sampler, sampler is not None, tuple(views)
         examples, counts = overlong_lib.examples(
             examples, max(buckets.lengths), max(buckets.targets), overlong, target_reserve
         )
@@ -257,6 +259,7 @@ class PackedSource(StepSeeded):
         view: str = "policy",
         overlong: overlong_lib.Overlong = "drop",
     ):
+        self.views = (view,)
         rows, counts = overlong_lib.seq_rows(rows, max(buckets), overlong)
         self.row_counts = {view: _logged(view, counts)}
         if not rows:
@@ -322,6 +325,7 @@ class OpdSource(StepSeeded):
         overlong: overlong_lib.Overlong = "drop",
         sampler: Any = None,
     ):
+        self.views = ("student", "teacher")
         rows, counts = overlong_lib.opd_rows(rows, max(buckets), overlong)
         self.row_counts = {"opd": _logged("opd", counts)}
         if not rows:
@@ -375,6 +379,9 @@ class CombinedViews(StepSeeded):
         if not sources:
             raise ValueError("no batch sources to join")
         self.sources = sources
+        self.views = tuple(v for s in sources for v in s.views)
+        if len(set(self.views)) < len(self.views):
+            raise ValueError(f"sources to combine yield a view twice: {self.views}")
         self.on_policy = any(s.on_policy for s in sources)
         self.row_counts = {k: v for s in sources for k, v in getattr(s, "row_counts", {}).items()}
 
@@ -413,6 +420,7 @@ class GroupSource(StepSeeded):
         overlong: overlong_lib.Overlong = "drop",
         sampler: Any = None,
     ):
+        self.views = ("policy",)
         contexts, counts = overlong_lib.expert_contexts(contexts, max(buckets), overlong)
         self.row_counts = {"dagrpo": _logged("dagrpo", counts)}
         if not contexts:

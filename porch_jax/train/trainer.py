@@ -95,6 +95,13 @@ class Trainer:
         validation: Sequence[Mapping[str, Any]] = (),
         validate_every: int = 0,
     ):
+        missing = [(p.name, v) for p in method.parts for v in p.views if v not in source.views]
+        if missing:
+            part, view = missing[0]
+            raise ValueError(
+                f"method {method.name!r}: its part {part!r} reads view {view!r}, which the batch source "
+                f"({type(source).__name__}) does not yield (it yields {', '.join(map(repr, source.views)) or 'none'})"
+            )
         self.config, self.method, self.source, self.tokenizer = config, method, source, tokenizer
         self.on_export, self.record = on_export, json.loads(json.dumps(dict(record or {})))
         self.workdir, self.stream = None if workdir is None else Path(workdir), stream

@@ -194,7 +194,7 @@ def test_opod_at_lambda_zero_reproduces_rwr(tmp_path, tok, episodes, model_dir):
 def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_it(tmp_path, tok, episodes, model_dir):
     initial = jax.tree.map(np.asarray, nnx.state(from_pretrained(model_dir), nnx.Param))
     rows = episode_rows.opd_rows(episodes, _hints(episodes), tok, "compact")
-    cfg = _cfg(steps=4, method="opod", learning_rate=3e-3, opd_weight=1.0)
+    cfg = _cfg(steps=4, method="opd", learning_rate=3e-3, opd_weight=1.0)  # OPOD without RWR rows trains as OPD
     trainer = _trainer(model_dir, tmp_path / "opd", cfg, sources.CombinedViews(_opd_source(rows, tok)), tok)
     history = trainer.run().history
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.frozen), initial)
@@ -207,7 +207,7 @@ class _DiesAt3:
     on_policy = False
 
     def __init__(self, source):
-        self.source = source
+        self.source, self.views = source, source.views
 
     def __call__(self, step, student):
         if step == 3:
