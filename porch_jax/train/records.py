@@ -16,6 +16,8 @@ from porch_jax.train.config import ModelInit, Overlong, SamplingConfig, TrainCon
 from porch_jax.typed_config import check, claim_run_dir, resumable
 
 if TYPE_CHECKING:  # the schema above is read while flags parse, without JAX; the trainer's modules load on use
+    from collections.abc import Callable
+
     from flax import nnx
 
     from porch_jax.train import data as data_lib
@@ -105,7 +107,7 @@ def records_trainer(
     pad_id: int | None = None,
     stream: TextIO = sys.stdout,
     server: Any = None,
-    on_export: Any = None,
+    on_export: Callable[[Path, int | None], None] | None = None,
 ) -> Trainer:
     """The Trainer of a records run: `examples` through a RecordSource laid out as the method reads them. `server`:
     the started VLLMServer a "vllm" sampler (opd.sampling.sampler) samples on, its pushes under WORKDIR/served_weights.
