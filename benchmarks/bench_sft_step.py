@@ -62,12 +62,12 @@ def jax_runner(batch: int, seq: int, dtype: str = "f32"):
     import numpy as np
 
     from porch_jax.models import ModelConfig, init_model
-    from porch_jax.train import data as D
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import optim
     from porch_jax.train import step as S
     from porch_jax.train.config import OptimizerConfig
     from porch_jax.train.methods import MethodConfig, make_method
+    from porch_jax.train.packing import SeqRow, Span, seq_batch
 
     cfg = OptimizerConfig(learning_rate=1e-4, warmup_steps=10, total_steps=1000)
     mesh = mesh_lib.make_mesh((1, 1, 1))
@@ -78,23 +78,12 @@ def jax_runner(batch: int, seq: int, dtype: str = "f32"):
     method = make_method(MethodConfig(name="sft"))
     step = S.TrainStep(method, graphdef, tx, optim.learning_rate_schedule(cfg), mesh=mesh, state_shardings=shardings)
     rng = np.random.default_rng(0)
-    # Prompt = 1 token, target = the other seq - 1: every next-token position carries loss, as in
-    # the PyTorch loop.
+    # Prompt = 1 token, target = the other seq - 1 (one span): every next-token position carries loss, as in
+    # the PyTorch loop (all rows of one length, so the per-decision mean is its token mean).
     rows = [
-        D.Example(
-            str(b),
-            {
-                "policy": D.View(
-                    (int(rng.integers(HF["vocab_size"])),),
-                    tuple(int(t) for t in rng.integers(0, HF["vocab_size"], seq - 1)),
-                )
-            },
-        )
-        for b in range(batch)
+        SeqRow(tuple(int(t) for t in rng.integers(0, HF["vocab_size"], seq)), (Span(1, seq - 1),)) for _ in range(batch)
     ]
-    batch_arrays = jax.tree.map(
-        lambda x: jax.numpy.asarray(x[None]), D.collate(rows, ("policy",), (), seq, seq, pad_id=0)
-    )
+    batch_arrays = jax.tree.map(lambda x: jax.numpy.asarray(x[None]), {"policy": seq_batch(rows, seq, seq)})
 
     def run():
         nonlocal state

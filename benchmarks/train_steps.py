@@ -6,7 +6,7 @@ parameter: the 9B cut to a few layers keeps the full width). Batches are packed 
 sequences of `seq` tokens on the mesh's batch axes:
 
 - SFT: view "policy", every next-token position a target (K = seq - 1), as a pretraining step counts them.
-- OPOD (RWR + OPD, packed layout): view "rwr" as SFT's; OPD's "student" and "teacher" rows of `seq` tokens whose
+- OPOD (RWR + OPD, packed rows): view "rwr" as SFT's; OPD's "student" and "teacher" rows of `seq` tokens whose
   last `action` tokens are the sampled action. The student trains on both; the frozen teacher (a second parameter
   set, the step's `frozen_params`) runs forward only, with its own LM head over the action.
 """
@@ -93,7 +93,7 @@ class StepSpec:
 
 
 def host_batch(spec: StepSpec, seed: int = 0) -> dict[str, Any]:
-    """Random token rows in the packed layout of spec's method (numpy, [rows, ...] per view)."""
+    """Random token rows in the one row format of spec's method (numpy, [rows, ...] per view)."""
     rng = np.random.default_rng(seed)
     vocab, t = spec.hf["vocab_size"], spec.seq
 
@@ -146,7 +146,7 @@ def build(spec: StepSpec, mesh: jax.sharding.Mesh, *, abstract: bool = False, se
 
     tx_cfg = OptimizerConfig(learning_rate=1e-5, warmup_steps=0, total_steps=1000)
     tx, schedule = optim.make_optimizer(tx_cfg), optim.learning_rate_schedule(tx_cfg)
-    method = make_method(MethodConfig(name=spec.method, layout="packed"))
+    method = make_method(MethodConfig(name=spec.method))
     if abstract:
         model = nnx.eval_shape(make)
         graphdef = nnx.split(model, nnx.Param, ...)[0]

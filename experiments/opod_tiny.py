@@ -25,7 +25,6 @@ def get_config():
     c.model.init_from = "runs/sft_tiny/export"
     c.data.trajectories = "runs/sft_rollouts/trajectories.jsonl"
     c.data.hints = "runs/sft_rollouts/hints.jsonl"
-    c.train.method.aggregation = "decision"
     c.train.method.opd_weight = 1.0
     c.train.optimizer.learning_rate = 1e-5
     c.train.optimizer.warmup_steps = 10

@@ -6,11 +6,11 @@
 
 The same file serves the other methods (--config.train.method.name=rwr|opod|grpo): they share every
 field, and opod_tiny.py only changes what OPOD needs. Paths are relative to the working directory.
-The schema is porch_jax/train/records.py `RecordsConfig`: an unknown key or a bad value is a flags
-error naming the key. Knobs: batch.micro_batch x batch.accum_steps is the global batch (accumulation
-is exact, so it trades memory for time only); train.method.aggregation "decision" weighs every
-decision alike, "token" weighs long actions more; model.compute_dtype "bfloat16" is ~1.5x faster on
-CPUs with AVX512-BF16 (docs/benchmarks.md) at bf16 matmul precision.
+The schema is porch_jax/rows/records.py `RecordsConfig`: an unknown key or a bad value is a flags
+error naming the key. Every decision is a one-span row and losses average within each decision, then
+over decisions (the paper's aggregation). Knobs: batch.micro_batch x batch.accum_steps is the global
+batch (accumulation is exact, so it trades memory for time only); model.compute_dtype "bfloat16" is
+~1.5x faster on CPUs with AVX512-BF16 (docs/benchmarks.md) at bf16 matmul precision.
 """
 
 from ml_collections import ConfigDict
@@ -35,10 +35,7 @@ def get_config() -> ConfigDict:
             "hints": "",
             "groups": "",
             "buckets": (256, 512, 1024),
-            "target_buckets": (64, 128, 256),
-            "target_reserve": 0,
             "overlong": "error",  # a record over the largest bucket: "error" | "drop" | "cut" (train/overlong.py)
-            "pad_id": 0,
             "seed": 0,
         }
     )
@@ -59,8 +56,6 @@ def get_config() -> ConfigDict:
             },
             "method": {
                 "name": "sft",
-                "layout": "records",
-                "aggregation": "token",
                 "opd_weight": 1.0,
                 "clip_eps": 0.2,
                 "kl_coef": 0.0,
@@ -74,9 +69,8 @@ def get_config() -> ConfigDict:
     )
     c.opd = ConfigDict(
         {
-            "on_policy": True,
+            "batch": 8,  # OPOD: OPD rows a step, each action sampled by the current student
             "sampling": {"max_new_tokens": 64, "temperature": 1.0, "top_p": 1.0, "seed": 0},
-            "max_len": 2048,
         }
     )
     return c

@@ -9,7 +9,7 @@
 
 A rerun with the same workdir resumes from its newest readable checkpoint; WORKDIR/config.json records the
 config, and a rerun with another one is refused, naming the keys that differ. The config's schema is
-porch_jax/train/records.py `RecordsConfig`; an unknown key or a bad value is a flags error naming it.
+porch_jax/rows/records.py `RecordsConfig`; an unknown key or a bad value is a flags error naming it.
 The final weights are exported to WORKDIR/export (launch/export.py exports any other step).
 """
 
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from absl import app, flags, logging
 
-from porch_jax.train import records
+from porch_jax.rows import records
 from porch_jax.train.config import ModelInit
 from porch_jax.typed_config import define_config_flag
 
@@ -59,16 +59,15 @@ def _jsonl(path: str) -> list[dict]:
         return rows
 
 
-def build_examples(config: records.RecordsConfig, tokenizer):
-    """Training examples of the configured method from the configured record files."""
-    from porch_jax.train import data
+def build_rows(config: records.RecordsConfig, tokenizer) -> records.MethodRows:
+    """The configured method's rows from the configured record files."""
+    from porch_jax.rows.decisions import hint_table, token_sources
     from porch_jax.trajectories import TrajectoryStore
 
-    method = config.train.method.name
-    if method == "grpo":
-        return data.grpo_examples(_jsonl(config.data.groups), tokenizer)
+    if config.train.method.name == "grpo":
+        return records.method_rows(config, tokenizer, groups=_jsonl(config.data.groups))
     episodes = TrajectoryStore(config.data.trajectories).read()
-    sources = data.token_sources(episodes)
+    sources = token_sources(episodes)
     if sources["none"]:
         logging.warning(
             "%d of %d decisions carry no sampled token ids (a text-only provider or a scripted policy): their targets "
@@ -76,16 +75,10 @@ def build_examples(config: records.RecordsConfig, tokenizer):
             sources["none"],
             sum(sources.values()),
         )
-    if method == "sft":
-        return data.sft_examples(episodes, tokenizer)
-    if method == "rwr":
-        return data.rwr_examples(episodes, tokenizer)
-    hints = data.hint_table(_jsonl(config.data.hints)) if config.data.hints else {}
-    if not hints:
-        logging.warning("OPOD without hints: only the RWR part will train")
-    from porch_jax.attribution.grm import teacher_context
-
-    return data.opod_examples(episodes, tokenizer, hints, teacher_context=teacher_context)
+    hints = hint_table(_jsonl(config.data.hints)) if config.data.hints else {}
+    if config.train.method.name == "opod" and not hints:
+        logging.warning("OPOD without hints: it trains as RWR (no decision to distill)")
+    return records.method_rows(config, tokenizer, episodes=episodes, hints=hints)
 
 
 def main(argv: list[str]) -> None:
@@ -112,18 +105,20 @@ def main(argv: list[str]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(config.data.tokenizer or config.model.init_from)
     from porch_jax.train.mesh import make_mesh
 
+    rows = build_rows(config, tokenizer)  # before the model: a bad record fails fast
+    logging.info(
+        "%s: %d decision rows, %d OPD rows, %d GRPO groups; workdir %s",
+        config.train.method.name,
+        len(rows.decisions),
+        len(rows.opd),
+        len(rows.groups),
+        Path(config.workdir).absolute(),
+    )
     model = build_model(config.model, len(tokenizer), make_mesh(config.train.mesh))
-    examples = build_examples(config, tokenizer)
-    logging.info("%d %s examples; workdir %s", len(examples), config.train.method.name, Path(config.workdir).absolute())
     from porch_jax.envs.views import write_policy_file  # records are read in the "full" view
 
     records.records_trainer(
-        config,
-        model,
-        examples,
-        tokenizer=tokenizer,
-        pad_id=tokenizer.pad_token_id,
-        on_export=lambda folder, step: write_policy_file(folder, "full", step),
+        config, model, rows, tokenizer=tokenizer, on_export=lambda folder, step: write_policy_file(folder, "full", step)
     ).run()
 
 

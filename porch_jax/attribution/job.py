@@ -6,7 +6,7 @@ Output: an append-only JSONL store with one row per decision, keyed by (episode_
 with the reason in ``detail``: "malformed: ..." or "backend: ...") or "skipped" (a decision no sub-agent feedback
 followed: finish, stop, or an action that did not parse). A malformed reply is asked again ``retries`` times (the
 paper's reading: once; the retry samples at ``retry_temperature`` at least, so a greedy GRM can answer otherwise)
-and then read as FLAG=false. The rows are what ``train.data.hint_table`` reads.
+and then read as FLAG=false. The rows are what ``rows.decisions.hint_table`` reads.
 
 Resume: keys already in the output are not judged again, so rerunning after a crash or a kill
 finishes the rest and never writes a key twice. Rows are written by one writer in whole lines,

@@ -77,6 +77,7 @@ from porch_jax.train.config import CheckpointConfig, MethodConfig, OptimizerConf
 from porch_jax.train.losses import group_advantages
 from porch_jax.train.mesh import abstract_like
 from porch_jax.train.methods import make_method
+from porch_jax.train.sources import BatchSource
 from porch_jax.train.trainer import Trainer
 
 # ---------------------------------------------------------------------------------------------------
@@ -210,8 +211,8 @@ def _decisions(episodes: Sequence[Episode], max_steps: int) -> Decisions:
     )
 
 
-class GroupRollouts:
-    """The one trainer's batch source for MACA's GRPO (on-policy, "actions" layout of train/methods.py).
+class GroupRollouts(BatchSource):
+    """The one trainer's batch source for MACA's GRPO (on-policy, discrete actions: train/methods.py).
 
     Each iteration it samples `tasks_per_iteration` tasks with its NumPy RNG, rolls out a group of
     `group_size` episodes per task with the current student, computes the group targets (pi_ref from the
@@ -371,7 +372,7 @@ def train_grpo(
     train_cfg = TrainConfig(
         steps=steps,
         optimizer=optimizer_config(cfg),
-        method=MethodConfig(name="maca_grpo", layout="actions", clip_eps=cfg.clip_eps, target_kl_weight=lam),
+        method=MethodConfig(name="maca_grpo", clip_eps=cfg.clip_eps, target_kl_weight=lam),
         checkpoint=CheckpointConfig(
             every=checkpoint_every * epochs if checkpoint_every > 0 else steps, keep=2, async_save=False
         ),

@@ -65,14 +65,14 @@ from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.progress import Stages
 from porch_jax.rollout import run_episodes
+from porch_jax.rows.decisions import hint_table
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
 from porch_jax.train.config import (
     MethodConfig,
     TrainConfig,
 )
-from porch_jax.train.data import hint_table
-from porch_jax.train.methods import make_method
+from porch_jax.train.methods import make_method, method_for_views
 from porch_jax.train.served_sampler import served_action_sampler
 from porch_jax.train.trainer import Trainer
 from porch_jax.trajectories import TrajectoryStore
@@ -293,25 +293,12 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
     return TrainConfig(
         steps=settings.steps,
         optimizer=dataclasses.replace(cfg.optimizer, learning_rate=rate, warmup_steps=settings.warmup_steps),
-        method=MethodConfig(
-            name=METHOD_OF[name], layout="packed", opd_weight=settings.opd_weight, clip_eps=settings.clip_eps
-        ),
+        method=MethodConfig(name=METHOD_OF[name], opd_weight=settings.opd_weight, clip_eps=settings.clip_eps),
         checkpoint=cfg.checkpoint,
         log=cfg.log,
         export_every=settings.export_every,
         mesh=cfg.mesh,
     )
-
-
-def method_for_views(method: MethodConfig, views: tuple[str, ...]) -> MethodConfig:
-    """OPOD on a source that holds one of its two parts' rows trains as that part's method, with the same
-    coefficient and loss: OPD alone where no SFT rollout succeeded (no RWR rows), RWR alone where no decision was
-    flagged (no OPD rows). Every other method reads the views its source yields (the Trainer checks)."""
-    if method.name == "opod" and "rwr" not in views:
-        return dataclasses.replace(method, name="opd")
-    if method.name == "opod" and "student" not in views:
-        return dataclasses.replace(method, name="rwr")
-    return method
 
 
 def learning_rates(cfg: ExperimentConfig, name: str) -> tuple[float, ...]:

@@ -20,7 +20,7 @@ from porch_jax.envs.views import policy_view
 from porch_jax.envs.workplace import codec
 from porch_jax.protocol import render_call
 from porch_jax.protocol.render import prompt_ids
-from porch_jax.train.data import decision_target
+from porch_jax.rows.decisions import decision_target
 from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span
 from porch_jax.trajectories import DecisionKey as Key
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord

@@ -153,7 +153,7 @@ class Engine:
             "invalid_kinds": ep.invalid_kinds,
             "context_compactions": ep.compactions,
             # what the orchestrator's chat template was rendered with (the thinking switch): training renders the
-            # recorded contexts the same way (train.data.decision_prompt)
+            # recorded contexts the same way (rows.decisions.decision_prompt)
             "template_kwargs": self.cfg.orchestrator_sampling.template_kwargs,
             "ended": ended,
             "answer": answer,

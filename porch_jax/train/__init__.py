@@ -4,15 +4,16 @@ Modules (imported on use, so `porch_jax.train.losses` stays light):
   config        typed settings: `TrainConfig` (optimizer, method, checkpoint, log, export_every, mesh), `SamplingConfig`
                 (with `SamplerConfig`: embedded or vLLM-served samples, push cadence, gap bound, timeouts)
   methods       `Method` = loss parts + coefficients; `METHODS` registry (sft, rwr, opod, opd, grpo, dagrpo)
-  sources       batch sources: `RecordSource` (data.py records, accumulation, hosts), `PackedSource`,
-                `OpdSource` / `GroupSource` (on-policy, one `ActionSampler` or a served one), `CombinedViews`
+  sources       batch sources on one base (`BatchSource`): `PackedSource` (packed or one-span decision rows),
+                `OpdSource` / `GroupSource` (on-policy, one `ActionSampler` or a served one), `RecordedGroups`
+                (offline GRPO), `CombinedViews`; accumulation and several hosts (`place`)
   served_sampler `ServedActionSampler`: on-policy samples from a vLLM server the student is pushed into, the
                 logprob-gap rule (`check_logprob_gap`), `served_action_sampler` (the factory from a config)
   step          `TrainStep` (jitted, generic, exact gradient accumulation, donation), `init_train_state`
   trainer       `Trainer` (state, checkpoints, metrics, finite guard, exports), `selection_candidates`
-  records       launch/train.py's typed schema (`RecordsConfig`) and `records_trainer`
-  data          trajectory records -> one-decision examples, buckets, the resumable host-sharded `BatchIterator`
-  packing       packed decision rows and one-action rows as fixed-shape arrays
+  packing       the one row format: token rows with target spans (`SeqRow`), one-action rows (`OpdRow`,
+                `ExpertContext`, `RecordedGroup`), as fixed-shape arrays; `DataError`
+  overlong      rows over the largest bucket: drop, cut or error, and their counts
   mesh          the (data, fsdp, tensor) mesh and every sharding a step needs
   optim         AdamW + warmup/cosine schedule + global-norm clipping
   losses        pure (sum, count) losses; fused_kl: chunked LM-head kernels

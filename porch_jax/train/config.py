@@ -32,9 +32,6 @@ __all__ = [
 class MethodConfig:
     """Attributes:
     name: a key of `METHODS`.
-    layout: "records" (data.py rows) or "packed" (porch_jax/opod/rows.py rows); see the module docstring.
-    aggregation: records layout: "token" (mean over tokens) or "decision" (the paper's mean within each
-        decision, then over decisions). Packed rows always average per decision.
     opd_weight: lambda of OPOD, the weight of the OPD part against the RWR part.
     clip_eps / clip_eps_high: GRPO's ratio clip (high: None is clip_eps).
     kl_coef: GRPO's k3 KL to the frozen reference (> 0 keeps a frozen copy of the initial weights).
@@ -44,8 +41,6 @@ class MethodConfig:
     """
 
     name: Literal["sft", "rwr", "opod", "opd", "grpo", "dagrpo", "maca_grpo"] = "sft"
-    layout: Literal["records", "packed", "actions"] = "records"
-    aggregation: Literal["token", "decision"] = "token"
     opd_weight: float = 1.0
     clip_eps: float = 0.2
     clip_eps_high: float | None = None

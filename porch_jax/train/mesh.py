@@ -17,7 +17,6 @@ from flax import nnx
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from porch_jax.models import sharding as model_sharding
-from porch_jax.train.data import VIEW_FIELDS
 
 
 def make_mesh(shape: Sequence[int], devices: Sequence[jax.Device] | None = None) -> Mesh:
@@ -45,14 +44,6 @@ def batch_spec(rules: model_sharding.Rules = model_sharding.RULES, mesh: Mesh | 
     """[accum, micro, ...]: accumulation steps unsharded, micro-batch rows over the 'batch' axes."""
     (axes,) = model_sharding.logical_to_spec(("batch",), rules, mesh=mesh)
     return PartitionSpec(None, axes)
-
-
-def batch_shardings(mesh: Mesh, views: Sequence[str], scalars: Sequence[str] = ()) -> dict[str, Any]:
-    """The sharding tree of a collated batch {view: {field: ...}, scalar: ...}."""
-    sharding = NamedSharding(mesh, batch_spec(mesh=mesh))
-    out: dict[str, Any] = {v: {f: sharding for f in VIEW_FIELDS} for v in views}
-    out.update({s: sharding for s in scalars})
-    return out
 
 
 def param_shardings(

@@ -14,20 +14,18 @@ that builds it from its `MethodConfig`:
     maca_grpo  GRPO over a scorer module's discrete actions (MACA's Eq. 10) + target_kl_weight * KL to the
             batch's target distribution (MACA's pi_mix)                      parts "pg", "kl_mix"
 
-Two batch layouts exist (`MethodConfig.layout`). "records" (data.py): one decision per row with
-a per-row weight [B], averaged per token or per decision (`aggregation`). "packed"
-(porch_jax/opod/rows.py): an episode's decisions share one row, each target token carries its
-decision's weight over its length [B, K], and each view carries its decision count; OPD and GRPO
-rows there hold one sampled action each. Views are named by role in both: "policy" (sft, rwr,
-grpo, dagrpo), "rwr" / "student" / "teacher" (opod, opd); "advantage" is a per-row scalar.
-A part whose views a batch does not hold contributes nothing (a run without successful episodes
-trains OPD alone).
+Language-model batches hold one row format (packing.py): token rows with target spans, each target
+token carrying its decision's weight over its length [B, K], each row its decision count; OPD and
+GRPO rows hold one sampled action each, with the sampler's log-probabilities and where they exist
+("sampled"). Views are named by role: "policy" (sft, rwr, grpo, dagrpo), "rwr" / "student" /
+"teacher" (opod, opd); "advantage" is a per-row scalar. Every part of a method runs on every batch,
+and the Trainer refuses a source that lacks a view a part reads.
 
-The "actions" layout (maca_grpo, porch_jax/maca/train.py's source) is not a language model's: the
-model is any module mapping a view's "inputs" to scores [D, A] over a discrete action set, which the
-view's "masks" restrict and normalise; each decision holds its taken action, sampler log-prob,
-advantage, validity and the target log-probs of the KL part. Parts read what they need through
-`Forward`, which computes the LM head only for a model that has one and each view's action
+MACA's discrete-action batches (maca_grpo, porch_jax/maca/train.py's source) are not a language
+model's: the model is any module mapping a view's "inputs" to scores [D, A] over a discrete action
+set, which the view's "masks" restrict and normalise; each decision holds its taken action, sampler
+log-prob, advantage, validity and the target log-probs of the KL part. Parts read what they need
+through `Forward`, which computes the LM head only for a model that has one and each view's action
 log-probs once, however many parts read them.
 """
 
@@ -72,7 +70,7 @@ def _flat_mask(view: Mapping[str, jax.Array]) -> jax.Array:
 
 def _logprob_gap(logp: jax.Array, view: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
     """Sum and count of |trainer - sampler| log-probabilities over sampled tokens (weight sync check)."""
-    sampled = view["sampled"] & view["target_mask"] if "sampled" in view else view["target_mask"]
+    sampled = view["sampled"] & view["target_mask"]
     gap = jnp.where(sampled, jnp.abs(lax.stop_gradient(logp) - view["logprobs"]), 0.0)
     return {"gap_sum": jnp.sum(gap), "gap_count": jnp.sum(sampled, dtype=jnp.float32)}
 
@@ -105,12 +103,11 @@ class Forward:
 
 @dataclasses.dataclass(frozen=True)
 class CrossEntropy:
-    """Weighted cross-entropy on a view's targets (SFT, RWR)."""
+    """Cross-entropy on a view's target spans, each token weighted by its decision's weight over its length, so the
+    sum over a row is its decisions' weighted means and the count its decisions (SFT, RWR)."""
 
     name: str
     view: str
-    packed: bool
-    aggregation: str = "token"
     chunk_size: int | None = None
     coef: float = 1.0
 
@@ -119,34 +116,30 @@ class CrossEntropy:
         return (self.view,)
 
     def count(self, batch: Batch) -> jax.Array:
-        v = batch[self.view]
-        if self.packed:
-            return jnp.sum(v["count"])
-        return losses.aggregation_weights(_flat_mask(v), v["weight"].reshape(-1), self.aggregation)[1]
+        return jnp.sum(batch[self.view]["count"])
 
     def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
-        total, count = losses.token_cross_entropy_from_hidden(
+        total, _ = losses.token_cross_entropy_from_hidden(
             gathered_hidden(forward.model, v),
             forward.head,
             v["targets"],
             v["target_mask"],
             v["weight"],
-            aggregation="token" if self.packed else self.aggregation,
+            aggregation="token",
             chunk_size=self.chunk_size,
         )
-        return (total, v["count"] if self.packed else count), {"tokens": _tokens(v)}
+        return (total, jnp.sum(v["count"])), {"tokens": _tokens(v)}
 
 
 @dataclasses.dataclass(frozen=True)
 class Distillation:
     """OPD: full-vocabulary reverse KL(student || sg[frozen teacher]) on the student's sampled action
-    tokens, the student reading s and the teacher s + H."""
+    tokens, the student reading s and the teacher s + H; averaged within each row's action, then over rows
+    (each row one decision)."""
 
     student: str = "student"
     teacher: str = "teacher"
-    weighted: bool = True
-    aggregation: str = "decision"
     chunk_size: int | None = None
     coef: float = 1.0
     name: str = "opd"
@@ -156,9 +149,7 @@ class Distillation:
         return (self.student, self.teacher)
 
     def count(self, batch: Batch) -> jax.Array:
-        s = batch[self.student]
-        weights = s["weight"].reshape(-1) if self.weighted else None
-        return losses.aggregation_weights(_flat_mask(s), weights, self.aggregation)[1]
+        return losses.aggregation_weights(_flat_mask(batch[self.student]), None, "decision")[1]
 
     def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         s, t = micro[self.student], micro[self.teacher]
@@ -170,8 +161,8 @@ class Distillation:
             teacher_hidden,
             lax.stop_gradient(lm_head(forward.frozen)),
             s["target_mask"],
-            s["weight"] if self.weighted else None,
-            aggregation=self.aggregation,
+            None,
+            aggregation="decision",
             chunk_size=self.chunk_size,
         )
         logp = losses.token_logprobs_from_hidden(
@@ -183,7 +174,7 @@ class Distillation:
 @dataclasses.dataclass(frozen=True)
 class PolicyGradient:
     """GRPO's clipped-ratio loss on sampled targets with their per-row "advantage"; tokens without
-    sampler log-probabilities (records rows with `sampled` false) count as on-policy (ratio 1)."""
+    sampler log-probabilities (`sampled` false: a recorded sample's appended eos) count as on-policy (ratio 1)."""
 
     view: str = "policy"
     aggregation: str = "token"
@@ -207,7 +198,7 @@ class PolicyGradient:
         logp = losses.token_logprobs_from_hidden(
             gathered_hidden(forward.model, v), forward.head, v["targets"], chunk_size=self.chunk_size
         )
-        old = jnp.where(v["sampled"], v["logprobs"], lax.stop_gradient(logp)) if "sampled" in v else v["logprobs"]
+        old = jnp.where(v["sampled"], v["logprobs"], lax.stop_gradient(logp))
         ref = None
         if self.kl_coef > 0:
             ref = losses.token_logprobs_from_hidden(
@@ -243,7 +234,7 @@ def _decisions(view: Mapping[str, jax.Array]) -> jax.Array:
 
 @dataclasses.dataclass(frozen=True)
 class _OnActions:
-    """A part of the "actions" layout: one view of decisions, counted one per valid decision."""
+    """A part over discrete actions: one view of decisions, counted one per valid decision."""
 
     view: str = "decisions"
 
@@ -257,7 +248,7 @@ class _OnActions:
 
 @dataclasses.dataclass(frozen=True)
 class ActionPolicyGradient(_OnActions):
-    """GRPO's clipped surrogate over a scorer module's discrete actions, one per decision ("actions" layout)."""
+    """GRPO's clipped surrogate over a scorer module's discrete actions, one per decision."""
 
     clip_eps: float = 0.2
     coef: float = 1.0
@@ -278,7 +269,7 @@ class ActionPolicyGradient(_OnActions):
 
 @dataclasses.dataclass(frozen=True)
 class ActionKL(_OnActions):
-    """KL(pi || target) summed over the action set at each valid decision ("actions" layout; MACA: pi_mix)."""
+    """KL(pi || target) summed over the action set at each valid decision (MACA: pi_mix)."""
 
     coef: float = 0.0
     name: str = "kl_mix"
@@ -298,12 +289,11 @@ Part = CrossEntropy | Distillation | PolicyGradient | ActionPolicyGradient | Act
 @dataclasses.dataclass(frozen=True)
 class Method:
     """A named sum of parts. frozen: whether the step takes a second, frozen parameter set (OPD's
-    teacher, GRPO's reference). views / scalars: the batch layout a records source collates."""
+    teacher, GRPO's reference)."""
 
     name: str
     parts: tuple[Part, ...]
     frozen: bool = False
-    scalars: tuple[str, ...] = ()
 
     @property
     def views(self) -> tuple[str, ...]:
@@ -356,17 +346,11 @@ class Method:
 
 
 def _cross_entropy(name: str, view: str, cfg: MethodConfig) -> CrossEntropy:
-    return CrossEntropy(name, view, cfg.layout == "packed", cfg.aggregation, cfg.chunk_size)
+    return CrossEntropy(name, view, cfg.chunk_size)
 
 
 def _distillation(cfg: MethodConfig) -> Distillation:
-    packed = cfg.layout == "packed"  # packed OPD rows hold one action each, every one a decision
-    return Distillation(
-        weighted=not packed,
-        aggregation="decision" if packed else cfg.aggregation,
-        chunk_size=cfg.chunk_size,
-        coef=cfg.opd_weight,
-    )
+    return Distillation(chunk_size=cfg.chunk_size, coef=cfg.opd_weight)
 
 
 def _policy_gradient(cfg: MethodConfig, aggregation: str) -> PolicyGradient:
@@ -384,16 +368,23 @@ METHODS: dict[str, Callable[[MethodConfig], Method]] = {
     "rwr": lambda c: Method("rwr", (_cross_entropy("rwr", "policy", c),)),
     "opod": lambda c: Method("opod", (_cross_entropy("rwr", "rwr", c), _distillation(c)), frozen=True),
     "opd": lambda c: Method("opd", (_distillation(c),), frozen=True),
-    "grpo": lambda c: Method(
-        "grpo", (_policy_gradient(c, c.pg_aggregation),), frozen=c.kl_coef > 0, scalars=("advantage",)
-    ),
-    "dagrpo": lambda c: Method(
-        "dagrpo", (_policy_gradient(c, "sequence"),), frozen=c.kl_coef > 0, scalars=("advantage",)
-    ),
+    "grpo": lambda c: Method("grpo", (_policy_gradient(c, c.pg_aggregation),), frozen=c.kl_coef > 0),
+    "dagrpo": lambda c: Method("dagrpo", (_policy_gradient(c, "sequence"),), frozen=c.kl_coef > 0),
     "maca_grpo": lambda c: Method(
         "maca_grpo", (ActionPolicyGradient(clip_eps=c.clip_eps), ActionKL(coef=c.target_kl_weight))
     ),
 }
+
+
+def method_for_views(method: MethodConfig, views: tuple[str, ...]) -> MethodConfig:
+    """OPOD on a source that holds one of its two parts' rows trains as that part's method, with the same
+    coefficient and loss: OPD alone where no SFT rollout succeeded (no RWR rows), RWR alone where no decision was
+    flagged (no OPD rows). Every other method reads the views its source yields (the Trainer checks)."""
+    if method.name == "opod" and "rwr" not in views:
+        return dataclasses.replace(method, name="opd")
+    if method.name == "opod" and "student" not in views:
+        return dataclasses.replace(method, name="rwr")
+    return method
 
 
 def make_method(cfg: MethodConfig) -> Method:

@@ -1,11 +1,13 @@
-"""Packed decision rows as fixed-shape arrays, and the one-action rows of OPD and DA-GRPO.
+"""The one row format of language-model training: a token sequence with target spans, as fixed-shape arrays.
 
 Packing: decision t's context is the conversation up to t, so one episode's decisions share one
 sequence: the row holds the conversation and marks each decision's action tokens (and eos) as a
-span. A span's loss weight is its decision weight over its length, so summed losses are sums of
-per-decision means and the count is the number of decisions: the paper's "average output-token
-losses within each decision, then across decisions". porch_jax/opod/rows.py builds these rows
-from episodes.
+span. A single recorded decision is the same row with one span. A span's loss weight is its
+decision weight over its length, so summed losses are sums of per-decision means and the count is
+the number of decisions: the paper's "average output-token losses within each decision, then across
+decisions". OPD and GRPO rows hold one sampled action each (`scored_batch`), with the sampler's
+log-probabilities. porch_jax/opod/rows.py builds rows from episodes, porch_jax/rows/records.py from
+record files; this module knows no task.
 """
 
 from __future__ import annotations
@@ -16,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
-from porch_jax.train.data import DataError
 from porch_jax.trajectories import DecisionKey as Key
+
+
+class DataError(ValueError):
+    """A row that cannot be batched; the message names it."""
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,25 @@ class ExpertContext:
     decode: Callable[[str], str] | None = None  # a sampled reply as the engine would parse it (dsl view)
 
 
+@dataclass(frozen=True)
+class RecordedSample:
+    """One recorded GRPO sample: its token ids, the sampler's log-probabilities of its first len(logprobs) tokens
+    (the rest count as on-policy) and its reward."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    reward: float
+
+
+@dataclass(frozen=True)
+class RecordedGroup:
+    """A recorded GRPO group: the prompt its samples were drawn under, and the samples. key: a name for messages."""
+
+    key: Any
+    prompt: tuple[int, ...]
+    samples: tuple[RecordedSample, ...]
+
+
 def bucket(n: int, buckets: Sequence[int]) -> int:
     """The smallest bucket holding ``n``."""
     fit = [b for b in sorted(buckets) if b >= n]
@@ -73,7 +97,7 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
 
 def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
     """Rows as arrays: tokens/mask [B, t]; index/targets/target_mask/weight [B, k] (weight: the
-    decision's weight over its length, per token); count []: decisions with a non-zero weight."""
+    decision's weight over its length, per token); count [B]: each row's decisions with a non-zero weight."""
     b = len(rows)
     out = {
         "tokens": np.zeros((b, t), np.int32),
@@ -82,8 +106,8 @@ def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
         "targets": np.zeros((b, k), np.int32),
         "target_mask": np.zeros((b, k), bool),
         "weight": np.zeros((b, k), np.float32),
+        "count": np.zeros(b, np.float32),
     }
-    count = 0
     for i, row in enumerate(rows):
         if len(row.tokens) > t or sum(s.length for s in row.spans) > k:
             raise DataError(
@@ -98,9 +122,8 @@ def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
             out["targets"][i, sl] = row.tokens[s.start : s.start + s.length]
             out["target_mask"][i, sl] = True
             out["weight"][i, sl] = s.weight / s.length
-            count += s.weight != 0
+            out["count"][i] += s.weight != 0
             j += s.length
-    out["count"] = np.asarray(count, np.float32)
     return out
 
 
@@ -113,13 +136,19 @@ def scored_batch(
 ) -> dict[str, np.ndarray]:
     """One decision per row: prompt then action, every action token scored (OPD, GRPO).
 
-    With ``logprobs`` (the sampler's), ``logprobs``/``sampled`` [B, k] travel with the row."""
+    ``logprobs``/``sampled`` [B, k]: the sampler's log-probabilities of each row's first len(logprobs[i]) action
+    tokens and where they exist (a recorded action may stop short of an appended eos, which was not sampled);
+    without ``logprobs`` (a teacher's view), no token is sampled."""
     rows = [
         SeqRow(tuple(p) + tuple(a), (Span(len(p), len(a)),) if a else ())
         for p, a in zip(prompts, actions, strict=False)
     ]
     out = seq_batch(rows, t, k)
     out["logprobs"] = np.zeros((len(rows), k), np.float32)
+    out["sampled"] = np.zeros((len(rows), k), bool)
     for i, lp in enumerate(logprobs or ()):
+        if len(lp) > len(actions[i]):
+            raise DataError(f"row {i}: {len(lp)} logprobs for a {len(actions[i])}-token action")
         out["logprobs"][i, : len(lp)] = lp
+        out["sampled"][i, : len(lp)] = True
     return out

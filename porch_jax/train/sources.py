@@ -1,36 +1,33 @@
 """Batch sources: each step's global batch [accum, micro, ...] for the step, and host metrics.
 
-    class BatchSource(Protocol):
+    class BatchSource:                        # the base: the defaults below
         views: tuple[str, ...]                # the views its batches hold (the Trainer checks the method's)
-        on_policy: bool                       # reads the current student (the trainer keeps it current)
+        on_policy: bool = False               # reads the current student (the trainer keeps it current)
+        row_counts: {name: overlong.RowCounts} = {}  # how its rows fared against its largest bucket
         def __call__(self, step, student) -> (batch of global arrays, {metric: float})
-        def state(self) -> dict               # the data position, saved with each checkpoint
+        def state(self) -> dict               # the data position, saved with each checkpoint ({}: none)
         def restore(self, state: dict) -> None
-        row_counts: {name: overlong.RowCounts}  # optional: how its rows fared against its largest bucket
-        def check_step(self, step, metrics) -> None  # optional: raises when the step's metrics show a fault
+        def check_step(self, step, metrics) -> None  # raises when the step's metrics show a fault (no-op)
 
-`RecordSource`: data.py records (one decision per row), epochs of shuffled buckets, gradient
-accumulation and several hosts; with an `ActionSampler` it replaces OPD targets by student samples.
-`PackedSource`: packed decision rows (SFT, RWR). `OpdSource`: OPD rows whose action the current
-student samples. `GroupSource`: DA-GRPO groups at expert contexts. `CombinedViews`: several sources'
-views in one batch (OPOD: packed RWR rows + OPD rows). The packed sources are pure functions of
-(seed, step) and the student, so a resumed run sees the same batches.
+Every language-model source yields the one row format (packing.py): `PackedSource` packed or one-span decision
+rows (SFT, RWR), `OpdSource` OPD rows whose action the current student samples, `GroupSource` GRPO groups the
+student samples at fixed contexts (DA-GRPO), `RecordedGroups` GRPO groups replayed from records, and
+`CombinedViews` several sources' views in one batch (OPOD: RWR rows + OPD rows). Each is a pure function of
+(seed, step) and the student, so a resumed run sees the same batches; each lays its global batch of
+`accum_steps` x micro rows out as [accum, micro, ...] (`place`).
 
-Several processes: every process computes the same global host batch (the plan is a pure function of the
-seed and the step; on-policy samples come from one SPMD sampler call that every process makes with the same
-prompts and that returns every row to each of them) and transfers only the rows its devices hold (`place`,
-`BatchIterator.to_global`). A row's sampling seed is `row_seed(seed, step, its key in the dataset)`, never
-its position in a batch or a process's slice, so the samples do not depend on how rows are laid out over
-processes and devices.
+Several processes: every process computes the same global host batch (the rows are a pure function of the seed and
+the step; on-policy samples come from one SPMD sampler call that every process makes with the same prompts and that
+returns every row to each of them) and transfers only the rows its devices hold (`place`). A row's sampling seed is
+`row_seed(seed, step, its key)`, never its position in a batch or a process's slice, so the samples do not depend
+on how rows are laid out over processes and devices.
 
 `ActionSampler` is the embedded sampler behind one call, `(student, prompts, step, *, seeds=None) ->
-completions` (token_ids, logprobs, text, finish_reason per prompt, in order) and its `cfg` (the
-SamplingConfig, whose seed `on_policy_targets` hashes); a served sampler with the same call fits every source.
-
-The on-policy sources take `sampler=`: None builds the embedded `ActionSampler` for their shapes; a
-served_sampler.ServedActionSampler samples on a vLLM server. A sampler's `stats` (where it has them) join the step's
-host metrics, and its `check_step(step, metrics)` (the served sampler's logprob-gap rule) runs through the source's
-`check_step`, which the trainer calls after each step, before its checkpoint.
+completions` (token_ids, logprobs, text, finish_reason per prompt, in order) and its `cfg` (the SamplingConfig); a
+served sampler with the same call fits every source. The on-policy sources take `sampler=`: None builds the embedded
+`ActionSampler` for their shapes; a served_sampler.ServedActionSampler samples on a vLLM server. A sampler's `stats`
+join the step's host metrics, and its `check_step(step, metrics)` (the served sampler's logprob-gap rule) runs
+through the source's `check_step`, which the trainer calls after each step, before its checkpoint.
 
 Rows longer than a source's largest bucket follow its `overlong` rule ("drop", "cut" or "error"; what "cut" does to
 each row kind is overlong.py's), applied once when the source is built: the source logs the counts and keeps them
@@ -39,11 +36,10 @@ in `row_counts`, which the trainer prints and writes to WORKDIR/rows.json.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -51,35 +47,69 @@ import numpy as np
 from flax import nnx
 
 from porch_jax.models.sampler import Sampler, SamplingParams
-from porch_jax.train import data as data_lib
 from porch_jax.train import losses
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import overlong as overlong_lib
-from porch_jax.train.config import SamplingConfig
-from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, bucket, scored_batch, seq_batch
+from porch_jax.train.config import Overlong, SamplingConfig
+from porch_jax.train.packing import (
+    DataError,
+    ExpertContext,
+    OpdRow,
+    RecordedGroup,
+    SeqRow,
+    bucket,
+    scored_batch,
+    seq_batch,
+)
 
 log = logging.getLogger(__name__)
 Batch = dict[str, Any]
 
 
-class BatchSource(Protocol):
-    views: tuple[str, ...]
-    on_policy: bool
+class BatchSource:
+    """The base of every batch source (the module docstring lists its members); subclasses set `views` and define
+    `__call__`."""
 
-    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]: ...
+    views: tuple[str, ...] = ()
+    on_policy: bool = False
+    row_counts: Mapping[str, overlong_lib.RowCounts] = {}
 
-    def state(self) -> dict[str, Any]: ...
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+        raise NotImplementedError
 
-    def restore(self, state: dict[str, Any]) -> None: ...
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        pass
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        pass
 
 
-def place(host: Batch, mesh: jax.sharding.Mesh) -> Batch:
-    """The global host batch [B, ...] (the same in every process) as a global [1, B, ...] batch, rows over the
-    mesh's batch axes; each process transfers only the blocks its devices hold."""
+class Sampled(Protocol):
+    """What an on-policy source needs of a sampler (ActionSampler, served_sampler.ServedActionSampler)."""
+
+    cfg: SamplingConfig
+    stats: Mapping[str, float]
+
+    def __call__(
+        self, student: nnx.Module, prompts: Sequence[Sequence[int]], step: int, *, seeds: Sequence[int] | None = None
+    ) -> list[Any]: ...
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None: ...
+
+
+def place(host: Batch, mesh: jax.sharding.Mesh, accum_steps: int = 1) -> Batch:
+    """The global host batch [B, ...] (the same in every process) as a global [accum, B / accum, ...] batch, rows
+    over the mesh's batch axes; each process transfers only the blocks its devices hold."""
     spec = tuple(mesh_lib.batch_spec(mesh=mesh))
 
     def put(x: np.ndarray) -> jax.Array:
-        x = np.asarray(x)[None]
+        x = np.asarray(x)
+        if x.shape[0] % accum_steps:
+            raise ValueError(f"a batch of {x.shape[0]} rows does not split into {accum_steps} accumulation steps")
+        x = x.reshape(accum_steps, x.shape[0] // accum_steps, *x.shape[1:])
         pspec = jax.sharding.PartitionSpec(*(spec + (None,) * x.ndim)[: x.ndim])
         return jax.make_array_from_callback(x.shape, jax.sharding.NamedSharding(mesh, pspec), lambda i: x[i])
 
@@ -104,6 +134,7 @@ class ActionSampler:
     def __init__(self, tokenizer: Any, cfg: SamplingConfig, mesh: jax.sharding.Mesh | None = None, **sampler_args):
         self.cfg, self._args = cfg, dict(tokenizer=tokenizer, mesh=mesh, **sampler_args)
         self.sampler: Sampler | None = None
+        self.stats: Mapping[str, float] = {}
 
     def __call__(
         self,
@@ -130,107 +161,8 @@ class ActionSampler:
         ]
         return self.sampler.generate([list(p) for p in prompts], params)
 
-
-class RecordSource:
-    """data.py examples through a resumable `BatchIterator`; with `sampler`, each OPD row's target
-    (the "student" and "teacher" views) becomes an action the current student samples under the
-    student view, its sampler log-probabilities kept (the step reports their gap to the trainer's).
-    An example over the largest (T, K) bucket follows `overlong` (default "error": a DataError naming it)."""
-
-    def __init__(
-        self,
-        examples: Sequence[data_lib.Example],
-        *,
-        views: Sequence[str],
-        scalars: Sequence[str],
-        buckets: data_lib.Buckets,
-        micro_batch: int,
-        accum_steps: int,
-        pad_id: int,
-        seed: int,
-        mesh: jax.sharding.Mesh,
-        target_reserve: int = 0,
-        sampler: Any = None,
-        overlong: overlong_lib.Overlong = "error",
-    ):
-        self.sampler, self.on_policy, self.views = sampler, sampler is not None, tuple(views)
-        examples, counts = overlong_lib.examples(
-            examples, max(buckets.lengths), max(buckets.targets), overlong, target_reserve
-        )
-        self.row_counts = {"records": _logged("records", counts)}
-        self.batches = data_lib.BatchIterator(
-            examples,
-            buckets=buckets,
-            micro_batch=micro_batch,
-            accum_steps=accum_steps,
-            views=views,
-            scalars=scalars,
-            pad_id=pad_id,
-            batch_sharding=jax.sharding.NamedSharding(mesh, mesh_lib.batch_spec(mesh=mesh)),
-            state=data_lib.IteratorState(seed=seed),
-            target_reserve=target_reserve,
-        )
-
-    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
-        host = self.batches.next_host_batch()
-        if self.sampler is not None:
-            host = on_policy_targets(host, self.sampler, student, step)
-        return self.batches.to_global(host), sampler_stats(self.sampler)
-
     def check_step(self, step: int, metrics: dict[str, float]) -> None:
-        check_step_of(self.sampler, step, metrics)
-
-    def state(self) -> dict[str, Any]:
-        return self.batches.state.to_json()
-
-    def restore(self, state: dict[str, Any]) -> None:
-        self.batches.state = data_lib.IteratorState.from_json(state)
-
-
-def on_policy_targets(host: data_lib.HostBatch, sampler: Any, student: nnx.Module, step: int) -> data_lib.HostBatch:
-    """The host batch with each OPD row's target replaced by the student's sample under the student view, seeded
-    by the row's example key (`row_seed`)."""
-    slots = [
-        (i, j)
-        for i, micro in enumerate(host.rows)
-        for j, ex in enumerate(micro)
-        if ex is not None and "student" in ex.views
-    ]
-    if not slots:
-        return host
-    prompts = [host.rows[i][j].views["student"].prompt for i, j in slots]
-    seeds = [row_seed(sampler.cfg.seed, step, host.rows[i][j].key) for i, j in slots]
-    rows = [list(micro) for micro in host.rows]
-    for (i, j), c in zip(slots, sampler(student, prompts, step, seeds=seeds), strict=True):
-        rows[i][j] = data_lib.with_opd_target(rows[i][j], c.token_ids, c.logprobs)
-    return dataclasses.replace(host, rows=rows)
-
-
-def sampler_stats(sampler: Any) -> dict[str, float]:
-    """The sampler's metrics of its last call (a served sampler's staleness and push time); {} for others."""
-    return dict(getattr(sampler, "stats", None) or {})
-
-
-def check_step_of(obj: Any, step: int, metrics: dict[str, float]) -> None:
-    """`obj.check_step(step, metrics)` where a sampler or source has one (the served sampler's gap rule)."""
-    check = getattr(obj, "check_step", None)
-    if check is not None:
-        check(step, metrics)
-
-
-class StepSeeded:
-    """A source whose batch is a pure function of (seed, step): nothing to save."""
-
-    on_policy = False
-
-    def state(self) -> dict[str, Any]:
-        return {}
-
-    def restore(self, state: dict[str, Any]) -> None:
         pass
-
-    def check_step(self, step: int, metrics: dict[str, float]) -> None:
-        check_step_of(getattr(self, "sampler", None), step, metrics)
 
 
 def _logged(name: str, counts: overlong_lib.RowCounts) -> overlong_lib.RowCounts:
@@ -244,10 +176,10 @@ def _targets_bucket(n: int, step: int = 64) -> int:
     return -(-n // step) * step
 
 
-class PackedSource(StepSeeded):
-    """Batches of packed rows as view `view`, grouped by length bucket so each step compiles once per bucket.
-    A row over the largest bucket follows `overlong` (default "drop"; "cut" keeps its first tokens:
-    overlong.cut_row)."""
+class PackedSource(BatchSource):
+    """Batches of `batch_size` packed (or one-span) rows as view `view`, drawn by (seed, step) from one length bucket
+    so each step compiles once per bucket. A row over the largest bucket follows `overlong` (default "drop"; "cut"
+    keeps its first tokens: overlong.cut_row)."""
 
     def __init__(
         self,
@@ -257,9 +189,10 @@ class PackedSource(StepSeeded):
         seed: int,
         mesh: jax.sharding.Mesh,
         view: str = "policy",
-        overlong: overlong_lib.Overlong = "drop",
+        overlong: Overlong = "drop",
+        accum_steps: int = 1,
     ):
-        self.views = (view,)
+        self.views, self.accum_steps = (view,), accum_steps
         rows, counts = overlong_lib.seq_rows(rows, max(buckets), overlong)
         self.row_counts = {view: _logged(view, counts)}
         if not rows:
@@ -280,7 +213,7 @@ class PackedSource(StepSeeded):
         return {self.view: seq_batch(rows + [SeqRow((0,), ())] * (self.batch_size - len(rows)), t, self.targets[t])}
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
-        return place(self.host(step), self.mesh), {}
+        return place(self.host(step), self.mesh, self.accum_steps), {}
 
 
 def fixed_batches(
@@ -289,7 +222,7 @@ def fixed_batches(
     buckets: Sequence[int],
     mesh: jax.sharding.Mesh,
     view: str = "policy",
-    overlong: overlong_lib.Overlong = "drop",
+    overlong: Overlong = "drop",
 ) -> list[Batch]:
     """Every row once, in order, as placed batches of `batch_size` rows (the last padded with rows of no weight)
     grouped by length bucket: a validation set the trainer scores (Trainer's `validation`)."""
@@ -307,7 +240,7 @@ def fixed_batches(
     return out
 
 
-class OpdSource(StepSeeded):
+class OpdSource(BatchSource):
     """OPD rows of step s: `batch` rows chosen by (seed, s); the action is sampled by the current student.
     A row whose prompts exceed the largest bucket follows `overlong` (default "drop"); a prompt is never cut, so
     "cut" drops it too (overlong.py says why), while the sampled continuation has its room reserved."""
@@ -322,10 +255,11 @@ class OpdSource(StepSeeded):
         batch: int,
         buckets: Sequence[int],
         mesh: jax.sharding.Mesh,
-        overlong: overlong_lib.Overlong = "drop",
-        sampler: Any = None,
+        overlong: Overlong = "drop",
+        sampler: Sampled | None = None,
+        accum_steps: int = 1,
     ):
-        self.views = ("student", "teacher")
+        self.views, self.accum_steps = ("student", "teacher"), accum_steps
         rows, counts = overlong_lib.opd_rows(rows, max(buckets), overlong)
         self.row_counts = {"opd": _logged("opd", counts)}
         if not rows:
@@ -352,27 +286,27 @@ class OpdSource(StepSeeded):
         actions = [c.token_ids if k else [] for c, k in zip(done, keep, strict=False)]
         t_s = bucket(max(len(r.student) for r in rows), self.buckets) + self.k
         t_t = bucket(max(len(r.teacher) for r in rows), self.buckets) + self.k
-        student_rows = scored_batch(
-            [r.student for r in rows],
-            actions,
-            t_s,
-            self.k,
-            [c.logprobs if k else [] for c, k in zip(done, keep, strict=False)],
-        )
-        teacher_rows = scored_batch([r.teacher for r in rows], actions, t_t, self.k)
+        # Fewer rows than the batch: one-token rows without an action fill it (they score nothing), as PackedSource's.
+        pad, empty = [(0,)] * (self.batch - len(rows)), [()] * (self.batch - len(rows))
+        logprobs = [c.logprobs if k else [] for c, k in zip(done, keep, strict=False)]
+        student_rows = scored_batch([r.student for r in rows] + pad, actions + empty, t_s, self.k, logprobs + empty)
+        teacher_rows = scored_batch([r.teacher for r in rows] + pad, actions + empty, t_t, self.k)
         stats = {
-            "sampled_tokens": float(np.mean([len(c.token_ids) for c in done])),
+            "sampled_length": float(np.mean([len(c.token_ids) for c in done])),
             "sampled_stopped": float(np.mean([c.finish_reason == "stop" for c in done])),
             "sampled_not_action": 1.0 - float(np.mean(keep)),
-        } | sampler_stats(self.sampler)
+        } | dict(self.sampler.stats)
         return {"student": student_rows, "teacher": teacher_rows}, stats
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         host, stats = self.host(step, student)
-        return place(host, self.mesh), stats
+        return place(host, self.mesh, self.accum_steps), stats
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        self.sampler.check_step(step, metrics)
 
 
-class CombinedViews(StepSeeded):
+class CombinedViews(BatchSource):
     """The views of several sources in one batch (OPOD: packed RWR rows and on-policy OPD rows)."""
 
     def __init__(self, *sources: BatchSource):
@@ -383,7 +317,7 @@ class CombinedViews(StepSeeded):
         if len(set(self.views)) < len(self.views):
             raise ValueError(f"sources to combine yield a view twice: {self.views}")
         self.on_policy = any(s.on_policy for s in sources)
-        self.row_counts = {k: v for s in sources for k, v in getattr(s, "row_counts", {}).items()}
+        self.row_counts = {k: v for s in sources for k, v in s.row_counts.items()}
 
     def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         batch, stats = {}, {}
@@ -395,10 +329,10 @@ class CombinedViews(StepSeeded):
 
     def check_step(self, step: int, metrics: dict[str, float]) -> None:
         for s in self.sources:
-            check_step_of(s, step, metrics)
+            s.check_step(step, metrics)
 
 
-class GroupSource(StepSeeded):
+class GroupSource(BatchSource):
     """GRPO groups at fixed contexts (DA-GRPO: the expert's): `contexts_per_step` contexts, `group_size` samples
     each (member j of context c seeded by (c.key, j)), each scored by `reward(context, reply)`, the reply as the
     context's `decode` reads it; the experiment passes the reward (opod/rewards.py: against the expert's action).
@@ -417,8 +351,9 @@ class GroupSource(StepSeeded):
         buckets: Sequence[int],
         reward: Callable[[ExpertContext, str], float],
         mesh: jax.sharding.Mesh,
-        overlong: overlong_lib.Overlong = "drop",
-        sampler: Any = None,
+        overlong: Overlong = "drop",
+        sampler: Sampled | None = None,
+        accum_steps: int = 1,
     ):
         self.views = ("policy",)
         contexts, counts = overlong_lib.expert_contexts(contexts, max(buckets), overlong)
@@ -427,6 +362,7 @@ class GroupSource(StepSeeded):
             raise ValueError("no expert decision contexts")
         self.contexts, self.buckets, self.reward, self.mesh = contexts, tuple(buckets), reward, mesh
         self.per_step, self.group_size, self.seed = contexts_per_step, group_size, sampling.seed
+        self.accum_steps = accum_steps
         self.k = _targets_bucket(sampling.max_new_tokens + 1, 32)
         longest = max(len(c.prompt) for c in contexts)
         self.sampler = sampler or ActionSampler(
@@ -438,22 +374,75 @@ class GroupSource(StepSeeded):
             batch_buckets=(contexts_per_step * group_size,),
         )
 
-    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
+    def draw(self, chosen: Sequence[ExpertContext], step: int, student: nnx.Module) -> tuple[list, np.ndarray, dict]:
+        """The step's samples, `group_size` per chosen context (token_ids and logprobs each), their rewards [N]
+        and host metrics."""
         g = self.group_size
+        repeated = [c for c in chosen for _ in range(g)]
+        seeds = [row_seed(self.seed, step, [c.key, j]) for c in chosen for j in range(g)]
+        done = self.sampler(student, [c.prompt for c in repeated], step, seeds=seeds)
+        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done, strict=True)]
+        rewards = np.asarray([self.reward(c, t) for c, t in zip(repeated, texts, strict=True)], np.float32)
+        return done, rewards, dict(self.sampler.stats)
+
+    def __call__(self, step: int, student: nnx.Module) -> tuple[Batch, dict[str, float]]:
         rng = np.random.default_rng([self.seed, step])
         chosen = [self.contexts[i] for i in rng.choice(len(self.contexts), self.per_step, replace=False)]
-        repeated = [c for c in chosen for _ in range(g)]
-        prompts = [c.prompt for c in repeated]
-        seeds = [row_seed(self.seed, step, [c.key, j]) for c in chosen for j in range(g)]
-        done = self.sampler(student, prompts, step, seeds=seeds)
-        texts = [c.decode(d.text) if c.decode else d.text for c, d in zip(repeated, done, strict=False)]
-        rewards = np.asarray(
-            [self.reward(c, t) for c, t in zip(repeated, texts, strict=False)],
-            np.float32,
-        )
-        advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, g))).reshape(-1)
+        done, rewards, stats = self.draw(chosen, step, student)
+        advantages = np.asarray(losses.group_advantages(rewards.reshape(-1, self.group_size))).reshape(-1)
+        prompts = [c.prompt for c in chosen for _ in range(self.group_size)]
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
         host = {"policy": group, "advantage": advantages.astype(np.float32)}
-        stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std())} | sampler_stats(self.sampler)
-        return place(host, self.mesh), stats
+        stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std())} | stats
+        return place(host, self.mesh, self.accum_steps), stats
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        self.sampler.check_step(step, metrics)
+
+
+class RecordedGroups(GroupSource):
+    """GRPO groups replayed from records (offline GRPO): `contexts_per_step` groups a step, chosen by (seed, step),
+    each sample with its recorded log-probabilities (the "old" policy's) and reward. Every group holds the same
+    number of samples (the group size); a group whose prompt exceeds the largest bucket follows `overlong` ("drop"
+    and "cut" leave it out: neither a prompt nor a sample is cut, overlong.py says why)."""
+
+    on_policy = False
+
+    def __init__(
+        self,
+        groups: Sequence[RecordedGroup],
+        contexts_per_step: int,
+        buckets: Sequence[int],
+        seed: int,
+        mesh: jax.sharding.Mesh,
+        overlong: Overlong = "error",
+        accum_steps: int = 1,
+    ):
+        self.views = ("policy",)
+        groups, counts = overlong_lib.recorded_groups(groups, max(buckets), overlong)
+        self.row_counts = {"grpo": _logged("grpo", counts)}
+        if not groups:
+            raise ValueError("no recorded GRPO groups")
+        first = groups[0]
+        if len(first.samples) < 2:
+            raise DataError(f"GRPO group {first.key!r} has {len(first.samples)} sample(s); advantages need at least 2")
+        odd = next((g for g in groups if len(g.samples) != len(first.samples)), None)
+        if odd is not None:
+            raise DataError(
+                f"GRPO group {odd.key!r} has {len(odd.samples)} samples, group {first.key!r} {len(first.samples)}: "
+                "recorded groups need one size (each step's batch holds whole groups)"
+            )
+        if contexts_per_step > len(groups):
+            raise ValueError(f"{contexts_per_step} groups a step, but the records hold {len(groups)}")
+        longest = max(len(s.token_ids) for g in groups for s in g.samples)
+        self.contexts, self.buckets, self.mesh, self.seed = groups, tuple(buckets), mesh, seed
+        self.per_step, self.group_size, self.accum_steps = contexts_per_step, len(first.samples), accum_steps
+        self.k = _targets_bucket(longest)
+
+    def draw(self, chosen: Sequence[RecordedGroup], step: int, student: nnx.Module) -> tuple[list, np.ndarray, dict]:
+        samples = [s for g in chosen for s in g.samples]
+        return samples, np.asarray([s.reward for s in samples], np.float32), {}
+
+    def check_step(self, step: int, metrics: dict[str, float]) -> None:
+        pass

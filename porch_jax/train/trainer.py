@@ -205,8 +205,7 @@ class Trainer:
                 if log_path is not None:
                     with open(log_path, "a") as f:
                         f.write(json.dumps({"step": step, **history[-1]}) + "\n")
-                if (check := getattr(self.source, "check_step", None)) is not None:
-                    check(step, metrics)  # the served sampler's gap bound: the step is logged, its state never saved
+                self.source.check_step(step, metrics)  # the served sampler's gap bound: logged, its state never saved
                 if self.exports and export_every and step % export_every == 0 and step < total:  # the last: final
                     self.export(self.candidate_dir(step), step=step)
                 if self.checkpointer is not None and (step % every == 0 or step == total):
@@ -226,8 +225,8 @@ class Trainer:
         return TrainResult(self.state, history, self.start_step, self.step_fn.num_traces)
 
     def _report_rows(self, logger: metrics_lib.MetricsLogger, primary: bool) -> None:
-        """The source's row counts (`row_counts`, where it has them): one line, and WORKDIR/rows.json."""
-        counts = getattr(self.source, "row_counts", None) or {}
+        """The source's row counts (`row_counts`, where it has any): one line, and WORKDIR/rows.json."""
+        counts = self.source.row_counts
         if not counts:
             return
         logger.text("rows: " + "; ".join(f"{name} {c.describe()}" for name, c in counts.items()))

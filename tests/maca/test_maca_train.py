@@ -197,7 +197,7 @@ def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
     """The one trainer's "maca_grpo" (train/methods.py METHODS) over a scorer module: its parts' combined loss
     and metrics on an "actions" batch are `maca_loss` of the module's Eq. 11 log-probs."""
     assert "maca_grpo" in METHODS
-    method = make_method(MethodConfig(name="maca_grpo", layout="actions", clip_eps=0.2, target_kl_weight=0.7))
+    method = make_method(MethodConfig(name="maca_grpo", clip_eps=0.2, target_kl_weight=0.7))
     assert [p.name for p in method.parts] == ["pg", "kl_mix"] and not method.frozen
     rng = np.random.default_rng(0)
     d, a = 6, 4

@@ -18,13 +18,14 @@ from flax import nnx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "train"))
 import tiny_data  # noqa: E402
 
-from porch_jax.attribution.grm import teacher_context
 from porch_jax.models import LlamaForCausalLM, ModelConfig, Qwen2ForCausalLM, init_model  # noqa: E402
-from porch_jax.train import data as D  # noqa: E402
+from porch_jax.rows.records import decision_rows, opd_rows  # noqa: E402
 from porch_jax.train import mesh as mesh_lib  # noqa: E402
 from porch_jax.train import step as S  # noqa: E402
 from porch_jax.train.methods import MethodConfig  # noqa: E402
+from porch_jax.train.packing import SeqRow, scored_batch, seq_batch  # noqa: E402
 
+tok, eps = tiny_data.tok, tiny_data.eps  # the training tests' fixtures
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 T, K = 128, 32
 CLASSES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
@@ -38,8 +39,26 @@ def _model(model_type: str, seed: int = 0):
     return model
 
 
-def _batch(exs, views):
-    return jax.tree.map(lambda x: jnp.asarray(x[None]), D.collate(exs, views, (), T, K, pad_id=0))
+def _batch(host):
+    """Host arrays [B, ...] as the step's batch of one micro-batch [1, B, ...]."""
+    return jax.tree.map(lambda x: jnp.asarray(x[None]), host)
+
+
+def _opod_batch(tok, eps, n=8):
+    """OPOD's views of the first n decisions with an RWR row (a successful episode's) or an OPD row (a hint), one
+    row each: a decision without a view's row has a row without targets there; OPD's action is the recorded one."""
+    every = {r.key: r for r in decision_rows(eps, tok)}
+    rwr = {r.key: r for r in decision_rows([ep for ep in eps if ep.outcome.success], tok)}
+    opd = {r.key: r for r in opd_rows(eps, tok, tiny_data.hints(eps))}
+    keys = [k for k in every if k in rwr or k in opd][:n]
+    actions = [every[k].tokens[every[k].spans[0].start :] if k in opd else () for k in keys]
+    return _batch(
+        {
+            "rwr": seq_batch([rwr.get(k, SeqRow((0,), ())) for k in keys], T, K),
+            "student": scored_batch([opd[k].student if k in opd else (0,) for k in keys], actions, T, K),
+            "teacher": scored_batch([opd[k].teacher if k in opd else (0,) for k in keys], actions, T, K),
+        }
+    )
 
 
 def _setup(method, model, cfg, tx):
@@ -51,20 +70,10 @@ def _setup(method, model, cfg, tx):
     return step, state, shardings
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return tiny_data.tokenizer()
-
-
-@pytest.fixture(scope="module")
-def eps(tok):
-    return tiny_data.episodes(12, tok=tok)
-
-
 @pytest.mark.parametrize("model_type", list(CLASSES))
 def test_sft_steps_lower_the_loss(model_type, tok, eps):
     step, state, _ = _setup("sft", _model(model_type), MethodConfig(), optax.adamw(3e-3))
-    batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
+    batch = _batch({"policy": seq_batch(decision_rows(eps, tok)[:8], T, K)})
     losses = []
     for _ in range(5):
         state, metrics = step(state, batch)
@@ -74,13 +83,10 @@ def test_sft_steps_lower_the_loss(model_type, tok, eps):
 
 @pytest.mark.parametrize("model_type", list(CLASSES))
 def test_opod_step_has_finite_loss_and_gradients_in_every_layer(model_type, tok, eps):
-    exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
-    step, state, shardings = _setup(
-        "opod", _model(model_type), MethodConfig(aggregation="decision", opd_weight=0.7), optax.sgd(1.0)
-    )
+    step, state, shardings = _setup("opod", _model(model_type), MethodConfig(opd_weight=0.7), optax.sgd(1.0))
     frozen = jax.device_put(nnx.state(_model(model_type, seed=1), nnx.Param), shardings["params"], may_alias=False)
     before = jax.tree.map(np.asarray, state["params"])
-    state, metrics = step(state, _batch(exs, ("rwr", "student", "teacher")), frozen)
+    state, metrics = step(state, _opod_batch(tok, eps), frozen)
     m = {k: float(v) for k, v in metrics.items()}
     assert all(np.isfinite(v) for v in m.values()), m
     assert m["opd"] > 0 and m["loss"] == pytest.approx(m["rwr"] + 0.7 * m["opd"], rel=1e-5)

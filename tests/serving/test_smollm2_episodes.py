@@ -24,7 +24,7 @@ from porch_jax.envs.workplace import WorkplaceEnv, make_tasks
 from porch_jax.eval import suite as suite_lib
 from porch_jax.eval.suite import SuiteConfig
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config
-from porch_jax.train import data
+from porch_jax.rows import decisions as data
 from porch_jax.trajectories import TrajectoryStore
 
 pytestmark = pytest.mark.slow

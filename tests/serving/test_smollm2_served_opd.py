@@ -102,7 +102,7 @@ def test_served_opd_pushes_the_student_and_the_gap_bound_stops_a_push_that_kept_
     cfg = TrainConfig(
         steps=3,
         optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=0, weight_decay=0.0),
-        method=MethodConfig(name="opd", layout="packed"),
+        method=MethodConfig(name="opd"),
         checkpoint=CheckpointConfig(every=100, keep=1, async_save=False),
         log=LogConfig(every=1),
     )

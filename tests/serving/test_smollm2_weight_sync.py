@@ -15,10 +15,10 @@ from transformers import AutoTokenizer
 from porch_jax.models import from_pretrained
 from porch_jax.protocol.render import prompt_ids
 from porch_jax.serving.weights import WeightSync, WeightSyncError, export_for_serving, model_prompt_logprobs
-from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import step as S
 from porch_jax.train.methods import MethodConfig, make_method
+from porch_jax.train.packing import SeqRow, Span, seq_batch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
@@ -43,9 +43,9 @@ def test_trained_smollm2_weights_reach_the_server(smollm2_server, smollm2_dir, t
     step = S.TrainStep(
         make_method(MethodConfig(name="sft")), graphdef, tx, lambda s: 1e-4, mesh=mesh, state_shardings=shardings
     )
-    example = D.Example("fixed", {"policy": D.View(tuple(prompt), tuple(target))})
+    row = SeqRow(tuple(fixed), (Span(len(prompt), len(target)),))
     length = -(-len(fixed) // 64) * 64
-    batch = jax.tree.map(lambda x: jnp.asarray(x[None]), D.collate([example], ("policy",), (), length, 64, pad_id=2))
+    batch = jax.tree.map(lambda x: jnp.asarray(x[None]), {"policy": seq_batch([row], length, 64)})
     losses = []
     for _ in range(3):
         state, metrics = step(state, batch)

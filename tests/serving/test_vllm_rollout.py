@@ -19,7 +19,7 @@ from porch_jax.backends.openai_chat import VLLMBackend
 from porch_jax.envs.workplace import TOOLS, WorkplaceEnv, make_tasks
 from porch_jax.protocol import Delegate, Harness, Message, Submit, render_action
 from porch_jax.rollout import Budgets, Engine, EngineConfig, run_episodes, system_config
-from porch_jax.train import data
+from porch_jax.rows import decisions as data
 from porch_jax.trajectories import TrajectoryStore
 
 pytestmark = pytest.mark.slow

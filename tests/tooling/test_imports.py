@@ -35,13 +35,14 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ),
     ("porch_jax.models",),  # calls the native kernels on CPU
     ("porch_jax.backends", "porch_jax.serving"),  # the embedded backend samples a model; serving checks parity
-    # one loop, losses, batch sources, checkpoints: it knows models and rows, no task (rewards, the export's
-    # policy file and the teacher's context come from the experiment)
+    # one loop, losses, batch sources, the one row format, checkpoints: it knows models, no task (rewards, the
+    # export's policy file and the rows come from the experiment)
     ("porch_jax.train",),
     ("porch_jax.envs",),  # environments, their scripted policies, benchmarks and scorers
     ("porch_jax.rollout", "porch_jax.attribution"),  # the engine drives envs; the GRM reads records
     ("porch_jax.envs.are.agent",),  # the engine as an agent inside Meta ARE
     ("porch_jax.envs.are.runner",),  # runs that agent over GAIA2 scenarios
+    ("porch_jax.rows",),  # record files -> train's rows (launch/train.py): trajectories, rendering, the GRM's context
     ("porch_jax.eval", "porch_jax.maca"),  # evaluation of trained policies; MACA trains through train
     ("porch_jax.opod",),  # the OPOD experiment: rollouts, attribution, training, evaluation
     ("launch", "experiments", "benchmarks", "scripts"),  # entry points and configs: users of the package

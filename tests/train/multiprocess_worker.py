@@ -1,6 +1,7 @@
 """One process of tests/train/test_multiprocess.py's packed-source run: SFT and RWR on packed rows, OPOD with
-on-policy OPD and DA-GRPO, a few steps each, on the tiny model loaded per slice onto a mesh over every process's
-devices; writes each method's per-step metrics, the tokens its sampler drew and the final parameters' norm as JSON.
+on-policy OPD, DA-GRPO and GRPO replaying recorded groups over 2 accumulation steps, a few steps each, on the tiny
+model loaded per slice onto a mesh over every process's devices; writes each method's per-step metrics, the tokens
+its sampler drew and the final parameters' norm as JSON.
 
     python multiprocess_worker.py MODEL_DIR OUT.json MESH                        # one process, e.g. MESH 1,1,1
     python multiprocess_worker.py MODEL_DIR OUT.json MESH ADDRESS PROCESS_ID N   # process PROCESS_ID of N
@@ -30,10 +31,17 @@ class Recorded:
     def __init__(self, inner):
         self.inner, self.cfg, self.samples = inner, inner.cfg, []
 
+    @property
+    def stats(self):
+        return self.inner.stats
+
     def __call__(self, student, prompts, step, *, seeds=None):
         out = self.inner(student, prompts, step, seeds=seeds)
         self.samples.append([c.token_ids for c in out])
         return out
+
+    def check_step(self, step, metrics):
+        self.inner.check_step(step, metrics)
 
 
 def _reply(text: str) -> str:
@@ -66,6 +74,7 @@ def main() -> None:
     from porch_jax.models import from_pretrained
     from porch_jax.opod import rows as episode_rows
     from porch_jax.opod.rewards import dagrpo_reward
+    from porch_jax.rows import records
     from porch_jax.train import mesh as mesh_lib
     from porch_jax.train import sources
     from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
@@ -77,6 +86,7 @@ def main() -> None:
     eps = tiny_data.episodes(tok=tok)
     sampling = SamplingConfig(seed=7, **SAMPLING)
     contexts = [dataclasses.replace(c, decode=_reply) for c in episode_rows.expert_contexts(eps, tok, "full")]
+    recorded = records.recorded_groups(tiny_data.groups(6, size=2, tok=tok), tok)
 
     def plan(method, mesh):
         if method == "sft":
@@ -91,12 +101,14 @@ def main() -> None:
                 episode_rows.opd_rows(eps, tiny_data.hints(eps), tok, "full"), tok, sampling, BATCH, BUCKETS, mesh
             )
             return sources.CombinedViews(sources.PackedSource(rwr_rows, BATCH, BUCKETS, 3, mesh, "rwr"), opd)
+        if method == "grpo":  # 2 groups of 2 a step, one group per accumulation step: 1 row per batch shard
+            return sources.RecordedGroups(recorded, BATCH // 2, BUCKETS, 4, mesh, accum_steps=2)
         return sources.GroupSource(
             contexts, tok, sampling, BATCH // 2, 2, BUCKETS, dagrpo_reward(tiny_data.TOOLS), mesh
         )
 
     results = {}
-    for method in ("sft", "rwr", "opod", "dagrpo"):
+    for method in ("sft", "rwr", "opod", "dagrpo", "grpo"):
         mesh = mesh_lib.make_mesh(shape)
         source = plan(method, mesh)
         samplers = [s for s in getattr(source, "sources", (source,)) if hasattr(s, "sampler")]
@@ -105,7 +117,7 @@ def main() -> None:
         train = TrainConfig(
             steps=STEPS,
             optimizer=OptimizerConfig(learning_rate=3e-3, warmup_steps=1, weight_decay=0.0),
-            method=MethodConfig(name=method, layout="packed"),
+            method=MethodConfig(name=method),
             mesh=shape,
             checkpoint=CheckpointConfig(every=100),
             log=LogConfig(every=100),

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import tiny_data
 
+from porch_jax.rows.records import MethodRows
 from porch_jax.train import checkpoint as C
-from porch_jax.train import data as D
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import optim
 from porch_jax.train import step as S
@@ -22,19 +22,19 @@ from porch_jax.train.trainer import Trainer
 
 
 @pytest.fixture(scope="module")
-def examples():
-    return D.sft_examples(tiny_data.episodes(12), tiny_data.tokenizer())
+def rows(tmp_path_factory):
+    return tiny_data.method_rows(tiny_data.config(tmp_path_factory.mktemp("sft")))
 
 
-def _trainer(workdir: Path, examples, *, steps: int, mesh) -> Trainer:
-    return tiny_data.trainer(tiny_data.config(workdir, steps=steps, mesh=mesh), tiny_data.model(), examples)
+def _trainer(workdir: Path, rows: MethodRows, *, steps: int, mesh) -> Trainer:
+    return tiny_data.trainer(tiny_data.config(workdir, steps=steps, mesh=mesh), tiny_data.model(), rows)
 
 
 @pytest.fixture(scope="module")
-def run_222(tmp_path_factory, examples):
+def run_222(tmp_path_factory, rows):
     """10 steps on (2, 2, 2), checkpoints at steps 5 and 10."""
     workdir = tmp_path_factory.mktemp("run222")
-    result = _trainer(workdir, examples, steps=10, mesh=(2, 2, 2)).run()
+    result = _trainer(workdir, rows, steps=10, mesh=(2, 2, 2)).run()
     return workdir, jax.tree.map(np.asarray, result.state)
 
 
@@ -47,10 +47,10 @@ def _copy(workdir: Path, tmp_path: Path) -> Path:
     return Path(shutil.copytree(workdir, tmp_path / "run"))
 
 
-def test_restore_onto_a_different_mesh_and_continue(run_222, examples, tmp_path):
+def test_restore_onto_a_different_mesh_and_continue(run_222, rows, tmp_path):
     workdir, final = run_222
-    trainer = _trainer(_copy(workdir, tmp_path), examples, steps=12, mesh=(8, 1, 1))
-    assert trainer.start_step == 10 and trainer.source.batches.state.position > 0
+    trainer = _trainer(_copy(workdir, tmp_path), rows, steps=12, mesh=(8, 1, 1))
+    assert trainer.start_step == 10
     kernel = trainer.state["params"]["layers"][0]["mlp"]["gate_proj"][...]
     assert kernel.sharding.mesh.shape == {"data": 8, "fsdp": 1, "tensor": 1}
     jax.tree.map(np.testing.assert_array_equal, jax.tree.map(np.asarray, trainer.state), final)
@@ -65,7 +65,7 @@ def test_restore_onto_a_different_mesh_and_continue(run_222, examples, tmp_path)
 # A restore that fails part-way leaves tensorstore callbacks aimed at orbax's closed event loop;
 # they surface as an "Event loop is closed" unraisable warning when collected.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
-def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_222, examples, tmp_path, caplog):
+def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_222, rows, tmp_path, caplog):
     workdir = _copy(run_222[0], tmp_path)
     ckpt = workdir / "checkpoints"
     assert _steps(ckpt) == [5, 10]
@@ -85,7 +85,7 @@ def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_22
         checkpointer.restore(10, abstract)
 
     with caplog.at_level(logging.ERROR, logger="porch_jax.train.checkpoint"):
-        trainer = _trainer(workdir, examples, steps=6, mesh=(1, 1, 1))
+        trainer = _trainer(workdir, rows, steps=6, mesh=(1, 1, 1))
     assert trainer.start_step == 5
     assert "checkpoint step 10" in caplog.text and "restarting from step 5" in caplog.text
     assert [p.name for p in ckpt.iterdir() if p.name.startswith("corrupt-10-")]
@@ -93,14 +93,16 @@ def test_damaged_step_is_reported_set_aside_and_the_previous_step_resumes(run_22
     assert int(result.state["step"]) == 6 and _steps(ckpt) == [5, 6]
 
 
-def test_nan_stops_with_the_step_and_keeps_the_last_good_checkpoint(examples, tmp_path):
-    _trainer(tmp_path, examples, steps=4, mesh=(1, 1, 1)).run()  # checkpoints at 4 (every 5, and the last step)
+def test_nan_stops_with_the_step_and_keeps_the_last_good_checkpoint(rows, tmp_path):
+    _trainer(tmp_path, rows, steps=4, mesh=(1, 1, 1)).run()  # checkpoints at 4 (every 5, and the last step)
     ckpt = tmp_path / "checkpoints"
     assert _steps(ckpt) == [4]
-    poisoned = [
-        dataclasses.replace(e, views={k: dataclasses.replace(v, weight=float("nan")) for k, v in e.views.items()})
-        for e in examples
-    ]
+    poisoned = MethodRows(
+        decisions=[
+            dataclasses.replace(r, spans=tuple(dataclasses.replace(s, weight=float("nan")) for s in r.spans))
+            for r in rows.decisions
+        ]
+    )
     trainer = _trainer(tmp_path, poisoned, steps=8, mesh=(1, 1, 1))
     with pytest.raises(NonFiniteError, match=r"at step 5: .*last good checkpoint: step 4"):
         trainer.run()

@@ -1,5 +1,6 @@
 """launch/train.py and launch/export.py end to end: config file + overrides (an unknown key or a bad value
-is a flags error naming it), OPOD with on-policy sampling, export, any checkpoint step exported again."""
+is a flags error naming it), OPOD with on-policy sampling, GRPO replaying recorded groups, export, any checkpoint
+step exported again."""
 
 from __future__ import annotations
 
@@ -46,17 +47,14 @@ def test_export_launcher_names_an_unknown_flag_or_a_bad_value(tmp_path, flag, na
 
 def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     model_dir, store = tiny_data.write_run_inputs(tmp_path / "inputs")
-    hints = tmp_path / "hints.jsonl"
-    hints.write_text(
-        "".join(
-            json.dumps({"episode_id": e, "index": i, "attributable": True, "hint": h}) + "\n"
-            for (e, i), h in tiny_data.hints(TrajectoryStore(store).read()).items()
-        )
+    table = tiny_data.hints(TrajectoryStore(store).read())
+    hints = tiny_data.write_jsonl(
+        [{"episode_id": e, "index": i, "attributable": True, "hint": h} for (e, i), h in table.items()],
+        tmp_path / "hints.jsonl",
     )
     c = tiny_data.config(tmp_path / "run", steps=2, method="opod")
     c.model.init_from, c.data.trajectories, c.data.hints = str(model_dir), str(store), str(hints)
-    c.data.buckets = (128, 192)  # room for 8 sampled tokens after the longest hinted context
-    c.opd.sampling.max_new_tokens, c.opd.max_len = 8, 256
+    c.opd.batch, c.opd.sampling.max_new_tokens = 4, 8
     c.train.log.update(every=1, tensorboard=True)
     export = tmp_path / "run" / "export"
     config = tiny_data.write_config(c, tmp_path / "opod.py")
@@ -65,7 +63,8 @@ def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     out = _run(tiny_data.launch_command(config, *overrides), timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
-    assert len(lines) == 2 and all("opd" in line and "logprob_gap" in line for line in lines)
+    # CombinedViews(RWR rows, OPD rows): both parts every step, each OPD action sampled by the current student.
+    assert len(lines) == 2 and all(" rwr " in line and " opd " in line and "logprob_gap" in line for line in lines)
     saved = json.loads((tmp_path / "run" / "checkpoints" / "2" / "config" / "metadata").read_text())
     assert saved["train"]["optimizer"]["learning_rate"] == 1e-5 and saved["train"]["method"]["opd_weight"] == 0.5
     assert list((tmp_path / "run" / "tensorboard").glob("events.out.tfevents.*"))
@@ -84,6 +83,36 @@ def test_opod_run_with_overrides_samples_on_policy_and_exports(tmp_path):
     assert json.loads((again / "policy.json").read_text()) == {"view": "full", "step": 2}
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(again)
     assert reloaded.config.num_hidden_layers == tiny_data.TINY_HF["num_hidden_layers"]
+
+
+def test_grpo_run_replays_recorded_groups_whole_groups_a_micro_batch(tmp_path):
+    """GRPO on records: data.groups' recorded samples, with their log-probabilities and rewards, replayed by
+    RecordedGroups; 2 groups of 2 a step over 2 accumulation steps of 2 rows."""
+    model_dir, _ = tiny_data.write_run_inputs(tmp_path / "inputs")
+    groups = tiny_data.write_jsonl(tiny_data.groups(6, size=2), tmp_path / "groups.jsonl")
+    c = tiny_data.config(tmp_path / "run", steps=2, method="grpo")
+    c.model.init_from, c.data.groups = str(model_dir), str(groups)
+    c.batch.update(micro_batch=2, accum_steps=2)
+    c.train.log.every = 1
+    out = _run(tiny_data.launch_command(tiny_data.write_config(c, tmp_path / "grpo.py")), timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("step ")]
+    assert len(lines) == 2 and all(" pg " in line and "logprob_gap" in line for line in lines), out.stdout[-2000:]
+    rows = json.loads((tmp_path / "run" / "rows.json").read_text())
+    assert rows == {"grpo": {"rule": "error", "limit": 128, "kept": 6, "cut": 0, "dropped": 0}}
+    assert (tmp_path / "run" / "export" / "model.safetensors").exists()
+
+
+def test_a_grpo_batch_of_part_of_a_group_is_refused(tmp_path):
+    """A step's rows (micro_batch x accum_steps) hold whole groups: advantages are relative to a group's samples."""
+    from porch_jax.typed_config import ConfigError
+
+    c = tiny_data.config(tmp_path / "run", method="grpo")
+    c.batch.update(micro_batch=3, accum_steps=1)
+    rows = tiny_data.method_rows(c)
+    assert {len(g.samples) for g in rows.groups} == {2}
+    with pytest.raises(ConfigError, match="3 rows a step do not hold whole GRPO groups of 2 samples"):
+        tiny_data.trainer(c, tiny_data.model(), rows)
 
 
 @pytest.mark.parametrize(
@@ -106,7 +135,7 @@ def test_a_rerun_into_a_workdir_of_another_config_is_refused(tmp_path):
     the mesh resumes; the launcher refuses another config before any work, naming the key with both values."""
     from dataclasses import replace
 
-    from porch_jax.train import records
+    from porch_jax.rows import records
 
     c = tiny_data.config(tmp_path / "run")
     cfg = tiny_data.typed(c)

@@ -3,7 +3,8 @@
 The mesh (data 1, fsdp 2, tensor 2) puts fsdp across the two processes, so parameters, optimizer
 state, checkpoints and the export are split between hosts, and each process feeds only its rows.
 The records run goes through launch/train.py; the packed sources (SFT, RWR, OPOD with on-policy OPD,
-DA-GRPO) through multiprocess_worker.py, whose samplers run over both processes' devices.
+DA-GRPO, recorded GRPO groups over accumulation steps) through multiprocess_worker.py, whose samplers run over both
+processes' devices.
 """
 
 from __future__ import annotations
@@ -112,9 +113,10 @@ def _worker(model_dir: Path, out: Path, mesh: str, *distributed: str, log: Path)
 @pytest.mark.slow
 @pytest.mark.timeout(1000, method="thread")  # ~2 min on 2 quiet cores; busy shared cores stretch it 5x
 def test_packed_sources_and_on_policy_sampling_on_two_processes_match_one(tmp_path):
-    """SFT and RWR (packed rows), OPOD with the student sampling every OPD action, and DA-GRPO (sampled groups):
-    3 steps each on 2 processes x 2 devices draw the same tokens as on 1 device (each row's seed comes from its
-    key, not its place) and give the same losses, gradient norms and final weights."""
+    """SFT and RWR (packed rows), OPOD with the student sampling every OPD action, DA-GRPO (sampled groups) and
+    GRPO (recorded groups, [accum 2, micro 2]): 3 steps each on 2 processes x 2 devices draw the same tokens as on 1
+    device (each row's seed comes from its key, not its place) and give the same losses, gradient norms and final
+    weights."""
     model_dir, _ = tiny_data.write_run_inputs(tmp_path / "inputs")
     single = _worker(model_dir, tmp_path / "single.json", "1,1,1", log=tmp_path / "single.log")
     address = f"127.0.0.1:{_free_port()}"
@@ -126,12 +128,13 @@ def test_packed_sources_and_on_policy_sampling_on_two_processes_match_one(tmp_pa
         assert p.wait(timeout=900) == 0, (tmp_path / f"{name}.log").read_text()[-3000:]
 
     want = json.loads((tmp_path / "single.json").read_text())
-    assert set(want) == {"sft", "rwr", "opod", "dagrpo"}
+    assert set(want) == {"sft", "rwr", "opod", "dagrpo", "grpo"}
     for method in ("opod", "dagrpo"):  # one sampler each, 4 actions a step, a fresh draw each step
         (steps,) = want[method]["samples"]
         assert [len(s) for s in steps] == [4] * 3 and all(c for s in steps for c in s)
         assert steps[0] != steps[1] != steps[2]
-    assert any(m["grad_norm"] > 0 for m in want["dagrpo"]["metrics"])  # rewards varied within some group
+    for method in ("dagrpo", "grpo"):  # rewards varied within some group
+        assert any(m["grad_norm"] > 0 for m in want[method]["metrics"]), method
     for i in range(2):
         got = json.loads((tmp_path / f"multi{i}.json").read_text())
         for method, ref in want.items():

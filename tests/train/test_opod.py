@@ -25,10 +25,10 @@ from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.rewards import decision_reward
 from porch_jax.protocol import render_call
+from porch_jax.rows.decisions import decision_target
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import packing, sources
 from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig
-from porch_jax.train.data import decision_target
 from porch_jax.train.methods import MethodConfig, make_method
 from porch_jax.train.trainer import Trainer
 
@@ -111,7 +111,7 @@ def test_losses_average_within_each_decision_then_across(tok, episodes, model_di
     rows = episode_rows.packed_rows(episodes[:3], tok, "compact", 512, weight=lambda ep: 1.0)
     batch = packing.seq_batch(rows, 512, 256)
     model = from_pretrained(model_dir)
-    method = make_method(MethodConfig(name="sft", layout="packed"))
+    method = make_method(MethodConfig(name="sft"))
     parts, _ = method.micro_parts(model, None, {"policy": jax.tree.map(jnp.asarray, batch)})
     total, count = map(float, parts["ce"])
     means = []
@@ -135,7 +135,7 @@ def _cfg(steps=3, *, method="rwr", learning_rate=1e-3, opd_weight=1.0, export_ev
     return TrainConfig(
         steps=steps,
         optimizer=OptimizerConfig(learning_rate=learning_rate, warmup_steps=1, final_lr_ratio=0.1, weight_decay=0.0),
-        method=MethodConfig(name=method, layout="packed", opd_weight=opd_weight),
+        method=MethodConfig(name=method, opd_weight=opd_weight),
         checkpoint=CheckpointConfig(every=2, keep=1, async_save=False),
         log=LogConfig(every=100),
         export_every=export_every,
@@ -203,9 +203,7 @@ def test_teacher_stays_at_the_initial_weights_and_opd_moves_the_student_toward_i
     assert all("rwr" not in m and m["logprob_gap"] < 1e-3 for m in history)  # sampler and trainer agree
 
 
-class _DiesAt3:
-    on_policy = False
-
+class _DiesAt3(sources.BatchSource):
     def __init__(self, source):
         self.source, self.views = source, source.views
 
@@ -213,12 +211,6 @@ class _DiesAt3:
         if step == 3:
             raise KeyboardInterrupt
         return self.source(step, student)
-
-    def state(self):
-        return {}
-
-    def restore(self, state):
-        pass
 
 
 def test_a_killed_run_resumes_to_the_same_weights(tmp_path, tok, episodes, model_dir):
@@ -318,11 +310,23 @@ def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
         return source.host(0, model)
 
     (full, full_stats), (half, half_stats) = batch(None), batch(only_first)
-    assert float(full["student"]["count"]) == 2 and full_stats["sampled_not_action"] == 0.0
-    assert float(half["student"]["count"]) == 1 and float(half["teacher"]["count"]) == 1
+    assert float(full["student"]["count"].sum()) == 2 and full_stats["sampled_not_action"] == 0.0
+    assert float(half["student"]["count"].sum()) == 1 and float(half["teacher"]["count"].sum()) == 1
     assert half_stats["sampled_not_action"] == 0.5 and len(seen) == 2
     assert not half["student"]["target_mask"][1].any() and not half["teacher"]["target_mask"][1].any()
     assert half["student"]["target_mask"][0].sum() == full["student"]["target_mask"][0].sum() > 0  # same sample
+
+
+def test_fewer_opd_rows_than_the_batch_fill_it_with_rows_that_score_nothing(tok, episodes, model_dir):
+    """3 OPD rows in a batch of 4 over 2 accumulation steps: [2, 2, ...], the fourth row without a target."""
+    model = from_pretrained(model_dir)
+    rows = episode_rows.opd_rows(episodes, _hints(episodes), tok, "compact")[:3]
+    source = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=8, seed=5), 4, BUCKETS, _mesh(), accum_steps=2)
+    batch, _ = source(0, model)
+    student, teacher = batch["student"], batch["teacher"]
+    assert student["tokens"].shape[:2] == teacher["tokens"].shape[:2] == (2, 2)
+    assert np.asarray(student["count"]).tolist() == [[1, 1], [1, 0]]
+    assert not np.asarray(teacher["target_mask"])[1, 1].any() and np.asarray(teacher["target_mask"])[1, 0].any()
 
 
 def test_wrong_hints_give_each_flagged_decision_another_decisions_hint():

@@ -1,11 +1,12 @@
 """Rows over the largest bucket: each `overlong` rule on each row kind, target tokens unmoved by a cut, the counts,
-the error naming the row, and the defaults (packed sources drop as they always did, records raise)."""
+the error naming the row, and the defaults (sources drop; a records run and recorded GRPO groups raise)."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
 import json
+from pathlib import Path
 
 import jax
 import numpy as np
@@ -15,12 +16,21 @@ import tiny_data
 from porch_jax.opod import rows as episode_rows
 from porch_jax.opod.config import PolicySection
 from porch_jax.opod.rewards import dagrpo_reward
-from porch_jax.train import data as D
+from porch_jax.rows import records
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import overlong as O
 from porch_jax.train import sources
 from porch_jax.train.config import SamplingConfig
-from porch_jax.train.packing import ExpertContext, OpdRow, SeqRow, Span, seq_batch
+from porch_jax.train.packing import (
+    DataError,
+    ExpertContext,
+    OpdRow,
+    RecordedGroup,
+    RecordedSample,
+    SeqRow,
+    Span,
+    seq_batch,
+)
 from porch_jax.typed_config import ConfigError, from_dict
 
 
@@ -58,7 +68,7 @@ def test_cut_row_keeps_every_target_token_where_it_was(packed):
         np.testing.assert_array_equal(predicted, kept)  # each predicted from the column before it, as uncut
         assert cut.key == packed.key == ("ep0", 0)
     b = seq_batch([crossing], 128, 64)
-    assert float(b["count"]) == 2 and b["weight"][0][29:40].sum() == pytest.approx(1.0)  # still one decision
+    assert b["count"].sum() == 2 and b["weight"][0][29:40].sum() == pytest.approx(1.0)  # still one decision
     assert O.cut_row(packed, 30) is None  # no target token left
     assert O.cut_row(packed, 109) is packed
 
@@ -73,7 +83,7 @@ def test_each_rule_on_packed_rows_counts_and_names_the_row(packed):
     assert counts == O.RowCounts("cut", 90, kept=1, cut=2, dropped=0)
     kept, counts = O.seq_rows(rows, 30, "cut")  # decision 0's prompt (35 tokens) does not fit: nothing left
     assert kept == [short] and (counts.cut, counts.dropped) == (0, 2)
-    with pytest.raises(D.DataError, match=r"episode 'ep0' decision 0: a packed row of 109 tokens .* \(64\)"):
+    with pytest.raises(DataError, match=r"episode 'ep0' decision 0: a row of 109 tokens .* \(64\)"):
         O.seq_rows(rows, 64, "error")
     assert O.seq_rows(rows, 109, "error")[1].kept == 3
     with pytest.raises(ValueError, match="overlong must be one of"):
@@ -102,7 +112,7 @@ def test_packed_source_drops_by_default_exactly_as_leaving_the_rows_out(packed):
     assert with_long.row_counts == {"policy": O.RowCounts("drop", 32, kept=5, cut=0, dropped=1)}
     cut = sources.PackedSource(rows + [packed], 2, (16, 32), 3, _mesh(), "rwr", overlong="cut")
     assert cut.row_counts == {"rwr": O.RowCounts("cut", 32, kept=5, cut=0, dropped=1)}  # 35-token prompt: nothing
-    with pytest.raises(D.DataError, match="episode 'ep0' decision 0"):
+    with pytest.raises(DataError, match="episode 'ep0' decision 0"):
         sources.PackedSource(rows + [packed], 2, (16, 32), 3, _mesh(), overlong="error")
 
 
@@ -115,9 +125,9 @@ def test_opd_rows_and_expert_contexts_drop_under_cut_and_name_the_row_under_erro
     for rule in ("drop", "cut"):
         assert O.opd_rows(opd, 32, rule) == ([opd[0]], O.RowCounts(rule, 32, kept=1, dropped=1))
         assert O.expert_contexts(contexts, 32, rule) == ([contexts[0]], O.RowCounts(rule, 32, kept=1, dropped=1))
-    with pytest.raises(D.DataError, match=r"episode 'ep1' decision 1: OPD prompts of 30 \(student\) and 40"):
+    with pytest.raises(DataError, match=r"episode 'ep1' decision 1: OPD prompts of 30 \(student\) and 40"):
         O.opd_rows(opd, 32, "error")
-    with pytest.raises(D.DataError, match="episode 'ep2' decision 3: a DA-GRPO prompt of 33 tokens"):
+    with pytest.raises(DataError, match="episode 'ep2' decision 3: a DA-GRPO prompt of 33 tokens"):
         O.expert_contexts(contexts, 32, "error")
     sampling = SamplingConfig(max_new_tokens=8)
     source = sources.CombinedViews(
@@ -132,62 +142,74 @@ def test_opd_rows_and_expert_contexts_drop_under_cut_and_name_the_row_under_erro
     }
 
 
-# ---- records examples ---------------------------------------------------------------------------------
+# ---- records: one-span decision rows and recorded GRPO groups --------------------------------------------
 
 
-def test_records_rules_on_decisions(tok, eps):
-    exs = D.sft_examples(eps, tok)  # decision 0: prompt 34-36 + target 29-30; decision 1: prompt 78-81 + 29-30
-    over = [ex for ex in exs if len(ex.views["policy"]) > 100]
-    assert over and all(ex.key.endswith("/1") for ex in over)
-    kept, counts = O.examples(exs, 100, 32, "drop")
-    assert kept == [ex for ex in exs if ex not in over]
-    assert counts == O.RowCounts("drop", 100, kept=len(kept), dropped=len(over), target_limit=32)
-    kept, counts = O.examples(exs, 100, 32, "cut")
-    assert (counts.kept, counts.cut, counts.dropped) == (len(exs) - len(over), len(over), 0)
-    for ex, new in zip(exs, kept, strict=True):
-        view, cut = ex.views["policy"], new.views["policy"]
-        assert cut.prompt == view.prompt and cut.target == view.target[: 100 - len(view.prompt)]
-        b = D.collate([new], ("policy",), (), 100, 32, pad_id=0)["policy"]
-        n = len(cut.target)
-        np.testing.assert_array_equal(b["tokens"][0][b["index"][0][:n] + 1], view.target[:n])
-        assert b["index"][0][0] == len(view.prompt) - 1
-    first = over[0].key.split("/")[0]
-    prompt, target = (len(x) for x in (over[0].views["policy"].prompt, over[0].views["policy"].target))
-    with pytest.raises(D.DataError, match=rf"episode '{first}' decision 1: .*prompt {prompt}, target {target}.*T=100"):
-        O.examples(exs, 100, 32, "error")
-    # A reserve (room for an on-policy resample) counts as target length; a prompt without that room is dropped.
-    kept, counts = O.examples(exs, 100, 32, "cut", reserve=24)
-    assert counts.dropped == sum(len(ex.views["policy"].prompt) + 24 > 100 for ex in exs) > 0
+def test_one_span_decision_rows_under_each_rule(tok, eps):
+    rows = records.decision_rows(eps, tok)  # decision 0: prompt 34-36 + target 29-30; decision 1: prompt 78-81 + 29-30
+    over = [r for r in rows if len(r.tokens) > 100]
+    assert over and all(r.key[1] == 1 for r in over)
+    kept, counts = O.seq_rows(rows, 100, "drop")
+    assert kept == [r for r in rows if r not in over]
+    assert counts == O.RowCounts("drop", 100, kept=len(kept), cut=0, dropped=len(over))
+    kept, counts = O.seq_rows(rows, 100, "cut")
+    assert counts == O.RowCounts("cut", 100, kept=len(rows) - len(over), cut=len(over), dropped=0)
+    for row, new in zip(rows, kept, strict=True):
+        ((start, length, _),) = [dataclasses.astuple(s) for s in row.spans]
+        if row not in over:
+            assert new is row
+            continue
+        # The row keeps its first tokens: its whole prompt and the first target tokens, still one decision.
+        assert new.key == row.key and new.tokens == row.tokens[:100]
+        assert new.spans == (Span(start, 100 - start, 1.0),)
+        targets, predicted = _targets(new)
+        np.testing.assert_array_equal(targets, row.tokens[start:100])
+        np.testing.assert_array_equal(predicted, targets)
+        b = seq_batch([new], 100, 32)
+        assert b["index"][0][0] == start - 1 and b["count"].sum() == 1
+        assert b["weight"][0].sum() == pytest.approx(1.0)
+    first = over[0]
+    with pytest.raises(
+        DataError,
+        match=rf"episode '{first.key[0]}' decision 1: a row of {len(first.tokens)} tokens exceeds the largest "
+        r"bucket \(100\) \(overlong='error'",
+    ):
+        O.seq_rows(rows, 100, "error")
+    # A prompt that does not fit leaves no target token: the row is dropped, never cut into its prompt.
+    kept, counts = O.seq_rows(rows, 60, "cut")
+    assert counts.dropped == sum(r.spans[0].start >= 60 for r in rows) > 0
+    assert counts.cut == len(kept) and all(r.spans[0].start < 60 and len(r.tokens) == 60 for r in kept)
 
 
-def test_records_cut_keeps_an_opd_pair_aligned_and_refuses_a_grpo_sample(tok, eps):
-    p, target = tuple(range(10, 50)), tuple(range(100, 130))  # prompt 40, target 30
-    hinted = p + (7,) * 15  # the teacher's prompt: s + H
-    ex = D.Example("ep5/2", {"rwr": D.View(p, target), "student": D.View(p, target), "teacher": D.View(hinted, target)})
-    (cut,), counts = O.examples([ex], 64, 32, "cut")
-    assert counts.cut == 1 and cut.views["rwr"].target == target[:24]
-    assert cut.views["student"].target == cut.views["teacher"].target == target[:9]  # the teacher's room
-    b = D.collate([cut], ("student", "teacher"), (), 64, 32, pad_id=0)
-    s, t = b["student"], b["teacher"]
-    np.testing.assert_array_equal(s["tokens"][0][s["index"][0][:9] + 1], t["tokens"][0][t["index"][0][:9] + 1])
-    (cut,), _ = O.examples([ex], 54, 32, "cut")  # the teacher's prompt (55) does not fit: the pair goes, RWR stays
-    assert set(cut.views) == {"rwr"} and cut.views["rwr"].target == target[:14]
-    samples = [{"token_ids": [5] * n, "logprobs": [-1.0] * n, "reward": float(n)} for n in (4, 40)]
-    grpo = D.grpo_examples([{"key": "g", "context": eps[0].decisions[0].context, "samples": samples}], tok)
-    with pytest.raises(ValueError, match="overlong='cut' cannot cut a GRPO sample.*'g/1'"):
-        O.examples(grpo, 128, 32, "cut")
-    assert O.examples(grpo, 128, 32, "drop")[0] == grpo[:1]
+def _group(key: str, prompt: int, sizes: tuple[int, ...] = (3, 40)) -> RecordedGroup:
+    """A recorded group with a `prompt`-token prompt and one sample of each size (rewarded by its length)."""
+    samples = tuple(RecordedSample((5,) * n, (-1.0,) * n, float(n)) for n in sizes)
+    return RecordedGroup(key, (1,) * prompt, samples)
 
 
-def test_record_source_raises_by_default_and_follows_its_rule(tok, eps):
-    exs = D.sft_examples(eps, tok)
-    args = dict(views=("policy",), scalars=(), micro_batch=4, accum_steps=1, pad_id=0, seed=0, mesh=_mesh())
-    with pytest.raises(D.DataError, match=r"episode 'ep0' decision 1: .*prompt 79, target 30.*T=80.*'error'"):
-        sources.RecordSource(exs, buckets=D.Buckets((64, 80), (32,)), **args)
-    source = sources.RecordSource(exs, buckets=D.Buckets((64, 80), (32,)), overlong="drop", **args)
-    n = sum(len(ex.views["policy"]) <= 80 for ex in exs)
-    assert source.row_counts == {"records": O.RowCounts("drop", 80, n, 0, len(exs) - n, 32)}
-    assert len(source.batches.examples) == n
+def test_recorded_groups_follow_the_rule_on_their_prompt_and_cut_drops_the_group():
+    groups = [_group("g0", 20), _group("g1", 33), _group("g2", 32)]
+    for rule in ("drop", "cut"):
+        kept, counts = O.recorded_groups(groups, 32, rule)
+        assert kept == [groups[0], groups[2]] and counts == O.RowCounts(rule, 32, kept=2, cut=0, dropped=1)
+        assert kept[0] is groups[0]  # a sample longer than the limit (40) is kept whole: it has its own room
+    with pytest.raises(DataError, match=r"'g1': a GRPO group prompt of 33 tokens exceeds the largest bucket \(32\)"):
+        O.recorded_groups(groups, 32, "error")
+
+
+def test_recorded_groups_source_raises_by_default_and_refuses_groups_of_different_sizes():
+    groups = [_group(f"g{i}", n) for i, n in enumerate((10, 12, 40, 14))]
+    with pytest.raises(DataError, match=r"'g2': a GRPO group prompt of 40 tokens .*\(overlong='error'"):
+        sources.RecordedGroups(groups, 2, (16, 32), 0, _mesh())
+    source = sources.RecordedGroups(groups, 2, (16, 32), 0, _mesh(), overlong="cut")
+    assert source.row_counts == {"grpo": O.RowCounts("cut", 32, kept=3, cut=0, dropped=1)}
+    batch, _ = source(0, None)
+    assert batch["policy"]["tokens"].shape[:2] == (1, 4) and batch["advantage"].shape == (1, 4)
+    odd = [_group("g0", 10), _group("g1", 10, sizes=(3, 4, 5))]
+    with pytest.raises(DataError, match=r"GRPO group 'g1' has 3 samples, group 'g0' 2: recorded groups need one size"):
+        sources.RecordedGroups(odd, 1, (32,), 0, _mesh())
+    with pytest.raises(DataError, match=r"GRPO group 'g0' has 1 sample\(s\); advantages need at least 2"):
+        sources.RecordedGroups([_group("g0", 10, sizes=(3,))], 1, (32,), 0, _mesh())
 
 
 def test_the_config_fields_check_their_values():
@@ -195,10 +217,9 @@ def test_the_config_fields_check_their_values():
     c.data.overlong = "trim"
     with pytest.raises(ConfigError, match="data.overlong"):
         tiny_data.typed(c)
-    c.data.overlong, c.train.method.name = "cut", "grpo"
-    with pytest.raises(ConfigError, match="data.overlong: 'cut' cannot cut a GRPO sample"):
-        tiny_data.typed(c)
-    c.train.method.name = "sft"
+    c.data.overlong = "cut"
+    assert tiny_data.typed(c).data.overlong == "cut"
+    c.train.method.name = "grpo"  # nothing of a GRPO group is cut: "cut" drops a group whose prompt does not fit
     assert tiny_data.typed(c).data.overlong == "cut"
     assert tiny_data.typed(tiny_data.config("/tmp/x")).data.overlong == "error"
     section = {"view": "dsl", "max_new_tokens": 8, "buckets": (64,), "max_len": 80}
@@ -207,15 +228,29 @@ def test_the_config_fields_check_their_values():
         from_dict(PolicySection, section | {"overlong": "trim"})
 
 
+def _run_rows(c, rows, tok) -> tuple[dict, str]:
+    """One step of a records run on `rows`: its WORKDIR/rows.json and its printed output."""
+    stream = io.StringIO()
+    tiny_data.trainer(c, tiny_data.model(), rows, tokenizer=tok, stream=stream).run()
+    workdir = Path(c.workdir)
+    assert [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()] == [1]
+    return json.loads((workdir / O.ROWS_FILE).read_text()), stream.getvalue()
+
+
 def test_the_trainer_reports_the_counts_in_rows_json_and_a_line(tmp_path, eps, tok):
     c = tiny_data.config(tmp_path / "run", steps=1)
     c.data.buckets, c.data.overlong = (80,), "drop"
-    stream = io.StringIO()
-    examples = D.sft_examples(eps, tok)
-    tiny_data.trainer(c, tiny_data.model(), examples, tokenizer=tok, stream=stream).run()
-    n = sum(len(ex.views["policy"]) <= 80 for ex in examples)
-    assert json.loads((tmp_path / "run" / O.ROWS_FILE).read_text()) == {
-        "records": {"rule": "drop", "limit": 80, "kept": n, "cut": 0, "dropped": len(examples) - n, "target_limit": 32}
-    }
-    assert f"rows: records {n} kept, 0 cut, {len(examples) - n} dropped of {len(examples)} rows" in stream.getvalue()
-    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [1]
+    rows = records.decision_rows(eps, tok)
+    counts, out = _run_rows(c, records.MethodRows(decisions=rows), tok)
+    n = sum(len(r.tokens) <= 80 for r in rows)
+    assert counts == {"policy": {"rule": "drop", "limit": 80, "kept": n, "cut": 0, "dropped": len(rows) - n}}
+    assert f"rows: policy {n} kept, 0 cut, {len(rows) - n} dropped of {len(rows)} rows" in out
+
+
+def test_a_grpo_records_run_reports_its_groups_counts(tmp_path, tok):
+    c = tiny_data.config(tmp_path / "grpo", steps=1, method="grpo")
+    c.data.buckets, c.data.overlong = (80,), "cut"
+    groups = [_group(f"g{i}", 30 + i) for i in range(5)] + [_group("long", 81)]
+    counts, out = _run_rows(c, records.MethodRows(groups=groups), tok)
+    assert counts == {"grpo": {"rule": "cut", "limit": 80, "kept": 5, "cut": 0, "dropped": 1}}
+    assert "rows: grpo 5 kept, 0 cut, 1 dropped of 6 rows" in out

@@ -16,12 +16,12 @@ import pytest
 import tiny_data
 from flax import nnx
 
-from porch_jax.attribution.grm import teacher_context
 from porch_jax.models.qwen3_5 import Qwen3_5ForCausalLM
-from porch_jax.train import data as D
+from porch_jax.rows.records import decision_rows, opd_rows
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import step as S
 from porch_jax.train.methods import MethodConfig
+from porch_jax.train.packing import SeqRow, scored_batch, seq_batch
 
 T, K = 128, 32
 
@@ -32,8 +32,31 @@ def _model(seed: int = 0) -> Qwen3_5ForCausalLM:
     return model
 
 
-def _batch(exs, views, t=T, k=K):
-    return jax.tree.map(lambda x: jnp.asarray(x[None]), D.collate(exs, views, (), t, k, pad_id=0))
+def _batch(host):
+    """Host arrays [B, ...] as the step's batch of one micro-batch [1, B, ...]."""
+    return jax.tree.map(lambda x: jnp.asarray(x[None]), host)
+
+
+def _sft(tok, eps):
+    return _batch({"policy": seq_batch(decision_rows(eps, tok)[:8], T, K)})
+
+
+def _opod(tok, eps, n=8):
+    """OPOD's views of the first n decisions with an RWR row (a successful episode's) or an OPD row (a hint), one
+    row each: a decision without a view's row has a row without targets there; OPD's action is the recorded one.
+    Also the RWR rows."""
+    every = {r.key: r for r in decision_rows(eps, tok)}
+    rwr = {r.key: r for r in decision_rows([ep for ep in eps if ep.outcome.success], tok)}
+    opd = {r.key: r for r in opd_rows(eps, tok, tiny_data.hints(eps))}
+    keys = [k for k in every if k in rwr or k in opd][:n]
+    assert any(k not in rwr for k in keys) and any(k not in opd for k in keys)
+    actions = [every[k].tokens[every[k].spans[0].start :] if k in opd else () for k in keys]
+    host = {
+        "rwr": seq_batch([rwr.get(k, SeqRow((0,), ())) for k in keys], T, K),
+        "student": scored_batch([opd[k].student if k in opd else (0,) for k in keys], actions, T, K),
+        "teacher": scored_batch([opd[k].teacher if k in opd else (0,) for k in keys], actions, T, K),
+    }
+    return _batch(host), [rwr[k] for k in keys if k in rwr]
 
 
 def _setup(method, model, cfg, tx):
@@ -53,9 +76,8 @@ def _params(state):
 
 
 def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
-    exs = D.sft_examples(eps, tok)[:8]
     step, state, _ = _setup("sft", _model(), MethodConfig(), optax.adamw(3e-3))
-    batch = _batch(exs, ("policy",))
+    batch = _sft(tok, eps)
     losses = []
     for _ in range(6):
         state, metrics = step(state, batch)
@@ -65,15 +87,13 @@ def test_sft_steps_lower_the_loss_on_a_fixed_batch(tok, eps):
 
 
 def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, eps):
-    exs = D.opod_examples(eps, tok, tiny_data.hints(eps), teacher_context=teacher_context)[:8]
-    assert any("teacher" in e.views for e in exs) and any("rwr" in e.views for e in exs)
+    batch, rwr_rows = _opod(tok, eps)
     teacher = _model(seed=1)
     teacher_before = jax.tree.map(np.asarray, nnx.state(teacher, nnx.Param))
-    batch = _batch(exs, ("rwr", "student", "teacher"))
     sgd = optax.sgd(1.0)  # grads = params_before - params_after
 
     def opod(lam):
-        step, state, shardings = _setup("opod", _model(), MethodConfig(aggregation="decision", opd_weight=lam), sgd)
+        step, state, shardings = _setup("opod", _model(), MethodConfig(opd_weight=lam), sgd)
         frozen = jax.device_put(nnx.state(teacher, nnx.Param), shardings["params"], may_alias=False)
         before = _params(state)
         state, metrics = step(state, batch, frozen)
@@ -95,16 +115,15 @@ def test_opod_step_trains_only_the_student_and_equals_rwr_at_lambda_zero(tok, ep
 
     # λ = 0: the OPOD step is exactly the RWR step on the rwr view.
     m0, grads0, _ = opod(0.0)
-    rwr_exs = [e for e in exs if "rwr" in e.views]
-    rwr_batch = _batch([D.Example(e.key, {"policy": e.views["rwr"]}) for e in rwr_exs], ("policy",))
-    rwr_step, state, _ = _setup("rwr", _model(), MethodConfig(aggregation="decision"), sgd)
+    rwr_batch = _batch({"policy": seq_batch(rwr_rows, T, K)})
+    rwr_step, state, _ = _setup("rwr", _model(), MethodConfig(), sgd)
     before = _params(state)
     state, mr = rwr_step(state, rwr_batch)
     grads_rwr = jax.tree.map(lambda b, a: b - np.asarray(a), before, state["params"])
     assert m0["loss"] == pytest.approx(float(mr["rwr"]), rel=1e-5) and m0["rwr"] == pytest.approx(
         float(mr["rwr"]), rel=1e-5
     )
-    assert m0["rwr_count"] == float(mr["rwr_count"]) == len(rwr_exs)
+    assert m0["rwr_count"] == float(mr["rwr_count"]) == len(rwr_rows)
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-7), grads0, grads_rwr)
 
 
@@ -116,7 +135,7 @@ def test_sharded_sft_step_equals_one_device(tok, eps):
     fan-out stopped waiting for helpers that had not started, this step never finished."""
     if jax.device_count() < 8:
         pytest.skip("needs 8 host devices (tests/conftest.py sets them)")
-    batch = _batch(D.sft_examples(eps, tok)[:8], ("policy",))
+    batch = _sft(tok, eps)
     (one, g1), (many, g8) = (
         tiny_data.grads_via_sgd("sft", _model(), batch, MethodConfig(), mesh_shape=shape)
         for shape in ((1, 1, 1), (2, 2, 2))

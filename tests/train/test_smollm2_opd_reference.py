@@ -108,7 +108,7 @@ def _batch(prompts_s, prompts_t, actions, t: int = 200) -> dict:
 
 def _opd_loss_and_grads(model, batch):
     """Our OPD part (methods.py's "opd", packed layout) and its gradient, the teacher a frozen copy of `model`."""
-    method = make_method(MethodConfig(name="opd", layout="packed"))
+    method = make_method(MethodConfig(name="opd"))
     graphdef, params = nnx.split(model, nnx.Param)
 
     @jax.jit
@@ -175,7 +175,7 @@ def _train(smollm2_dir, tok, source, method: str, opd_weight: float = 1.0):
     cfg = TrainConfig(
         steps=3,
         optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=1),
-        method=MethodConfig(name=method, layout="packed", opd_weight=opd_weight),
+        method=MethodConfig(name=method, opd_weight=opd_weight),
         checkpoint=CheckpointConfig(every=100),
         log=LogConfig(every=100),
     )

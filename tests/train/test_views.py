@@ -29,7 +29,7 @@ def _packed(view: str) -> PackedSource:
 )
 def test_a_source_without_a_view_the_method_reads_is_refused_naming_it(method, source, part, view):
     src = source()
-    cfg = TrainConfig(steps=1, method=MethodConfig(name=method, layout="packed"))
+    cfg = TrainConfig(steps=1, method=MethodConfig(name=method))
     with pytest.raises(ValueError) as info:
         Trainer(cfg, None, make_method(cfg.method), src, None)
     message = str(info.value)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+import pytest
 from ml_collections import ConfigDict
 
 from porch_jax.trajectories import (
@@ -114,6 +115,27 @@ def hints(eps: list[EpisodeRecord]) -> dict[tuple[str, int], str]:
     }
 
 
+def groups(n: int = 6, size: int = 2, seed: int = 0, tok=None) -> list[dict]:
+    """n recorded GRPO groups of `size` samples each, as launch/train.py reads them from data.groups: rows {key,
+    context, samples: [{token_ids, logprobs, reward}]}; a sample is a tool call (then eos) with a logprob per
+    token, and every other sample of a group succeeds (reward 1.0), so each group has advantages to learn from."""
+    rng = np.random.default_rng(seed)
+    tok = tok or tokenizer()
+    out = []
+    for g in range(n):
+        context = [
+            {"role": "system", "content": "Delegate or finish."},
+            {"role": "user", "content": f"Task {g}: use {TOOLS[g % len(TOOLS)]}."},
+        ]
+        samples = []
+        for j in range(size):
+            text = _action(rng)
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            samples.append({"token_ids": ids, "logprobs": [-0.5] * len(ids), "reward": float(j % 2)})
+        out.append({"key": f"g{g}", "context": context, "samples": samples})
+    return out
+
+
 def write_run_inputs(root: Path, n: int = 12) -> tuple[Path, Path]:
     """A tokenizer + tiny-model folder and a trajectory store on disk, for launch/train.py runs."""
     from porch_jax.models import ModelConfig, init_model, save_pretrained
@@ -128,8 +150,14 @@ def write_run_inputs(root: Path, n: int = 12) -> tuple[Path, Path]:
     return model_dir, store_path
 
 
+def write_jsonl(rows: list[dict], path: Path) -> Path:
+    """`rows` as a JSONL file (hints, GRPO groups) for launch/train.py."""
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
 def config(workdir: Path, *, steps: int = 20, mesh=(1, 1, 1), method: str = "sft") -> ConfigDict:
-    """experiments/sft_tiny.py scaled to the test dataset: 2 T buckets, 1 K bucket, batch 8."""
+    """experiments/sft_tiny.py scaled to the test dataset: 2 length buckets, batch 8."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("sft_tiny", REPO / "experiments" / "sft_tiny.py")
@@ -137,8 +165,7 @@ def config(workdir: Path, *, steps: int = 20, mesh=(1, 1, 1), method: str = "sft
     spec.loader.exec_module(module)
     c = module.get_config()
     c.train.method.name, c.workdir = method, str(workdir)
-    c.data.buckets, c.data.target_buckets = (80, 128), (32,)
-    c.data.pad_id = tokenizer().pad_token_id
+    c.data.buckets = (80, 128)
     c.batch.update(micro_batch=8, accum_steps=1)
     # A fixed schedule length: runs that differ only in `steps` compile the same program.
     c.train.steps = steps
@@ -151,19 +178,29 @@ def config(workdir: Path, *, steps: int = 20, mesh=(1, 1, 1), method: str = "sft
 
 def typed(config: ConfigDict):
     """The RecordsConfig launch/train.py builds from `config`."""
-    from porch_jax.train.records import RecordsConfig
+    from porch_jax.rows.records import RecordsConfig
     from porch_jax.typed_config import from_dict
 
     return from_dict(RecordsConfig, config)
 
 
-def trainer(config: ConfigDict, model, examples, **kw):
-    """The Trainer launch/train.py runs for `config` (typed here as there)."""
+def method_rows(config: ConfigDict, eps: list[EpisodeRecord] | None = None, tok=None):
+    """The MethodRows launch/train.py builds for `config`'s method: from `eps` (default: the 12 tiny episodes) and
+    their `hints`, or, for GRPO, from `groups()`."""
+    from porch_jax.rows import records
+
+    tok = tok or tokenizer()
+    eps = episodes(12, tok=tok) if eps is None else eps
+    return records.method_rows(typed(config), tok, episodes=eps, hints=hints(eps), groups=groups(tok=tok))
+
+
+def trainer(config: ConfigDict, model, rows, **kw):
+    """The Trainer launch/train.py runs for `config` on `rows` (MethodRows; typed here as there)."""
     import io
 
-    from porch_jax.train.records import records_trainer
+    from porch_jax.rows.records import records_trainer
 
-    return records_trainer(typed(config), model, examples, stream=kw.pop("stream", io.StringIO()), **kw)
+    return records_trainer(typed(config), model, rows, stream=kw.pop("stream", io.StringIO()), **kw)
 
 
 def write_config(config: ConfigDict, path: Path) -> Path:
@@ -251,3 +288,15 @@ def qwen3_5_model(seed: int = 0):
         initializer_range=0.05,
     )
     return init_model(ModelConfig.from_hf(hf), seed=seed)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny tokenizer, as a fixture (conftests import it: `from tiny_data import eps, tok`)."""
+    return tokenizer()
+
+
+@pytest.fixture(scope="module")
+def eps(tok):
+    """A dozen synthetic episodes under the tiny tokenizer, as a fixture."""
+    return episodes(12, tok=tok)
