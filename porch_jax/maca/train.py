@@ -79,6 +79,7 @@ from porch_jax.train.mesh import abstract_like
 from porch_jax.train.methods import make_method
 from porch_jax.train.sources import BatchSource
 from porch_jax.train.trainer import Trainer
+from porch_jax.train.views import ActionsView
 
 # ---------------------------------------------------------------------------------------------------
 # Variants (Table 3) and the GraphSpec each one acts under.
@@ -289,15 +290,15 @@ class GroupRollouts(BatchSource):
             correct=np.array([e.correct for e in episodes], np.float32),
         )
         targets = group_targets(decisions, cfg, self.variant.prior_kl_weight if cfg.kl_in_reward else 0.0)
-        view = {
-            "inputs": inputs,
-            "masks": masks,
-            "actions": actions,
-            "old_logp": np.take_along_axis(old, actions[:, None], axis=-1)[:, 0],
-            "advantage": targets["decision_advantages"],
-            "valid": valid,
-            "target": targets["mix"],
-        }
+        view = ActionsView(
+            inputs=inputs,
+            masks=masks,
+            actions=actions,
+            old_logp=np.take_along_axis(old, actions[:, None], axis=-1)[:, 0],
+            advantage=targets["decision_advantages"],
+            valid=valid,
+            target=targets["mix"],
+        )
         returns, kl = np.asarray(targets["returns"]), np.asarray(targets["kl"])[valid]
         row = {
             "return": float(returns.mean()),

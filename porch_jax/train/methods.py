@@ -14,17 +14,18 @@ that builds it from its `MethodConfig`:
     maca_grpo  GRPO over a scorer module's discrete actions (MACA's Eq. 10) + target_kl_weight * KL to the
             batch's target distribution (MACA's pi_mix)                      parts "pg", "kl_mix"
 
-Language-model batches hold one row format (packing.py): token rows with target spans, each target
-token carrying its decision's weight over its length [B, K], each row its decision count; OPD and
-GRPO rows hold one sampled action each, with the sampler's log-probabilities and where they exist
-("sampled"). Views are named by role: "policy" (sft, rwr, grpo, dagrpo), "rwr" / "student" /
-"teacher" (opod, opd); "advantage" is a per-row scalar. Every part of a method runs on every batch,
-and the Trainer refuses a source that lacks a view a part reads.
+Language-model batches hold one row format (packing.py) as typed views (views.py): token rows with
+target spans, each target token carrying its decision's weight over its length [B, K], each row its
+decision count (`TokenView`); OPD rows hold one sampled action each with the sampler's
+log-probabilities and where they exist (`SampledView`), GRPO rows their group advantage too
+(`GroupView`). Views are named by role: "policy" (sft, rwr, grpo, dagrpo), "rwr" / "student" /
+"teacher" (opod, opd). Every part of a method runs on every batch, and the Trainer refuses a source
+that lacks a view a part reads.
 
 MACA's discrete-action batches (maca_grpo, porch_jax/maca/train.py's source) are not a language
-model's: the model is any module mapping a view's "inputs" to scores [D, A] over a discrete action
-set, which the view's "masks" restrict and normalise; each decision holds its taken action, sampler
-log-prob, advantage, validity and the target log-probs of the KL part. Parts read what they need
+model's (`ActionsView`): the model is any module mapping a view's `inputs` to scores [D, A] over a
+discrete action set, which the view's `masks` restrict and normalise; each decision holds its taken
+action, sampler log-prob, advantage, validity and the target log-probs of the KL part. Parts read what they need
 through `Forward`, which computes the LM head only for a model that has one and each view's action
 log-probs once, however many parts read them.
 """
@@ -33,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -42,36 +42,36 @@ from jax import lax
 
 from porch_jax.train import losses
 from porch_jax.train.config import MethodConfig
+from porch_jax.train.views import ActionsView, Batch, SampledView, TokenView
 
 Parts = dict[str, tuple[jax.Array, jax.Array]]
-Batch = Mapping[str, Any]
 
 
 # ---------------------------------------------------------------------------------- forward helpers
 
 
-def gathered_hidden(model: nnx.Module, view: Mapping[str, jax.Array]) -> jax.Array:
+def gathered_hidden(model: nnx.Module, view: TokenView) -> jax.Array:
     """Final hidden states at the target positions, [B, K, H] (the gather's gradient is a cheap scatter-add)."""
-    hidden = model.hidden_states(view["tokens"], attention_mask=view["mask"])
-    return jnp.take_along_axis(hidden, view["index"][..., None], axis=1)
+    hidden = model.hidden_states(view.tokens, attention_mask=view.mask)
+    return jnp.take_along_axis(hidden, view.index[..., None], axis=1)
 
 
 def lm_head(model: nnx.Module) -> jax.Array:
     return model.lm_head_kernel().astype(model.dtype)
 
 
-def _tokens(view: Mapping[str, jax.Array]) -> jax.Array:
-    return jnp.sum(view["mask"], dtype=jnp.float32)
+def _tokens(view: TokenView) -> jax.Array:
+    return jnp.sum(view.mask, dtype=jnp.float32)
 
 
-def _flat_mask(view: Mapping[str, jax.Array]) -> jax.Array:
-    return view["target_mask"].reshape(-1, view["target_mask"].shape[-1])
+def _flat_mask(view: TokenView) -> jax.Array:
+    return view.target_mask.reshape(-1, view.target_mask.shape[-1])
 
 
-def _logprob_gap(logp: jax.Array, view: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+def _logprob_gap(logp: jax.Array, view: SampledView) -> dict[str, jax.Array]:
     """Sum and count of |trainer - sampler| log-probabilities over sampled tokens (weight sync check)."""
-    sampled = view["sampled"] & view["target_mask"]
-    gap = jnp.where(sampled, jnp.abs(lax.stop_gradient(logp) - view["logprobs"]), 0.0)
+    sampled = view.sampled & view.target_mask
+    gap = jnp.where(sampled, jnp.abs(lax.stop_gradient(logp) - view.logprobs), 0.0)
     return {"gap_sum": jnp.sum(gap), "gap_count": jnp.sum(sampled, dtype=jnp.float32)}
 
 
@@ -90,11 +90,11 @@ class Forward:
     def of(cls, model: nnx.Module, frozen: nnx.Module | None) -> Forward:
         return cls(model, lm_head(model) if hasattr(model, "lm_head_kernel") else None, frozen)
 
-    def action_log_probs(self, name: str, view: Mapping[str, jax.Array]) -> jax.Array:
+    def action_log_probs(self, name: str, view: ActionsView) -> jax.Array:
         """log pi(a | s) [D, A] of view `name`: the model's scores of its "inputs" normalised over its "masks"
         (computed once per view, so the parts that read it share one forward and one gradient path)."""
         if name not in self._scored:
-            self._scored[name] = losses.masked_log_softmax(self.model(view["inputs"]), view["masks"])
+            self._scored[name] = losses.masked_log_softmax(self.model(view.inputs), view.masks)
         return self._scored[name]
 
 
@@ -116,20 +116,20 @@ class CrossEntropy:
         return (self.view,)
 
     def count(self, batch: Batch) -> jax.Array:
-        return jnp.sum(batch[self.view]["count"])
+        return jnp.sum(batch[self.view].count)
 
     def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
         total, _ = losses.token_cross_entropy_from_hidden(
             gathered_hidden(forward.model, v),
             forward.head,
-            v["targets"],
-            v["target_mask"],
-            v["weight"],
+            v.targets,
+            v.target_mask,
+            v.weight,
             aggregation="token",
             chunk_size=self.chunk_size,
         )
-        return (total, jnp.sum(v["count"])), {"tokens": _tokens(v)}
+        return (total, jnp.sum(v.count)), {"tokens": _tokens(v)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,13 +160,13 @@ class Distillation:
             forward.head,
             teacher_hidden,
             lax.stop_gradient(lm_head(forward.frozen)),
-            s["target_mask"],
+            s.target_mask,
             None,
             aggregation="decision",
             chunk_size=self.chunk_size,
         )
         logp = losses.token_logprobs_from_hidden(
-            lax.stop_gradient(student_hidden), lax.stop_gradient(forward.head), s["targets"], chunk_size=self.chunk_size
+            lax.stop_gradient(student_hidden), lax.stop_gradient(forward.head), s.targets, chunk_size=self.chunk_size
         )
         return part, {"tokens": _tokens(s), "teacher_tokens": _tokens(t), **_logprob_gap(logp, s)}
 
@@ -196,23 +196,23 @@ class PolicyGradient:
     def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
         logp = losses.token_logprobs_from_hidden(
-            gathered_hidden(forward.model, v), forward.head, v["targets"], chunk_size=self.chunk_size
+            gathered_hidden(forward.model, v), forward.head, v.targets, chunk_size=self.chunk_size
         )
-        old = jnp.where(v["sampled"], v["logprobs"], lax.stop_gradient(logp))
+        old = jnp.where(v.sampled, v.logprobs, lax.stop_gradient(logp))
         ref = None
         if self.kl_coef > 0:
             ref = losses.token_logprobs_from_hidden(
                 lax.stop_gradient(gathered_hidden(forward.frozen, v)),
                 lax.stop_gradient(lm_head(forward.frozen)),
-                v["targets"],
+                v.targets,
                 chunk_size=self.chunk_size,
             )
         total, count, m = losses.grpo_loss(
             logp,
             old,
             ref,
-            micro["advantage"],
-            v["target_mask"],
+            v.advantage,
+            v.target_mask,
             clip_eps=self.clip_eps,
             clip_eps_high=self.clip_eps_high,
             kl_coef=self.kl_coef,
@@ -228,8 +228,8 @@ class PolicyGradient:
         return (total, count), aux
 
 
-def _decisions(view: Mapping[str, jax.Array]) -> jax.Array:
-    return jnp.sum(view["valid"], dtype=jnp.float32)
+def _decisions(view: ActionsView) -> jax.Array:
+    return jnp.sum(view.valid, dtype=jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,10 +258,10 @@ class ActionPolicyGradient(_OnActions):
         v = micro[self.view]
         total, count, m = losses.action_policy_gradient(
             forward.action_log_probs(self.view, v),
-            v["actions"],
-            v["old_logp"],
-            v["advantage"],
-            v["valid"],
+            v.actions,
+            v.old_logp,
+            v.advantage,
+            v.valid,
             clip_eps=self.clip_eps,
         )
         return (total, count), {"clipped_tokens": m["clipped_tokens"], "scored_tokens": m["tokens"]}
@@ -276,7 +276,7 @@ class ActionKL(_OnActions):
 
     def __call__(self, forward: Forward, micro: Batch) -> tuple[tuple[jax.Array, jax.Array], dict[str, jax.Array]]:
         v = micro[self.view]
-        total = losses.action_kl_sum(forward.action_log_probs(self.view, v), v["target"], v["valid"])
+        total = losses.action_kl_sum(forward.action_log_probs(self.view, v), v.target, v.valid)
         return (total, _decisions(v)), {}
 
 

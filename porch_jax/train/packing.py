@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from porch_jax.train.views import SampledView, TokenView
 from porch_jax.trajectories import DecisionKey as Key
 
 
@@ -95,9 +96,13 @@ def bucket(n: int, buckets: Sequence[int]) -> int:
     return fit[0]
 
 
-def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
-    """Rows as arrays: tokens/mask [B, t]; index/targets/target_mask/weight [B, k] (weight: the
+def seq_batch(rows: Sequence[SeqRow], t: int, k: int) -> TokenView:
+    """Rows as a TokenView: tokens/mask [B, t]; index/targets/target_mask/weight [B, k] (weight: the
     decision's weight over its length, per token); count [B]: each row's decisions with a non-zero weight."""
+    return TokenView(**_token_arrays(rows, t, k))
+
+
+def _token_arrays(rows: Sequence[SeqRow], t: int, k: int) -> dict[str, np.ndarray]:
     b = len(rows)
     out = {
         "tokens": np.zeros((b, t), np.int32),
@@ -133,7 +138,7 @@ def scored_batch(
     t: int,
     k: int,
     logprobs: Sequence[Sequence[float]] | None = None,
-) -> dict[str, np.ndarray]:
+) -> SampledView:
     """One decision per row: prompt then action, every action token scored (OPD, GRPO).
 
     ``logprobs``/``sampled`` [B, k]: the sampler's log-probabilities of each row's first len(logprobs[i]) action
@@ -143,7 +148,7 @@ def scored_batch(
         SeqRow(tuple(p) + tuple(a), (Span(len(p), len(a)),) if a else ())
         for p, a in zip(prompts, actions, strict=False)
     ]
-    out = seq_batch(rows, t, k)
+    out = _token_arrays(rows, t, k)
     out["logprobs"] = np.zeros((len(rows), k), np.float32)
     out["sampled"] = np.zeros((len(rows), k), bool)
     for i, lp in enumerate(logprobs or ()):
@@ -151,4 +156,4 @@ def scored_batch(
             raise DataError(f"row {i}: {len(lp)} logprobs for a {len(actions[i])}-token action")
         out["logprobs"][i, : len(lp)] = lp
         out["sampled"][i, : len(lp)] = True
-    return out
+    return SampledView(**out)

@@ -61,9 +61,9 @@ from porch_jax.train.packing import (
     scored_batch,
     seq_batch,
 )
+from porch_jax.train.views import Batch, GroupView
 
 log = logging.getLogger(__name__)
-Batch = dict[str, Any]
 
 
 class BatchSource:
@@ -393,7 +393,7 @@ class GroupSource(BatchSource):
         prompts = [c.prompt for c in chosen for _ in range(self.group_size)]
         t = bucket(max(len(p) for p in prompts), self.buckets) + self.k
         group = scored_batch(prompts, [d.token_ids for d in done], t, self.k, [d.logprobs for d in done])
-        host = {"policy": group, "advantage": advantages.astype(np.float32)}
+        host = {"policy": GroupView(**vars(group), advantage=advantages.astype(np.float32))}
         stats = {"reward": float(rewards.mean()), "reward_std": float(rewards.std())} | stats
         return place(host, self.mesh, self.accum_steps), stats
 

@@ -54,6 +54,7 @@ from porch_jax.maca.train import (
 )
 from porch_jax.train.checkpoint import Checkpointer
 from porch_jax.train.methods import METHODS, MethodConfig, make_method
+from porch_jax.train.views import ActionsView
 from porch_jax.typed_config import ConfigError, from_dict, to_dict
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -212,8 +213,7 @@ def test_maca_grpo_is_a_method_of_the_one_table_and_its_loss_is_maca_loss():
     adv, valid = rng.normal(size=d).astype(np.float32), np.arange(d) < 5
     with np.errstate(divide="ignore"):  # -inf outside the mask, as log pi_mix there
         mix = np.log(np.where(mask, 1.0 / mask.sum(-1, keepdims=True), 0.0)).astype(np.float32)
-    view = {"inputs": inputs, "masks": mask, "actions": actions, "old_logp": old, "advantage": adv}
-    view |= {"valid": valid, "target": mix}
+    view = ActionsView(inputs, mask, actions, old, adv, valid, mix)
     micro = {"decisions": jax.tree.map(jnp.asarray, view)}
     parts, aux = method.micro_parts(module, None, micro)
     batch = jax.tree.map(lambda x: x[None], micro)

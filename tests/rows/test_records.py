@@ -44,13 +44,13 @@ def test_a_decision_row_is_its_prompt_then_its_target_as_one_span(tok, eps):
     b = seq_batch(rows[:4], 128, 32)
     for i, row in enumerate(rows[:4]):
         ((p, n, _),) = [dataclasses.astuple(s) for s in row.spans]
-        assert b["target_mask"][i].sum() == n and b["mask"][i].sum() == p + n
-        idx = b["index"][i][:n]
+        assert b.target_mask[i].sum() == n and b.mask[i].sum() == p + n
+        idx = b.index[i][:n]
         assert idx[0] == p - 1
-        np.testing.assert_array_equal(b["tokens"][i][idx + 1], row.tokens[p:])
-        np.testing.assert_array_equal(b["targets"][i][:n], row.tokens[p:])
-        assert b["weight"][i].sum() == pytest.approx(1.0)  # a per-decision mean
-    np.testing.assert_array_equal(b["count"], [1, 1, 1, 1])  # one decision each
+        np.testing.assert_array_equal(b.tokens[i][idx + 1], row.tokens[p:])
+        np.testing.assert_array_equal(b.targets[i][:n], row.tokens[p:])
+        assert b.weight[i].sum() == pytest.approx(1.0)  # a per-decision mean
+    np.testing.assert_array_equal(b.count, [1, 1, 1, 1])  # one decision each
 
 
 def test_a_decision_row_targets_the_stored_ids_verbatim(tok, eps):
@@ -95,9 +95,9 @@ def test_opd_rows_are_the_hinted_decisions_with_the_hint_in_the_teacher_prompt(t
     action = decision_target(tok, hinted[0][1])
     s = scored_batch([rows[0].student], [action], 192, 32)
     t = scored_batch([rows[0].teacher], [action], 192, 32)
-    assert s["target_mask"][0].sum() == t["target_mask"][0].sum() == len(action)
+    assert s.target_mask[0].sum() == t.target_mask[0].sum() == len(action)
     np.testing.assert_array_equal(
-        s["tokens"][0][s["index"][0] + 1] * s["target_mask"][0], t["tokens"][0][t["index"][0] + 1] * t["target_mask"][0]
+        s.tokens[0][s.index[0] + 1] * s.target_mask[0], t.tokens[0][t.index[0] + 1] * t.target_mask[0]
     )
 
 
@@ -136,13 +136,13 @@ def test_recorded_groups_replay_their_samples_logprobs_and_rewards(tok):
     grpo = R.method_rows(_cfg("grpo"), tok, groups=[{"key": "g0", "context": CONTEXT, "samples": samples}])
     assert grpo.groups == [group] and not grpo.decisions and not grpo.opd
     batch, stats = sources.RecordedGroups([group], 1, (64,), 0, mesh_lib.make_mesh((1, 1, 1)))(0, None)
-    adv = np.asarray(batch["advantage"]).reshape(-1)
+    adv = np.asarray(batch["policy"].advantage).reshape(-1)
     assert adv[0] > 0 > adv[1] and abs(adv[0] + adv[1]) < 1e-6
     policy = jax.tree.map(lambda x: np.asarray(x)[0], batch["policy"])
-    np.testing.assert_array_equal(policy["sampled"][:, :2], [[True, True], [True, False]])
-    assert policy["sampled"].sum() == 3
-    np.testing.assert_allclose(policy["logprobs"][:, :2], [[-1.0, -2.0], [-0.5, 0.0]])
-    np.testing.assert_array_equal(policy["targets"][:, :2], [[5, 6], [7, 0]])
+    np.testing.assert_array_equal(policy.sampled[:, :2], [[True, True], [True, False]])
+    assert policy.sampled.sum() == 3
+    np.testing.assert_allclose(policy.logprobs[:, :2], [[-1.0, -2.0], [-0.5, 0.0]])
+    np.testing.assert_array_equal(policy.targets[:, :2], [[5, 6], [7, 0]])
     assert stats["reward"] == pytest.approx(0.5)
 
 
@@ -184,22 +184,20 @@ def test_a_records_runs_batches_are_a_function_of_the_seed_and_the_step(tok, eps
     resumed.restore(first.state())
     for step in (7, 0, 3):
         jax.tree.map(np.testing.assert_array_equal, resumed.host(step), first.host(step))
-    shapes = {first.host(step)["policy"]["tokens"].shape for step in range(12)}
+    shapes = {first.host(step)["policy"].tokens.shape for step in range(12)}
     assert shapes == {(8, 80), (8, 128)}
     other = sources.PackedSource(rows, 8, (80, 128), 4, mesh)
-    assert any(
-        not np.array_equal(other.host(s)["policy"]["tokens"], first.host(s)["policy"]["tokens"]) for s in range(4)
-    )
+    assert any(not np.array_equal(other.host(s)["policy"].tokens, first.host(s)["policy"].tokens) for s in range(4))
 
 
 def test_global_batch_is_sharded_over_data_and_fsdp(tok, eps):
     rows = R.decision_rows(eps, tok)
     source = sources.PackedSource(rows, 8, (80, 128), 0, mesh_lib.make_mesh((2, 2, 2)), accum_steps=2)
     batch, _ = source(0, None)
-    tokens = batch["policy"]["tokens"]
-    assert tokens.shape[:2] == (2, 4) and batch["policy"]["count"].shape == (2, 4)
+    tokens = batch["policy"].tokens
+    assert tokens.shape[:2] == (2, 4) and batch["policy"].count.shape == (2, 4)
     assert tokens.sharding.spec == jax.sharding.PartitionSpec(None, ("data", "fsdp"), None)
     # Each of the 4 data-parallel shards holds one row of each micro-batch.
     assert {s.data.shape[:2] for s in tokens.addressable_shards} == {(2, 1)}
-    host = source.host(0)["policy"]["tokens"]
+    host = source.host(0)["policy"].tokens
     np.testing.assert_array_equal(np.asarray(tokens), host.reshape(2, 4, host.shape[-1]))

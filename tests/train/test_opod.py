@@ -310,11 +310,11 @@ def test_opd_distils_only_samples_that_are_actions(tok, episodes, model_dir):
         return source.host(0, model)
 
     (full, full_stats), (half, half_stats) = batch(None), batch(only_first)
-    assert float(full["student"]["count"].sum()) == 2 and full_stats["sampled_not_action"] == 0.0
-    assert float(half["student"]["count"].sum()) == 1 and float(half["teacher"]["count"].sum()) == 1
+    assert float(full["student"].count.sum()) == 2 and full_stats["sampled_not_action"] == 0.0
+    assert float(half["student"].count.sum()) == 1 and float(half["teacher"].count.sum()) == 1
     assert half_stats["sampled_not_action"] == 0.5 and len(seen) == 2
-    assert not half["student"]["target_mask"][1].any() and not half["teacher"]["target_mask"][1].any()
-    assert half["student"]["target_mask"][0].sum() == full["student"]["target_mask"][0].sum() > 0  # same sample
+    assert not half["student"].target_mask[1].any() and not half["teacher"].target_mask[1].any()
+    assert half["student"].target_mask[0].sum() == full["student"].target_mask[0].sum() > 0  # same sample
 
 
 def test_fewer_opd_rows_than_the_batch_fill_it_with_rows_that_score_nothing(tok, episodes, model_dir):
@@ -324,9 +324,9 @@ def test_fewer_opd_rows_than_the_batch_fill_it_with_rows_that_score_nothing(tok,
     source = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=8, seed=5), 4, BUCKETS, _mesh(), accum_steps=2)
     batch, _ = source(0, model)
     student, teacher = batch["student"], batch["teacher"]
-    assert student["tokens"].shape[:2] == teacher["tokens"].shape[:2] == (2, 2)
-    assert np.asarray(student["count"]).tolist() == [[1, 1], [1, 0]]
-    assert not np.asarray(teacher["target_mask"])[1, 1].any() and np.asarray(teacher["target_mask"])[1, 0].any()
+    assert student.tokens.shape[:2] == teacher.tokens.shape[:2] == (2, 2)
+    assert np.asarray(student.count).tolist() == [[1, 1], [1, 0]]
+    assert not np.asarray(teacher.target_mask)[1, 1].any() and np.asarray(teacher.target_mask)[1, 0].any()
 
 
 def test_wrong_hints_give_each_flagged_decision_another_decisions_hint():

@@ -49,8 +49,8 @@ def packed(tok, eps):
 def _targets(row: SeqRow, t: int = 128, k: int = 64) -> tuple[np.ndarray, np.ndarray]:
     """The row's target tokens and the token after each predicting column, as seq_batch lays them out."""
     b = seq_batch([row], t, k)
-    n = int(b["target_mask"][0].sum())
-    return b["targets"][0][:n], b["tokens"][0][b["index"][0][:n] + 1]
+    n = int(b.target_mask[0].sum())
+    return b.targets[0][:n], b.tokens[0][b.index[0][:n] + 1]
 
 
 # ---- packed rows --------------------------------------------------------------------------------------
@@ -68,7 +68,7 @@ def test_cut_row_keeps_every_target_token_where_it_was(packed):
         np.testing.assert_array_equal(predicted, kept)  # each predicted from the column before it, as uncut
         assert cut.key == packed.key == ("ep0", 0)
     b = seq_batch([crossing], 128, 64)
-    assert b["count"].sum() == 2 and b["weight"][0][29:40].sum() == pytest.approx(1.0)  # still one decision
+    assert b.count.sum() == 2 and b.weight[0][29:40].sum() == pytest.approx(1.0)  # still one decision
     assert O.cut_row(packed, 30) is None  # no target token left
     assert O.cut_row(packed, 109) is packed
 
@@ -166,8 +166,8 @@ def test_one_span_decision_rows_under_each_rule(tok, eps):
         np.testing.assert_array_equal(targets, row.tokens[start:100])
         np.testing.assert_array_equal(predicted, targets)
         b = seq_batch([new], 100, 32)
-        assert b["index"][0][0] == start - 1 and b["count"].sum() == 1
-        assert b["weight"][0].sum() == pytest.approx(1.0)
+        assert b.index[0][0] == start - 1 and b.count.sum() == 1
+        assert b.weight[0].sum() == pytest.approx(1.0)
     first = over[0]
     with pytest.raises(
         DataError,
@@ -204,7 +204,7 @@ def test_recorded_groups_source_raises_by_default_and_refuses_groups_of_differen
     source = sources.RecordedGroups(groups, 2, (16, 32), 0, _mesh(), overlong="cut")
     assert source.row_counts == {"grpo": O.RowCounts("cut", 32, kept=3, cut=0, dropped=1)}
     batch, _ = source(0, None)
-    assert batch["policy"]["tokens"].shape[:2] == (1, 4) and batch["advantage"].shape == (1, 4)
+    assert batch["policy"].tokens.shape[:2] == (1, 4) and batch["policy"].advantage.shape == (1, 4)
     odd = [_group("g0", 10), _group("g1", 10, sizes=(3, 4, 5))]
     with pytest.raises(DataError, match=r"GRPO group 'g1' has 3 samples, group 'g0' 2: recorded groups need one size"):
         sources.RecordedGroups(odd, 1, (32,), 0, _mesh())

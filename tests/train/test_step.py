@@ -17,6 +17,7 @@ from porch_jax.rows.records import decision_rows, opd_rows, recorded_groups
 from porch_jax.train import losses
 from porch_jax.train.methods import MethodConfig
 from porch_jax.train.packing import SeqRow, scored_batch, seq_batch
+from porch_jax.train.views import GroupView
 
 T, K = 128, 32
 PAD = SeqRow((0,), ())  # a row without targets: no loss, no count (PackedSource pads with it)
@@ -189,7 +190,8 @@ def _grpo_on_decisions(tok, eps):
     """GRPO rows on recorded decisions, advantages alternating 1 and 0, no sampler log-probabilities (on-policy)."""
     pairs = [_prompt_target(r) for r in _sft(tok, eps)]
     policy = scored_batch([p for p, _ in pairs], [a for _, a in pairs], T, K)
-    return _stack({"policy": policy, "advantage": np.asarray([1.0 - i % 2 for i in range(len(pairs))], np.float32)})
+    advantages = np.asarray([1.0 - i % 2 for i in range(len(pairs))], np.float32)
+    return _stack({"policy": GroupView(**vars(policy), advantage=advantages)})
 
 
 @pytest.mark.parametrize("method", ["opod", "grpo"])
@@ -217,7 +219,7 @@ def _grpo_batch(groups, tok, t=64, k=16):
     rewards = np.asarray([[s.reward for s in g.samples] for g in recorded], np.float32)
     advantages = np.asarray(losses.group_advantages(rewards), np.float32).reshape(-1)
     policy = scored_batch([p for p, _, _ in rows], [a for _, a, _ in rows], t, k, [lp for _, _, lp in rows])
-    return _stack({"policy": policy, "advantage": advantages}), rows, advantages
+    return _stack({"policy": GroupView(**vars(policy), advantage=advantages)}), rows, advantages
 
 
 def test_grpo_step_matches_clipped_objective_on_full_logits(tok):
@@ -275,18 +277,18 @@ def test_on_policy_opd_rows_resample_the_action_and_the_logprob_gap_is_small(tok
     s, t = host["student"], host["teacher"]
     seen = []
     for i in range(len(rows)):
-        action = s["targets"][i][s["target_mask"][i]]
+        action = s.targets[i][s.target_mask[i]]
         assert 0 < len(action) <= 8
-        np.testing.assert_array_equal(t["targets"][i][t["target_mask"][i]], action)
-        np.testing.assert_array_equal(s["sampled"][i], s["target_mask"][i])  # every action token has its logprob
-        row = by_prompt[tuple(s["tokens"][i][: s["mask"][i].sum() - len(action)].tolist())]
-        assert tuple(t["tokens"][i][: t["mask"][i].sum() - len(action)].tolist()) == row.teacher
+        np.testing.assert_array_equal(t.targets[i][t.target_mask[i]], action)
+        np.testing.assert_array_equal(s.sampled[i], s.target_mask[i])  # every action token has its logprob
+        row = by_prompt[tuple(s.tokens[i][: s.mask[i].sum() - len(action)].tolist())]
+        assert tuple(t.tokens[i][: t.mask[i].sum() - len(action)].tolist()) == row.teacher
         assert tuple(action.tolist()) != recorded[row.key]  # the student's sample, not the recorded action
         seen.append(row.key)
     assert sorted(seen) == sorted(r.key for r in rows)
     metrics, _ = tiny_data.grads_via_sgd("opd", model, _stack(host), MethodConfig(), frozen_model=model)
     # Same weights in the sampler and the trainer: only numerics separate their log-probs.
-    assert metrics["sampled_tokens"] == s["sampled"].sum() > 0 and metrics["logprob_gap"] < 1e-3
+    assert metrics["sampled_tokens"] == s.sampled.sum() > 0 and metrics["logprob_gap"] < 1e-3
 
 
 def test_bf16_compute_keeps_fp32_master_params(tok, eps):
