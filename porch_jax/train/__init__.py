@@ -11,6 +11,7 @@ Modules (imported on use, so `porch_jax.train.losses` stays light):
                 logprob-gap rule (`check_logprob_gap`), `served_action_sampler` (the factory from a config)
   step          `TrainStep` (jitted, generic, exact gradient accumulation, donation), `init_train_state`
   trainer       `Trainer` (state, checkpoints, metrics, finite guard, exports), `selection_candidates`
+  views         the typed views a batch holds (`TokenView`, `SampledView`, `GroupView`, `ActionsView`)
   packing       the one row format: token rows with target spans (`SeqRow`), one-action rows (`OpdRow`,
                 `ExpertContext`, `RecordedGroup`), as fixed-shape arrays; `DataError`
   overlong      rows over the largest bucket: drop, cut or error, and their counts
