@@ -13,7 +13,7 @@ import abc
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from porch_jax.protocol import Harness, Message
+from porch_jax.protocol import ORCHESTRATOR_ACTIONS, Harness, Message
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ class SubagentView:
 class Feedback:
     """What came back to the orchestrator after one action, with ablated message fields removed."""
 
-    event: str  # submit | revise | stop | budget_exhausted | stopped | rejected | invalid
+    event: str  # submit | revise | stop | budget_exhausted | stopped | rejected | invalid | joined
     agent_id: int | None = None
     result: str | None = None
     message: Message | None = None
@@ -113,6 +113,7 @@ class Feedback:
     budget: int = 0
     notifications: tuple[str, ...] = ()  # delivered to the orchestrator with this feedback
     text: str = ""
+    parts: tuple[Feedback, ...] = ()  # joined: one sub-agent's feedback each (delegate_all, plan), in subtask order
 
 
 @dataclass(frozen=True)
@@ -135,3 +136,4 @@ class OrchestratorView:
     revisable: tuple[str, ...]
     comm: tuple[str, ...]  # the sub-agents' communication actions (lifecycle: submit only)
     seed: int
+    actions: tuple[str, ...] = ORCHESTRATOR_ACTIONS  # the orchestrator's action names allowed now (the system's set)

@@ -15,8 +15,10 @@ from porch_jax.protocol.messages import Message
 # Communication action names (A_comm); environment tools may not reuse them.
 SUBMIT, REVISE, STOP = "submit", "revise", "stop"
 COMM_ACTIONS: tuple[str, ...] = (SUBMIT, REVISE, STOP)
-# Orchestrator action names.
+# Orchestrator action names: the interleaved set (ORCHESTRATOR_ACTIONS) and the multi-agent baselines' calls
+# (DELEGATE_ALL: Orchestra-o1's parallel delegation; PLAN: an offline plan, Skill-MAS / AutoAgents and MAS²).
 DELEGATE, FINISH = "delegate", "finish"
+DELEGATE_ALL, PLAN = "delegate_all", "plan"
 ORCHESTRATOR_ACTIONS: tuple[str, ...] = (DELEGATE, REVISE, STOP, FINISH)
 # Harness fields a Revise may change; ablations disable some of them.
 REVISABLE_FIELDS: tuple[str, ...] = ("subgoal", "context", "tools", "budget")
@@ -88,6 +90,29 @@ class Delegate:
 
 
 @dataclass(frozen=True)
+class DelegateAll:
+    """Start several sub-agents at once (Orchestra-o1): they run concurrently, each to its end, and their
+    results come back joined in one feedback."""
+
+    harnesses: tuple[Harness, ...]
+
+    def __post_init__(self) -> None:
+        if isinstance(self.harnesses, Harness) or not isinstance(self.harnesses, (list, tuple)):
+            raise TypeError(f"{type(self).__name__}.harnesses must be a list of Harness")
+        if not self.harnesses:
+            raise ValueError(f"{type(self).__name__} needs at least one subtask")
+        for h in self.harnesses:
+            Delegate(h)  # each subtask is a valid delegation (a Harness at version 0)
+        object.__setattr__(self, "harnesses", tuple(self.harnesses))
+
+
+@dataclass(frozen=True)
+class Plan(DelegateAll):
+    """A plan of sub-agents written before execution (Skill-MAS / AutoAgents, MAS²): they run one after another in
+    the written order, each given the results of those before it, with no orchestrator call in between."""
+
+
+@dataclass(frozen=True)
 class Revise:
     """Revise live sub-agent ``agent_id``'s harness; None fields stay unchanged.
 
@@ -153,7 +178,7 @@ class Finish:
             raise TypeError("Finish.answer must be str")
 
 
-OrchestratorAction = Delegate | Revise | Stop | Finish
+OrchestratorAction = Delegate | DelegateAll | Revise | Stop | Finish
 Action = SubagentAction | OrchestratorAction
 
 
@@ -173,6 +198,9 @@ def to_call(action: Action) -> dict[str, Any]:
             "name": DELEGATE,
             "arguments": {"subgoal": h.subgoal, "context": list(h.context), "tools": list(h.tools), "budget": h.budget},
         }
+    if isinstance(action, DelegateAll):  # Plan included
+        subtasks = [to_call(Delegate(h))["arguments"] for h in action.harnesses]
+        return {"name": PLAN if isinstance(action, Plan) else DELEGATE_ALL, "arguments": {"subtasks": subtasks}}
     if isinstance(action, Revise):
         args: dict[str, Any] = {"agent_id": action.agent_id}
         for k, v in action.changes().items():

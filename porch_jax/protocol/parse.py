@@ -22,15 +22,19 @@ from typing import Any
 from porch_jax.protocol.actions import (
     COMM_ACTIONS,
     DELEGATE,
+    DELEGATE_ALL,
     FINISH,
     ORCHESTRATOR_ACTIONS,
+    PLAN,
     REVISABLE_FIELDS,
     REVISE,
     STOP,
     SUBMIT,
     Delegate,
+    DelegateAll,
     Finish,
     OrchestratorAction,
+    Plan,
     Revise,
     ReviseRequest,
     Stop,
@@ -253,6 +257,15 @@ def _check_tools(tools: tuple[str, ...] | None, available: Collection[str] | Non
 
 # ---- calls -> actions ----------------------------------------------------------------------------
 
+_HARNESS_KEYS = ("subgoal", "context", "tools", "budget")
+
+
+def _harness(a: _Args, available_tools: Collection[str] | None) -> Harness:
+    """A delegation's harness (version 0) from its arguments, its tools checked against those a harness may grant."""
+    tools = a.strs("tools")
+    _check_tools(tools, available_tools)
+    return Harness(a.str("subgoal"), a.strs("context"), tools, a.int("budget", 1))
+
 
 def _typed(build):
     """Turn a constructor's TypeError/ValueError into BadArguments: only ProtocolError escapes."""
@@ -276,21 +289,29 @@ def orchestrator_action_from_call(
     available_tools: Collection[str] | None = None,
     agent_ids: Collection[int] | None = None,
     revisable: Collection[str] = REVISABLE_FIELDS,
+    actions: Collection[str] = ORCHESTRATOR_ACTIONS,
 ) -> OrchestratorAction:
     """Validate a tool call against the orchestrator's action set.
 
     ``available_tools``: tools a harness may grant; ``agent_ids``: live sub-agents that Revise/Stop
-    may address; ``revisable``: harness fields a Revise may change (ablations drop some).
-    Unchecked when None.
+    may address; ``revisable``: harness fields a Revise may change (ablations drop some);
+    ``actions``: the action names the system allows now (a baseline's set, rollout/config.py). Unchecked when None.
     """
     name, args = (call.get("name"), call.get("arguments")) if isinstance(call, dict) else (None, None)
     if not isinstance(name, str) or not isinstance(args, dict):
         raise MalformedJSON('tool call must be an object {"name": str, "arguments": object}.')
+    if name not in actions:
+        raise UnknownAction(f"unknown action {_short(name)!r}; use one of {list(actions)}.")
     if name == DELEGATE:
-        a = _Args(name, args, ("subgoal", "context", "tools", "budget"))
-        tools = a.strs("tools")
-        _check_tools(tools, available_tools)
-        return Delegate(Harness(a.str("subgoal"), a.strs("context"), tools, a.int("budget", 1)))
+        return Delegate(_harness(_Args(name, args, _HARNESS_KEYS), available_tools))
+    if name in (DELEGATE_ALL, PLAN):
+        subtasks = _Args(name, args, ("subtasks",)).args.get("subtasks")
+        if not isinstance(subtasks, list) or not subtasks or not all(isinstance(t, dict) for t in subtasks):
+            raise BadArguments(f"{name}: 'subtasks' must be a non-empty list of {{subgoal, context, tools, budget}}.")
+        harnesses = tuple(
+            _harness(_Args(f"{name}.subtasks[{i}]", t, _HARNESS_KEYS), available_tools) for i, t in enumerate(subtasks)
+        )
+        return Plan(harnesses) if name == PLAN else DelegateAll(harnesses)
     if name == REVISE:
         a = _Args(name, args, ("agent_id", *revisable, "note"))
         agent_id = a.int("agent_id", 0)

@@ -16,6 +16,11 @@ from typing import Any
 
 from porch_jax.protocol.actions import (
     COMM_ACTIONS,
+    DELEGATE,
+    DELEGATE_ALL,
+    FINISH,
+    ORCHESTRATOR_ACTIONS,
+    PLAN,
     REVISABLE_FIELDS,
     REVISE,
     STOP,
@@ -201,18 +206,24 @@ def orchestrator_system_prompt(
     revisable: Collection[str] = REVISABLE_FIELDS,
     max_agents: int | None = None,
     inline_actions: bool = True,
+    actions: Collection[str] = ORCHESTRATOR_ACTIONS,
 ) -> str:
-    """Orchestrator instructions. ``inline_actions`` lists the action signatures in text (for small
-    models and tool-less templates); turn it off when the backend passes ``orchestrator_tool_schemas``."""
+    """Orchestrator instructions. ``inline_actions`` lists the signatures of ``actions`` (the system's action set) in
+    text (for small models and tool-less templates); turn it off when the backend passes ``orchestrator_tool_schemas``."""
     lines = ["Orchestrate sub-agents to solve the task. One <tool_call> per reply."]
     if inline_actions:
         rev = ", ".join(f"{f}?" for f in REVISABLE_FIELDS if f in revisable)
-        lines += [
-            "delegate(subgoal, context[], tools[], budget)",
-            f"revise(agent_id, {rev + ', ' if rev else ''}note?): lists replace; budget is the new total",
-            "stop(agent_id, reason?)",
-            "finish(answer)",
-        ]
+        signatures = {
+            DELEGATE: "delegate(subgoal, context[], tools[], budget)",
+            DELEGATE_ALL: "delegate_all(subtasks[{subgoal, context[], tools[], budget}]): the sub-agents run in "
+            "parallel, each to its end; their results come back together",
+            PLAN: "plan(subtasks[{subgoal, context[], tools[], budget}]): the sub-agents run in order, each given "
+            "the results before it, with no call to you in between",
+            REVISE: f"revise(agent_id, {rev + ', ' if rev else ''}note?): lists replace; budget is the new total",
+            STOP: "stop(agent_id, reason?)",
+            FINISH: "finish(answer)",
+        }
+        lines += [line for name, line in signatures.items() if name in actions]
     if max_agents is not None:
         lines.append(f"At most {max_agents} sub-agents.")
     if tool_docs:

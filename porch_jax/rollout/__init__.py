@@ -3,7 +3,10 @@ concurrent resumable episode runner."""
 
 from porch_jax.rollout.config import (
     ABLATIONS,
+    BASELINE_ACTIONS,
+    BASELINES,
     BUDGETS,
+    CORE_SYSTEMS,
     MESSAGE_ABLATIONS,
     REVISION_ABLATIONS,
     SYSTEMS,
@@ -16,7 +19,10 @@ from porch_jax.rollout.runner import RunSummary, error_record, run_episodes, tas
 
 __all__ = [
     "ABLATIONS",
+    "BASELINE_ACTIONS",
+    "BASELINES",
     "BUDGETS",
+    "CORE_SYSTEMS",
     "MESSAGE_ABLATIONS",
     "REVISION_ABLATIONS",
     "SYSTEMS",

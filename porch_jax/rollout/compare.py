@@ -29,7 +29,7 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_tasks,
 )
-from porch_jax.rollout.config import ABLATIONS, SYSTEMS, EngineConfig, system_config
+from porch_jax.rollout.config import ABLATIONS, CORE_SYSTEMS, SYSTEMS, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
@@ -107,7 +107,9 @@ class ComparisonConfig:
     narrow the intervals (Wilson half-width ~ 1 / sqrt(num_tasks)) at a time linear in num_tasks x systems.
 
     Attributes:
-    systems: proactive, lifecycle, react or ablations of proactive (rollout/config.py ABLATIONS).
+    systems: proactive, lifecycle, react (the default, CORE_SYSTEMS, so that earlier run directories resume), the
+        multi-agent baselines (rollout/config.py BASELINES: orchestra_o1, skill_mas, mas2) or ablations of proactive
+        (ABLATIONS).
     run_dir: RUN_DIR/<system>.jsonl (resumable), settings.json, results.json.
     processes: systems run in parallel processes (episodes are CPU-bound); 1: in this process.
     concurrency: episodes in flight per system (the runner's workers).
@@ -120,7 +122,7 @@ class ComparisonConfig:
     """
 
     run_dir: str
-    systems: tuple[str, ...] = SYSTEMS
+    systems: tuple[str, ...] = CORE_SYSTEMS
     num_tasks: int = 500
     seed_start: int = 0
     processes: int = 2

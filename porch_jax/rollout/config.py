@@ -1,4 +1,17 @@
-"""Engine configuration: budgets, the system (proactive, lifecycle, ReAct) and the ablation switches.
+"""Engine configuration: budgets, the system (proactive, lifecycle, ReAct, the multi-agent baselines) and the
+ablation switches.
+
+A system is data: the sub-agents' communication actions (``comm``), the harness fields a revise may change and the
+orchestrator's action set before and after its first sub-agents ran (``BASELINE_ACTIONS``). The paper's
+multi-agent baselines differ from lifecycle re-orchestration only in that action set (sub-agents submit only):
+- ``orchestra_o1`` (Orchestra-o1, re-orchestration): ``delegate_all`` writes several subtasks at once; their
+  sub-agents run concurrently, each to its end, the results are joined, and the orchestrator may delegate again or
+  finish.
+- ``skill_mas`` (Skill-MAS / AutoAgents, offline orchestration): the first call writes the whole ``plan`` of agents;
+  it runs in order, each agent given the earlier agents' results, and afterwards the orchestrator may only finish:
+  the plan never changes once written.
+- ``mas2`` (MAS², generate-execute-rectify): as ``skill_mas``, but after each executed plan the orchestrator may
+  write a new one (rectify the agent structure with what the last round showed) or finish.
 
 Budgets follow the paper: 300 total steps for GAIA/GAIA2 and 500 for SWE-bench, at most 10
 sub-agents, a default of 30 (GAIA) / 50 (SWE) steps per sub-agent. A task may carry tighter budgets
@@ -15,9 +28,27 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from porch_jax.backends import Sampling
-from porch_jax.protocol import COMM_ACTIONS, FULL_VIEW, REVISABLE_FIELDS, SUBMIT, FeedbackView
+from porch_jax.protocol import (
+    COMM_ACTIONS,
+    DELEGATE_ALL,
+    FINISH,
+    FULL_VIEW,
+    ORCHESTRATOR_ACTIONS,
+    PLAN,
+    REVISABLE_FIELDS,
+    SUBMIT,
+    FeedbackView,
+)
 
-SYSTEMS = ("proactive", "lifecycle", "react")
+CORE_SYSTEMS = ("proactive", "lifecycle", "react")
+# Each baseline's orchestrator actions: (before any sub-agent ran, after).
+BASELINE_ACTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "orchestra_o1": ((DELEGATE_ALL, FINISH), (DELEGATE_ALL, FINISH)),
+    "skill_mas": ((PLAN,), (FINISH,)),
+    "mas2": ((PLAN, FINISH), (PLAN, FINISH)),
+}
+BASELINES = tuple(BASELINE_ACTIONS)
+SYSTEMS = CORE_SYSTEMS + BASELINES
 # Obs. 10: disable one revision kind; Obs. 11: hide one message field from the orchestrator.
 REVISION_ABLATIONS = {"no_task": "subgoal", "no_context": "context", "no_tools": "tools", "no_budget": "budget"}
 MESSAGE_ABLATIONS = {"no_status": "status", "no_request": "request", "no_evidence": "evidence"}
@@ -69,12 +100,22 @@ class EngineConfig:
 
     @property
     def comm(self) -> tuple[str, ...]:
-        """The sub-agents' communication actions: lifecycle and ReAct agents can only submit."""
+        """The sub-agents' communication actions: lifecycle, ReAct and the baselines' agents can only submit."""
         return COMM_ACTIONS if self.system == "proactive" else (SUBMIT,)
 
     @property
     def orchestrator_revisable(self) -> tuple[str, ...]:
         return self.revisable if self.system == "proactive" else ()
+
+    def orchestrator_actions(self, started: bool) -> tuple[str, ...]:
+        """The orchestrator's action names once sub-agents have (``started``) or have not yet run."""
+        before, after = BASELINE_ACTIONS.get(self.system, (ORCHESTRATOR_ACTIONS, ORCHESTRATOR_ACTIONS))
+        return after if started else before
+
+    @property
+    def prompt_actions(self) -> tuple[str, ...]:
+        """Every action the orchestrator may use in an episode: the instructions list these."""
+        return tuple(dict.fromkeys(self.orchestrator_actions(False) + self.orchestrator_actions(True)))
 
     def config_hash(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
@@ -82,7 +123,7 @@ class EngineConfig:
 
 
 def system_config(name: str, base: EngineConfig = EngineConfig()) -> EngineConfig:
-    """``proactive``, ``lifecycle``, ``react`` or an ablation of proactive (``no_task`` ... ``no_evidence``)."""
+    """A system (``proactive``, ``lifecycle``, ``react`` or a baseline, ``BASELINES``) or an ablation of proactive (``no_task`` ... ``no_evidence``)."""
     if name in SYSTEMS:
         return dataclasses.replace(base, system=name)
     if name in REVISION_ABLATIONS:

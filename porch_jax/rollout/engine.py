@@ -5,6 +5,11 @@ hands control to the orchestrator, which may Revise it (the update record enters
 the same worker resumes with its history), Stop it, Delegate more, or Finish. Lifecycle
 re-orchestration is the same loop with submit as the only communication action (the orchestrator
 acts only when a sub-agent returns); ReAct is one agent with every tool and the whole budget.
+The multi-agent baselines are the lifecycle loop with another orchestrator action set (rollout/config.py):
+``delegate_all`` (Orchestra-o1) runs its sub-agents concurrently, each to its end, and joins their feedback into
+one; ``plan`` (Skill-MAS / AutoAgents, MAS²) runs its sub-agents one after another, each given the results of
+those before it, and joins their feedback the same way. Concurrent sub-agents share the global clock and the total
+budget; a notification goes to whichever sub-agent steps first after it arrives, as in the sequential systems.
 
 Every model reply goes through the protocol parser, scripted or not; a reply that does not parse
 is an observation to the model and a counted invalid action, never a crash, and so is a backend
@@ -17,6 +22,7 @@ counted on it, and each decision records it, so intervention delay can be measur
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -27,9 +33,11 @@ from porch_jax.backends.base import error_kind, unavailable
 from porch_jax.envs.base import Environment, Feedback, MemoryItem, OrchestratorView, SubagentView, Turn
 from porch_jax.protocol import (
     Delegate,
+    DelegateAll,
     Finish,
     Harness,
     Message,
+    Plan,
     ProtocolError,
     Revise,
     ReviseRequest,
@@ -202,7 +210,9 @@ class Engine:
         messages = [
             {
                 "role": "system",
-                "content": orchestrator_system_prompt(env.tool_names(), revisable=revisable, max_agents=ep.max_agents),
+                "content": orchestrator_system_prompt(
+                    env.tool_names(), revisable=revisable, max_agents=ep.max_agents, actions=cfg.prompt_actions
+                ),
             },
             task_message(f"{ep.task.text} ({limits})"),
         ]
@@ -213,6 +223,7 @@ class Engine:
         grace = 1  # decisions allowed once the total budget is spent (to finish)
         while len(decisions) < cfg.max_decisions:
             context = list(messages)
+            actions = cfg.orchestrator_actions(started=bool(ep.agents))
             view = OrchestratorView(
                 ep.task,
                 tuple(turns),
@@ -224,6 +235,7 @@ class Engine:
                 revisable,
                 cfg.comm,
                 ep.seed,
+                actions,
             )
             clock = ep.clock
             result = await self._chat(
@@ -252,6 +264,7 @@ class Engine:
                         available_tools=env.tool_names(),
                         agent_ids=ep.live,
                         revisable=revisable,
+                        actions=actions,
                     )
                 except ProtocolError as e:
                     error = e.observation
@@ -307,17 +320,14 @@ class Engine:
                 budget=agent.harness.budget,
                 text=f"[agent {agent.id} stopped]",
             )
+        if isinstance(action, DelegateAll):  # Plan included
+            return await self._delegate_all(ep, action, segment)
         if isinstance(action, Delegate):
             if len(ep.agents) >= ep.max_agents:
                 return Feedback("rejected", text=f"rejected: at most {ep.max_agents} sub-agents")
             if ep.steps_left == 0:
                 return Feedback("rejected", text="rejected: total budget exhausted")
-            h = action.harness
-            if h.budget > ep.steps_left:
-                h = dataclasses.replace(h, budget=ep.steps_left)
-            agent = _Agent(len(ep.agents), h)
-            ep.agents[agent.id] = agent
-            return await self._run_agent(ep, agent, segment)
+            return await self._run_agent(ep, self._spawn(ep, action.harness), segment)
         assert isinstance(action, Revise)
         agent = ep.agents[action.agent_id]
         new = action.apply(agent.harness)
@@ -329,10 +339,68 @@ class Engine:
         agent.harness, agent.paused = new, False
         return await self._run_agent(ep, agent, segment)
 
+    def _spawn(self, ep: _Episode, harness: Harness) -> _Agent:
+        """A new sub-agent with ``harness``, its budget cut to the total steps left."""
+        if harness.budget > ep.steps_left:
+            harness = dataclasses.replace(harness, budget=ep.steps_left)
+        agent = _Agent(len(ep.agents), harness)
+        ep.agents[agent.id] = agent
+        return agent
+
+    # ---- the baselines' joined delegations ----------------------------------------------------
+    async def _delegate_all(self, ep: _Episode, action: DelegateAll, segment: list[SubStep]) -> Feedback:
+        """Run every subtask (concurrently for ``delegate_all``, in order for ``plan``) and join their feedback:
+        a call that asks for more sub-agents than are left starts none, so the orchestrator can write a smaller one."""
+        left = ep.max_agents - len(ep.agents)
+        if len(action.harnesses) > left:
+            return Feedback("rejected", text=f"rejected: {len(action.harnesses)} subtasks, {left} sub-agents left")
+        if ep.steps_left == 0:
+            return Feedback("rejected", text="rejected: total budget exhausted")
+        run = self._run_plan if isinstance(action, Plan) else self._run_concurrently
+        parts = await run(ep, action.harnesses, segment)
+        skipped = len(action.harnesses) - len(parts)
+        lines = [p.text for p in parts] + (
+            [f"[{skipped} subtasks not started: total budget exhausted]"] * (skipped > 0)
+        )
+        return Feedback("joined", text="\n".join(lines), parts=tuple(parts))
+
+    async def _run_concurrently(
+        self, ep: _Episode, harnesses: tuple[Harness, ...], segment: list[SubStep]
+    ) -> list[Feedback]:
+        """Orchestra-o1: every sub-agent starts at once and runs to its end; they take turns step by step (each step
+        yields to the event loop), so scripted backends interleave deterministically and served ones overlap."""
+        agents = [self._spawn(ep, h) for h in harnesses]
+        tasks = [asyncio.ensure_future(self._run_agent(ep, a, segment, interleave=True)) for a in agents]
+        try:
+            return list(await asyncio.gather(*tasks))
+        except BaseException:  # one failed (an unavailable backend): the others must not run on unowned
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+    async def _run_plan(self, ep: _Episode, harnesses: tuple[Harness, ...], segment: list[SubStep]) -> list[Feedback]:
+        """An offline plan: the sub-agents run in the written order, each given every result line of those before it
+        as context (the plan's shared memory); the subtasks left when the total budget runs out do not start."""
+        parts: list[Feedback] = []
+        found: list[str] = []
+        for h in harnesses:
+            if ep.steps_left == 0:
+                break
+            context = tuple(dict.fromkeys(h.context + tuple(found)))
+            fb = await self._run_agent(ep, self._spawn(ep, dataclasses.replace(h, context=context)), segment)
+            parts.append(fb)
+            found += [line for line in (fb.result or "").splitlines() if line.strip()]
+        return parts
+
     # ---- a sub-agent's execution segment -----------------------------------------------------
-    async def _run_agent(self, ep: _Episode, agent: _Agent, segment: list[SubStep], solo: bool = False) -> Feedback:
+    async def _run_agent(
+        self, ep: _Episode, agent: _Agent, segment: list[SubStep], solo: bool = False, interleave: bool = False
+    ) -> Feedback:
         cfg, env = self.cfg, ep.env
         while True:
+            if interleave:
+                await asyncio.sleep(0)  # let the other concurrent sub-agents take their step
             h = agent.harness
             if agent.steps_used >= h.budget or ep.steps_left == 0:
                 return self._exhausted(

@@ -15,6 +15,12 @@ support; with no request it falls back on its own planner (blind spots included)
 it does not learn what the sub-agent already did (a booking the change made stale). It is
 stateless: each call replays the episode from the view, so runs are deterministic and resumable.
 
+It plays every system from the action set the view names: with ``plan`` (Skill-MAS / AutoAgents, MAS²) it writes
+one sub-agent per unfinished clause, in order, with what it knows now (the plan's execution hands each agent the
+earlier results); with ``delegate_all`` (Orchestra-o1) it delegates at once every unfinished clause whose inputs
+are done (the next layer of the clauses' dependencies); with neither, one clause per ``delegate``. A redone clause
+carries the lessons its failed sub-agent's feedback taught, so MAS²'s rectified plan differs from the first.
+
 ``sees="context"``: the expert writes only what the context it is given shows. Under a context window (the engine
 dropping old turns) the view still holds the whole history, but a recorded decision keeps only the window; an
 expert copying a fact found outside it (a two-back hand-over) would teach imitation to write facts it cannot see.
@@ -35,11 +41,16 @@ from porch_jax.envs.workplace.clauses import KIND, parse_clause, parse_facts, wo
 from porch_jax.envs.workplace.subagent import apply_change, read_notice
 from porch_jax.envs.workplace.tasks import WorkplaceTask
 from porch_jax.protocol import (
+    DELEGATE,
+    DELEGATE_ALL,
+    PLAN,
     Delegate,
+    DelegateAll,
     Finish,
     Harness,
     Message,
     OrchestratorAction,
+    Plan,
     RequestTarget,
     Revise,
     Stop,
@@ -151,8 +162,13 @@ class ScriptedExpert:
         if view.live:  # a paused agent we no longer need
             return Stop(min(view.live), "not needed")
         idx = next((i for i, c in enumerate(st.clauses) if not c.done), None)
-        if idx is None or view.agents_used >= view.max_agents or view.steps_left <= 0:
+        room = view.max_agents - view.agents_used
+        if idx is None or room <= 0 or view.steps_left <= 0 or not ({PLAN, DELEGATE_ALL, DELEGATE} & set(view.actions)):
             return Finish(self._answer(task, st))
+        if PLAN in view.actions:
+            return Plan(tuple(self._harness(view, st, i) for i in self._undone(st)[:room]))
+        if DELEGATE_ALL in view.actions:
+            return DelegateAll(tuple(self._harness(view, st, i) for i in self._ready(st)[:room]))
         return Delegate(self._harness(view, st, idx))
 
     def _respond(self, st: _State, aid: int, fix: _Fix, view: OrchestratorView) -> OrchestratorAction:
@@ -198,7 +214,9 @@ class ScriptedExpert:
             a, fb = turn.action, turn.feedback
             if isinstance(a, (Revise, Stop)) and st.response is not None and st.response[0] == a.agent_id:
                 st.response = None
-            if isinstance(a, Delegate) and fb.agent_id is not None:
+            if isinstance(a, DelegateAll):
+                self._joined(st, a, fb)
+            elif isinstance(a, Delegate) and fb.agent_id is not None:
                 idx = next(i for i, c in enumerate(st.clauses) if not c.done)
                 st.agent_clause[fb.agent_id] = idx
                 st.harness[fb.agent_id] = a.harness
@@ -212,6 +230,34 @@ class ScriptedExpert:
             for text in fb.notifications:
                 self._notice(st, text)
         return st
+
+    def _joined(self, st: _State, action: DelegateAll, fb: Feedback) -> None:
+        """A plan or a parallel delegation: its clauses are those the expert chose from the same state, and each
+        sub-agent's feedback is read as a single delegation's."""
+        chosen = self._undone(st) if isinstance(action, Plan) else self._ready(st)
+        for idx, h, part in zip(chosen, action.harnesses, fb.parts, strict=False):
+            if part.agent_id is None:
+                continue
+            st.agent_clause[part.agent_id] = idx
+            st.harness[part.agent_id] = h
+            st.clauses[idx].attempts += 1
+        for part in fb.parts:
+            self._feedback(st, part)
+
+    @staticmethod
+    def _undone(st: _State) -> list[int]:
+        return [i for i, c in enumerate(st.clauses) if not c.done]
+
+    def _ready(self, st: _State) -> list[int]:
+        """Unfinished clauses whose needed facts come from done clauses (or from none): a parallel wave (never empty
+        while a clause is unfinished: the first unfinished one heads it when no clause is ready)."""
+        out: list[int] = []
+        for i in self._undone(st):
+            clause = parse_clause(st.clauses[i].text)
+            producers = {self._producer(st, k) for k in (KIND[clause.kind].needs(clause.args) if clause else ())}
+            if all(p in (i, len(st.clauses)) or st.clauses[p].done for p in producers):
+                out.append(i)
+        return out or self._undone(st)[:1]
 
     def _feedback(self, st: _State, fb: Feedback) -> None:
         aid = fb.agent_id
