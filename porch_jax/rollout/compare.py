@@ -29,7 +29,7 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_tasks,
 )
-from porch_jax.rollout.config import ABLATIONS, CORE_SYSTEMS, SYSTEMS, EngineConfig, system_config
+from porch_jax.rollout.config import ABLATIONS, CORE_SYSTEMS, SOLO_TOOLS, SYSTEMS, EngineConfig, system_config
 from porch_jax.rollout.engine import Engine
 from porch_jax.rollout.pairs import wilson
 from porch_jax.rollout.runner import run_episodes
@@ -108,8 +108,8 @@ class ComparisonConfig:
 
     Attributes:
     systems: proactive, lifecycle, react (the default, CORE_SYSTEMS, so that earlier run directories resume), the
-        multi-agent baselines (rollout/config.py BASELINES: orchestra_o1, skill_mas, mas2) or ablations of proactive
-        (ABLATIONS).
+        multi-agent baselines (rollout/config.py BASELINES: orchestra_o1, skill_mas, mas2; not mini_swe, whose bash
+        the workplace suite lacks) or ablations of proactive (ABLATIONS).
     run_dir: RUN_DIR/<system>.jsonl (resumable), settings.json, results.json.
     processes: systems run in parallel processes (episodes are CPU-bound); 1: in this process.
     concurrency: episodes in flight per system (the runner's workers).
@@ -139,6 +139,8 @@ class ComparisonConfig:
         unknown = [s for s in self.systems if s not in SYSTEMS + ABLATIONS]
         check(not unknown, "systems", f"unknown {unknown}; choose from {', '.join(SYSTEMS + ABLATIONS)}")
         check(bool(self.systems), "systems", "must name at least one system")
+        lacking = [s for s in self.systems if set(SOLO_TOOLS.get(s) or ()) - set(WorkplaceEnv().tool_names())]
+        check(not lacking, "systems", f"{lacking} need tools the workplace suite lacks (mini_swe: bash, SWE-bench)")
         check(self.num_tasks > 0, "num_tasks", f"must be > 0, got {self.num_tasks}")
         check(self.seed_start >= 0, "seed_start", f"must be >= 0, got {self.seed_start}")
         check(self.processes > 0, "processes", f"must be > 0, got {self.processes}")

@@ -12,6 +12,10 @@ multi-agent baselines differ from lifecycle re-orchestration only in that action
   the plan never changes once written.
 - ``mas2`` (MAS², generate-execute-rectify): as ``skill_mas``, but after each executed plan the orchestrator may
   write a new one (rectify the agent structure with what the last round showed) or finish.
+The single-agent systems have no orchestrator: one agent owns the task and the whole budget, with the tools
+``SOLO_TOOLS`` names (None: every tool of the environment): ``react`` (ReAct) and ``mini_swe`` (Mini-SWE: bash is
+its only tool, the SWE-bench loop of one shell command per step until it submits; it needs an environment with a
+``bash`` tool, the SWE-bench one).
 
 Budgets follow the paper: 300 total steps for GAIA/GAIA2 and 500 for SWE-bench, at most 10
 sub-agents, a default of 30 (GAIA) / 50 (SWE) steps per sub-agent. A task may carry tighter budgets
@@ -47,7 +51,9 @@ BASELINE_ACTIONS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "skill_mas": ((PLAN,), (FINISH,)),
     "mas2": ((PLAN, FINISH), (PLAN, FINISH)),
 }
-BASELINES = tuple(BASELINE_ACTIONS)
+# The single-agent systems' tools (None: every tool of the environment).
+SOLO_TOOLS: dict[str, tuple[str, ...] | None] = {"react": None, "mini_swe": ("bash",)}
+BASELINES = (*BASELINE_ACTIONS, "mini_swe")
 SYSTEMS = CORE_SYSTEMS + BASELINES
 # Obs. 10: disable one revision kind; Obs. 11: hide one message field from the orchestrator.
 REVISION_ABLATIONS = {"no_task": "subgoal", "no_context": "context", "no_tools": "tools", "no_budget": "budget"}

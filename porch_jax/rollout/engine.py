@@ -4,7 +4,8 @@ Delegate starts a sub-agent; it runs tool steps until it communicates; communica
 hands control to the orchestrator, which may Revise it (the update record enters its memory and
 the same worker resumes with its history), Stop it, Delegate more, or Finish. Lifecycle
 re-orchestration is the same loop with submit as the only communication action (the orchestrator
-acts only when a sub-agent returns); ReAct is one agent with every tool and the whole budget.
+acts only when a sub-agent returns); ReAct is one agent with every tool and the whole budget, Mini-SWE the same
+agent with bash as its only tool (rollout/config.py SOLO_TOOLS).
 The multi-agent baselines are the lifecycle loop with another orchestrator action set (rollout/config.py):
 ``delegate_all`` (Orchestra-o1) runs its sub-agents concurrently, each to its end, and joins their feedback into
 one; ``plan`` (Skill-MAS / AutoAgents, MAS²) runs its sub-agents one after another, each given the results of
@@ -60,7 +61,7 @@ from porch_jax.protocol import (
     to_call,
     with_example,
 )
-from porch_jax.rollout.config import EngineConfig
+from porch_jax.rollout.config import SOLO_TOOLS, EngineConfig
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome, RoleCost, SubStep
 
 
@@ -141,7 +142,7 @@ class Engine:
             getattr(task, "seed", 0) if seed is None else seed,
         )
         try:
-            if self.cfg.system == "react":
+            if self.cfg.system in SOLO_TOOLS:
                 answer, decisions, ended, extra = await self._react(ep)
             else:
                 answer, decisions, ended, extra = await self._orchestrate(ep)
@@ -501,9 +502,13 @@ class Engine:
             self._schemas[tools] = subagent_tool_schemas(env.tool_schemas(tools), self.cfg.comm)
         return self._schemas[tools]
 
-    # ---- ReAct -------------------------------------------------------------------------------
+    # ---- ReAct, Mini-SWE -----------------------------------------------------------------------
     async def _react(self, ep: _Episode) -> tuple[str | None, list[DecisionRecord], str, dict[str, Any]]:
-        agent = _Agent(0, Harness(ep.task.text, (), tuple(ep.env.tool_names()), ep.total))
+        tools = SOLO_TOOLS[self.cfg.system] or tuple(ep.env.tool_names())
+        missing = [t for t in tools if t not in ep.env.tool_names()]
+        if missing:
+            raise ValueError(f"{self.cfg.system} needs the tools {missing}; {ep.env.name} has {ep.env.tool_names()}")
+        agent = _Agent(0, Harness(ep.task.text, (), tools, ep.total))
         ep.agents[0] = agent
         segment: list[SubStep] = []
         fb = await self._run_agent(ep, agent, segment, solo=True)

@@ -1,12 +1,17 @@
 """The paper's multi-agent baselines as engine systems, each shown by its defining mechanism on scripted backends:
 Orchestra-o1 runs a delegation's sub-agents concurrently and joins them; Skill-MAS never changes its plan after the
-first call; MAS² rewrites its agent structure between rounds."""
+first call; MAS² rewrites its agent structure between rounds; Mini-SWE is one agent whose only tool is bash."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
 
 from porch_jax.backends import ChatRequest, ScriptedBackend
+from porch_jax.envs.base import Environment, Score
 from porch_jax.envs.workplace import (
     ExpertConfig,
     ScriptedExpert,
@@ -16,9 +21,10 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_task,
 )
-from porch_jax.protocol import DelegateAll, Finish, Harness, Plan, render_action
+from porch_jax.protocol import DelegateAll, Finish, Harness, Plan, Submit, ToolCall, render_action
 from porch_jax.rollout import BASELINES, Engine, system_config
-from porch_jax.rollout.compare import summarize, workplace_engine
+from porch_jax.rollout.compare import ComparisonConfig, summarize, workplace_engine
+from porch_jax.typed_config import ConfigError
 
 CLEAN_EXPERT = ExpertConfig(0.0, 0.0, 0.0, 0.0, blind_spots=())
 NO_SLIPS = SubagentConfig(slip_base=0.0, p_misread=0.0, p_detour=0.0)
@@ -131,7 +137,7 @@ def test_mas2_rectifies_its_agent_structure_between_rounds():
 
 def test_the_scripted_expert_plays_every_baseline_for_a_comparison_row():
     tasks = [quiet(t, s) for t in ("cab_text", "mail_text", "history") for s in range(2)]
-    for system in BASELINES:
+    for system in (s for s in BASELINES if s != "mini_swe"):
         engine = workplace_engine(system)
         records = [asyncio.run(engine.run(t)) for t in tasks]
         row = summarize(system, records)
@@ -148,3 +154,54 @@ def test_joined_feedback_parts_follow_the_subtasks():
         quiet("cab"),
     )
     assert rec.meta["agents"] == 2 and {s.agent_id for s in rec.decisions[0].segment} == {0, 1}
+
+
+# ---- Mini-SWE -------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Task:
+    text: str = "fix add() in calc.py"
+    task_id: str = "calc-1"
+
+
+class _Shell(Environment):
+    """A repository stand-in with a shell and an editor: Mini-SWE may use only the shell."""
+
+    name = "shell"
+
+    def reset(self, task: Any) -> None:
+        self.commands: list[str] = []
+
+    def tool_names(self) -> tuple[str, ...]:
+        return ("bash", "edit")
+
+    def tool_schemas(self, names):
+        return [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in names]
+
+    def call_tool(self, agent_id: int, name: str, args: dict[str, Any]) -> str:
+        self.commands.append(args.get("command", ""))
+        return "ok"
+
+    def poll_notifications(self, step: int) -> list[str]:
+        return []
+
+    def score(self, answer: str | None) -> Score:
+        fixed = "sed -i s/a - b/a + b/ calc.py" in self.commands
+        return Score(fixed, float(fixed), "resolved" if fixed else "unresolved")
+
+
+def test_mini_swe_is_one_agent_with_bash_as_its_only_tool():
+    script = [
+        ToolCall("edit", {"path": "calc.py", "old": "a - b", "new": "a + b"}),  # not Mini-SWE's: refused
+        ToolCall("bash", {"command": "sed -i s/a - b/a + b/ calc.py"}),
+        Submit("fixed"),
+    ]
+    sub = Spy(lambda req: render_action(script[len(req.state.memory)]))
+    engine = Engine(_Shell, ScriptedBackend(lambda r: ""), sub, system_config("mini_swe"), system_name="mini_swe")
+    rec = asyncio.run(engine.run(_Task()))
+    h = sub.requests[0].state.harness
+    assert h.tools == ("bash",) and h.budget == 300 and sub.requests[0].state.solo and rec.decisions == []
+    assert rec.meta["invalid_kinds"]["subagent"] == {"ToolNotAllowed": 1} and rec.outcome.success
+    with pytest.raises(ConfigError, match="mini_swe"):  # the workplace suite has no shell
+        ComparisonConfig(run_dir="-", systems=("mini_swe",))
