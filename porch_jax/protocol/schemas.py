@@ -9,7 +9,18 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
-from porch_jax.protocol.actions import COMM_ACTIONS, DELEGATE, FINISH, REVISABLE_FIELDS, REVISE, STOP, SUBMIT
+from porch_jax.protocol.actions import (
+    COMM_ACTIONS,
+    DELEGATE,
+    DELEGATE_ALL,
+    FINISH,
+    ORCHESTRATOR_ACTIONS,
+    PLAN,
+    REVISABLE_FIELDS,
+    REVISE,
+    STOP,
+    SUBMIT,
+)
 from porch_jax.protocol.messages import RequestTarget
 
 _STR = {"type": "string"}
@@ -41,15 +52,27 @@ def _tools_prop(available_tools: Collection[str] | None) -> dict[str, Any]:
 
 
 def orchestrator_tool_schemas(
-    available_tools: Collection[str] | None = None, revisable: Collection[str] = REVISABLE_FIELDS
+    available_tools: Collection[str] | None = None,
+    revisable: Collection[str] = REVISABLE_FIELDS,
+    actions: Collection[str] = ORCHESTRATOR_ACTIONS,
 ) -> list[dict[str, Any]]:
-    """Delegate / Revise / Stop / Finish. ``available_tools`` become an enum; ``revisable`` limits
-    the fields a revise may set (revision ablations)."""
+    """The schemas of ``actions`` (Delegate / Revise / Stop / Finish by default; a baseline's set names
+    delegate_all or plan). ``available_tools`` become an enum; ``revisable`` limits the fields a revise may set
+    (revision ablations)."""
     tools = _tools_prop(available_tools)
     harness = {"subgoal": _STR, "context": _STRS, "tools": tools, "budget": _BUDGET}
     revise_props = {"agent_id": _AGENT, **{k: v for k, v in harness.items() if k in revisable}, "note": _STR}
-    return [
+    subtask = {"type": "object", "properties": harness, "required": list(harness), "additionalProperties": False}
+    subtasks = {"subtasks": {"type": "array", "items": subtask, "minItems": 1}}
+    schemas = [
         _tool(DELEGATE, "Start a sub-agent.", harness, ("subgoal", "context", "tools", "budget")),
+        _tool(
+            DELEGATE_ALL,
+            "Start sub-agents that run in parallel; their results come back together.",
+            subtasks,
+            ("subtasks",),
+        ),
+        _tool(PLAN, "Run sub-agents in order, each given the results before it.", subtasks, ("subtasks",)),
         _tool(
             REVISE,
             "Change a paused sub-agent's harness; lists replace, budget is the new total.",
@@ -59,6 +82,7 @@ def orchestrator_tool_schemas(
         _tool(STOP, "End a sub-agent.", {"agent_id": _AGENT, "reason": _STR}, ("agent_id",)),
         _tool(FINISH, "Give the final answer.", {"answer": _STR}, ("answer",)),
     ]
+    return [s for s in schemas if s["function"]["name"] in actions]
 
 
 _MESSAGE_PROPS = {

@@ -21,7 +21,19 @@ from porch_jax.envs.workplace import (
     WorkplaceEnv,
     make_task,
 )
-from porch_jax.protocol import DelegateAll, Finish, Harness, Plan, Submit, ToolCall, render_action
+from porch_jax.protocol import (
+    BadArguments,
+    DelegateAll,
+    Finish,
+    Harness,
+    Plan,
+    Submit,
+    ToolCall,
+    UnknownAction,
+    orchestrator_tool_schemas,
+    parse_orchestrator_action,
+    render_action,
+)
 from porch_jax.rollout import BASELINES, Engine, system_config
 from porch_jax.rollout.compare import ComparisonConfig, summarize, workplace_engine
 from porch_jax.typed_config import ConfigError
@@ -52,6 +64,28 @@ def run(system: str, orchestrator, subagent, task):
 
 def names(record) -> list[str | None]:
     return [d.action["name"] if d.action else None for d in record.decisions]
+
+
+# ---- the protocol's joined delegations -------------------------------------------------------------------------
+
+
+def test_delegate_all_and_plan_round_trip_only_where_the_system_allows_them():
+    harnesses = (
+        Harness("find venue of X", (), ("calendar",), 2),
+        Harness("find phone of Y", ("a: b",), ("contacts",), 3),
+    )
+    for action, name in ((DelegateAll(harnesses), "delegate_all"), (Plan(harnesses), "plan")):
+        text = render_action(action)
+        assert parse_orchestrator_action(text, actions=(name, "finish")) == action
+        assert type(parse_orchestrator_action(text, actions=(name,))) is type(action)
+        with pytest.raises(UnknownAction):  # POrchestra's own action set has no joined delegation
+            parse_orchestrator_action(text)
+        with pytest.raises(BadArguments):
+            parse_orchestrator_action(
+                f'<tool_call>{{"name": "{name}", "arguments": {{"subtasks": []}}}}</tool_call>', actions=(name,)
+            )
+        schemas = orchestrator_tool_schemas(["calendar"], actions=(name, "finish"))
+        assert [s["function"]["name"] for s in schemas] == [name, "finish"]
 
 
 # ---- Orchestra-o1 -------------------------------------------------------------------------------------------------
