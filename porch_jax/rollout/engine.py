@@ -374,7 +374,7 @@ class Engine:
         tasks = [asyncio.ensure_future(self._run_agent(ep, a, segment, interleave=True)) for a in agents]
         try:
             return list(await asyncio.gather(*tasks))
-        except BaseException:  # one failed (an unavailable backend): the others must not run on unowned
+        except BaseException:  # one failed (an unavailable backend): the others stop with the episode
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
