@@ -15,7 +15,18 @@ from porch_jax.rollout import Engine, run_episodes, system_config
 from porch_jax.trajectories import TrajectoryStore
 
 
-@pytest.mark.parametrize("system,retries", [("proactive", 2), ("proactive", 0), ("lifecycle", 1), ("react", 1)])
+@pytest.mark.parametrize(
+    "system,retries",
+    [
+        ("proactive", 2),
+        ("proactive", 0),
+        ("lifecycle", 1),
+        ("react", 1),
+        ("orchestra_o1", 0),
+        ("orchestra_o1", 1),
+        ("mas2", 1),
+    ],
+)
 def test_every_episode_ends_recorded(tmp_path, system, retries):
     def faulty(policy, seed):
         inner = FaultyBackend(ScriptedBackend(policy), rate=0.2, seed=seed)
@@ -43,7 +54,9 @@ def test_every_episode_ends_recorded(tmp_path, system, retries):
     for r in history:
         if r.outcome.retryable:  # a call that timed out on every attempt: the backend could not answer
             assert r.outcome.reason.startswith("backend_unavailable: ") and not r.outcome.success
-            assert sum(k.get("timeout", 0) for k in r.meta["backend_error_kinds"].values()) == 1
+            timeouts = sum(k.get("timeout", 0) for k in r.meta["backend_error_kinds"].values())
+            # Orchestra-o1's concurrent sub-agents may have calls in flight that time out together.
+            assert timeouts == 1 or (system == "orchestra_o1" and timeouts > 1)
         else:  # injected errors (kind "other") stayed observations inside the episode
             assert not any(k.get("timeout") for k in r.meta["backend_error_kinds"].values())
     if retries == 0:
