@@ -73,6 +73,10 @@ class BatchConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RecordsConfig:
+    """A records run: where it writes (`workdir`), what it trains (`train`, from `model`), on which records (`data`),
+    in which batches (`batch`) and, for OPOD, how many OPD rows a step and how the student samples their actions
+    (`opd`)."""
+
     workdir: str = resumable()
     train: TrainConfig
     model: ModelInit = ModelInit()  # vocab_size 0: the tokenizer's
@@ -85,8 +89,8 @@ class RecordsConfig:
         check(
             name in ("sft", "rwr", "opod", "grpo"),
             "train.method.name",
-            f"launch/train.py trains sft, rwr, opod "
-            f"and grpo on records, not {name!r} (dagrpo runs in the OPOD experiment, maca_grpo in MACA's)",
+            f"launch/train.py trains sft, rwr, opod and grpo on records, not {name!r} (dagrpo runs in the OPOD "
+            "experiment, maca_grpo in MACA's)",
         )
         check(
             self.opd.batch % self.batch.accum_steps == 0,
