@@ -42,6 +42,7 @@ CASES: tuple[tuple[str, str | None, tuple[str, ...]], ...] = (
     ("pipeline", "experiments/opod_smollm2.py", ()),
     ("pipeline", "experiments/opod_qwen3_5_9b.py", ()),
     ("rollout", "experiments/workplace_compare.py", ()),
+    ("rollout", "experiments/workplace_baselines.py", ()),
     ("sample", None, ()),
     ("serve", "SERVE", ("--model_dir=/nonexistent", "--api_key=k")),
     ("train", "experiments/sft_tiny.py", ()),
