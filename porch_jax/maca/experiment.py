@@ -440,8 +440,9 @@ def run_sweep(
 
 def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> list[dict[str, Any]]:
     """The comparison systems (`settings.BASELINES`: Table 1's single-model ones, Table 11's LLM routers, which
-    route under MACA's GraphSpec, and multi_agent.py's multi-agent systems) on the held-out tasks through the agents' backend: accuracy by the
-    benchmark's checker, cost = every call's prompt + completion tokens, and the routers' invalid-action rate."""
+    route under MACA's GraphSpec, and multi_agent.py's multi-agent systems) on the held-out tasks through the agents'
+    backend: accuracy by the benchmark's checker, cost = every call's prompt + completion tokens, and the routers'
+    invalid-action rate."""
     study = setup.study
     benchmark = study.world.judge.benchmark
     _, specs = study.specs(variant(cfg, "maca"))
