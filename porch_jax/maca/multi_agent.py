@@ -61,27 +61,30 @@ def _labelled(entries: Sequence[tuple[str, str]]) -> str:
 class Exemplar:
     question: str
     rationale: str
+    steps: int  # Fu et al.'s complexity: the reasoning steps of the rationale
 
-    @property
-    def steps(self) -> int:
-        """Fu et al.'s complexity: the reasoning steps of the rationale, one per non-empty line."""
-        return sum(1 for line in self.rationale.splitlines() if line.strip())
+
+def lines(text: str) -> int:
+    return sum(1 for line in text.splitlines() if line.strip())
 
 
 def exemplar(task: BenchmarkTask) -> Exemplar:
-    """A training task as a worked example: its question with the most detailed solution its data holds (GSM-Hard's
-    program, SVAMP's equation one operation a line, MMLU-Pro's chain of thought), then the reference answer."""
+    """A training task as a worked example: its question, the most detailed solution its data holds, then the
+    reference answer. Steps: GSM-Hard's program, one per non-empty line (Fu et al. count a rationale's lines);
+    SVAMP's equation, one per arithmetic operation; code, the reference program's lines. The QA benchmarks hold no
+    worked solution: their exemplars are the answer alone, one step each, so ComplexCoT there is plain few-shot
+    with the first training tasks."""
     data = task.data
-    if "code" in data and task.family == "math":
-        work = str(data["code"])
-    elif "equation" in data:
-        work = "\n".join(f"Step: {part}" for part in re.split(r"(?<=\))\s*(?=[-+*/])", str(data["equation"]).strip()))
-    elif data.get("cot_content"):
-        work = str(data["cot_content"])
-    else:
-        work = ""
-    rationale = f"{work.strip()}\n{task.reference}".strip() if task.family != "code" else task.reference
-    return Exemplar(task.prompt, rationale)
+    if task.family == "code":
+        return Exemplar(task.prompt, task.reference, lines(task.reference))
+    if "code" in data:
+        work = str(data["code"]).strip()
+        return Exemplar(task.prompt, f"{work}\n{task.reference}", lines(work))
+    if "equation" in data:
+        equation = str(data["equation"]).strip()
+        steps = len(re.findall(r"[\d)]\s*[-+*/](?=\s*[\d(.-])", equation))  # binary operators: after an operand
+        return Exemplar(task.prompt, f"Equation: {equation}\n{task.reference}", max(steps, 1))
+    return Exemplar(task.prompt, task.reference, 1)
 
 
 def most_complex(pool: Sequence[Exemplar], k: int) -> tuple[Exemplar, ...]:

@@ -22,6 +22,7 @@ from porch_jax.maca.multi_agent import (
     channels,
     complex_cot,
     dylan,
+    exemplar,
     macnet,
     most_complex,
     parse_ratings,
@@ -73,7 +74,7 @@ def _check_cost(result, recorder):
 
 
 def test_complex_cot_prompts_with_the_most_complex_exemplars():
-    pool = [Exemplar(f"Q{n}", "\n".join(f"step {i}" for i in range(n))) for n in (1, 5, 3, 2, 6)]
+    pool = [Exemplar(f"Q{n}", "\n".join(f"step {i}" for i in range(n)), n) for n in (1, 5, 3, 2, 6)]
     assert [e.question for e in most_complex(pool, 2)] == ["Q6", "Q5"]
     rec = Recorder(lambda call, _: "The answer is 7.")
     result = asyncio.run(complex_cot(rec.backend, TASK, pool, k=2))
@@ -82,6 +83,16 @@ def test_complex_cot_prompts_with_the_most_complex_exemplars():
     assert all(f"Question: Q{n}\n" not in prompt for n in (1, 2, 3))
     assert prompt.index("Q6") < prompt.index("Q5") < prompt.index(TASK) and prompt.endswith("step by step.")
     _check_cost(result, rec)
+
+
+def test_exemplar_steps_count_the_worked_solution():
+    def task(**data):
+        return BenchmarkTask("b", "1", "math", "Q?", "The answer is 1.", data)
+
+    assert exemplar(task(code="a = 1\n\nb = a + 1\nresult = b")).steps == 3
+    assert exemplar(task(equation="( ( 3.0 + 4.0 ) * 2.0 )")).steps == 2
+    assert exemplar(task(equation="( 10.0 - -2.0 )")).steps == 1
+    assert exemplar(task()).steps == 1
 
 
 def test_complex_cot_draws_exemplars_from_the_tasks_benchmark_only():
