@@ -12,6 +12,7 @@ returns a typed run record holding the `RunResult`; `run_system` is the dispatch
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import dataclasses
 import re
@@ -143,6 +144,13 @@ def parse_ratings(text: str, n: int) -> np.ndarray:
     return np.clip(np.asarray(scores), 0.0, 5.0)
 
 
+def without_ratings(text: str) -> str:
+    """The answer part of a reply: what comes before its last 'Ratings:' line, so neither the next round nor the
+    answer extraction reads the scores as an answer."""
+    found = list(RATINGS.finditer(text))
+    return text[: found[-1].start()].rstrip() if found else text
+
+
 def propagate_importance(ratings: Sequence[np.ndarray], k: int) -> np.ndarray:
     """DyLAN's agent importance: the last round's nodes share weight 1 evenly; each node passes its weight back to
     the previous round's nodes in proportion to its (row-normalised) ratings of them; an agent's importance is the
@@ -182,7 +190,7 @@ async def dylan(
     `consensus` of the round's answers agree (extracted by `extract`), the network stops early. The answer is the
     last round's majority. Choices: the network is fully connected between rounds (DyLAN's default before agent
     selection); ratings come in the same reply as the answer (one call per node); the early stop is checked from
-    round 1 on; the importance scores are reported, not used to pick a team for later tasks."""
+    round 1 on; a round's agents are asked concurrently; the importance scores are reported, not used to pick a team for later tasks."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     previous: list[tuple[str, str]] = []
@@ -191,13 +199,14 @@ async def dylan(
     ran = 0
     for _ in range(rounds):
         ran += 1
-        texts = [
-            await _ask(metered, a.prompt, _dylan_prompt(prompt, previous), role="agent", sampling=sampling)
-            for a in agents
-        ]
+        context = _dylan_prompt(prompt, previous)
+        replies = await asyncio.gather(
+            *(_ask(metered, a.prompt, context, role="agent", sampling=sampling) for a in agents)
+        )
         if previous:
-            ratings.append(np.stack([parse_ratings(x, len(previous)) for x in texts]))
-        previous = [(a.name, RATINGS.split(x)[0].rstrip()) for a, x in zip(agents, texts, strict=True)]
+            ratings.append(np.stack([parse_ratings(x, len(previous)) for x in replies]))
+        texts = [without_ratings(x) for x in replies]
+        previous = [(a.name, x) for a, x in zip(agents, texts, strict=True)]
         _, _, count = majority(texts, extract)
         if count / len(agents) > consensus - 1e-9:
             break

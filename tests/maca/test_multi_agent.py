@@ -136,6 +136,7 @@ def test_dylan_ranks_the_agent_its_peers_rated_highest_first():
     rec = Recorder(model)
     run = asyncio.run(dylan(rec.backend, TASK, MATH, extract_number, rounds=3))
     assert run.rounds == 2 and run.ranking()[0] == "ArithmeticChecker" and run.ranking()[-1] == "WordProblemParser"
+    assert run.result.answer == "3 + 4 = 7. The answer is 7."  # the ratings are not part of the answer
     assert sum(run.importance) == pytest.approx(1.0)
     _check_cost(run.result, rec)
 
