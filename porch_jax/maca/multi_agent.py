@@ -297,7 +297,7 @@ def _recruit_prompt(prompt: str, candidates: Sequence[Agent], size: int, feedbac
     listing = "\n".join(f"- {a.name}: {a.description}" for a in candidates)
     note = f"\n\nThe previous attempt was rejected with this feedback:\n{feedback}" if feedback else ""
     return (
-        f"Task:\n{prompt}{note}\n\nCandidate experts:\n{listing}\n\nRecruit the {size} experts best suited to solve "
+        f"Task:\n{prompt}{note}\n\nCandidate experts:\n{listing}\n\nRecruit up to {size} experts best suited to solve "
         "this task together. Reply with their names, most important first (it leads the group)."
     )
 
