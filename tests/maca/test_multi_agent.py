@@ -236,3 +236,17 @@ def test_every_multi_agent_system_runs_by_name_and_costs_the_sum_of_its_calls():
         _check_cost(result, rec)
     rec = Recorder(lambda call, _: "The answer is 7.")
     assert asyncio.run(run_system("vanilla", rec.backend, task, POOL, spec)).calls == 1
+
+
+def test_agentprune_by_name_prunes_by_the_graphspec_edge_prior():
+    at = [POOL.index(a.name) for a in MATH]
+    prior = np.full((len(POOL),) * 2, 0.5)
+    prior[np.ix_(at, at)] = 0.9
+    prior[at[0], at[2]] = 0.0  # WordProblemParser -> ArithmeticChecker: the weakest channel
+    spec = GraphSpec(relevance=np.ones(len(POOL)), participation=np.ones(len(POOL)), edge_prior=prior)
+    task = BenchmarkTask("svamp", "1", "math", TASK, "The answer is 7.", {"target": 7.0})
+    rec = Recorder(lambda call, n: f"Note {n} by {call.agent}. The answer is 7.")
+    asyncio.run(run_system("agentprune", rec.backend, task, POOL, spec))
+    checker = [c.prompt for c in rec.calls if c.agent == "ArithmeticChecker"]
+    assert len(checker) == 2 and not any("by WordProblemParser" in p for p in checker)
+    assert any("by MathSolver" in p for p in checker)  # a kept channel does deliver
