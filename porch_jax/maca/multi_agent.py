@@ -442,8 +442,9 @@ async def agentprune(
     delivers the sender's previous-round answer). The answer is the last round's majority (by `extract`).
     Choices: the weights are an estimate the caller supplies (`run_system` passes MACA's learned edge prior among
     the team, P_prior, which is learned on the training tasks as AgentPrune's masks are, instead of the paper's
-    policy-gradient mask training); spatial and temporal channels share that matrix and one pruning ratio; the
-    paper's final decision agent is replaced by the majority vote."""
+    policy-gradient mask training; self channels, which P_prior lacks, get the team's mean weight); spatial and
+    temporal channels share that matrix and one pruning ratio (0.5); the paper's final decision agent is replaced by
+    the majority vote."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     every = channels(len(agents))
@@ -511,5 +512,9 @@ async def run_system(
         candidates = [a for a in pool if a.family in (task.family, "auxiliary")]
         return (await agentverse(backend, task.prompt, candidates, size=TEAM_SIZE, sampling=sampling)).result
     at = [pool.index(a.name) for a in members]
-    weights = np.asarray(spec.edge_prior)[np.ix_(at, at)]
+    weights = np.array(spec.edge_prior, dtype=float)[np.ix_(at, at)]
+    # the prior has no self-loops (edges.py): an agent's channel to its own next round gets the team's mean weight,
+    # neither kept nor pruned for want of an estimate
+    off = ~np.eye(len(at), dtype=bool)
+    np.fill_diagonal(weights, weights[off].mean())
     return (await agentprune(backend, task.prompt, members, vote_key(task), weights, sampling=sampling)).result
