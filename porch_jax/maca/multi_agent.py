@@ -190,7 +190,8 @@ async def dylan(
     `consensus` of the round's answers agree (extracted by `extract`), the network stops early. The answer is the
     last round's majority. Choices: the network is fully connected between rounds (DyLAN's default before agent
     selection); ratings come in the same reply as the answer (one call per node); the early stop is checked from
-    round 1 on; a round's agents are asked concurrently; the importance scores are reported, not used to pick a team for later tasks."""
+    round 1 on; a round's agents are asked concurrently; the importance scores are reported, not used to pick a
+    team for later tasks (DyLAN's agent selection runs offline on a training set)."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     previous: list[tuple[str, str]] = []
@@ -240,6 +241,15 @@ class MacNetRun:
     inputs: tuple[tuple[int, ...], ...]  # per node, the nodes whose answers its prompt held
 
 
+def _refine_prompt(prompt: str, received: Sequence[tuple[str, str]]) -> str:
+    if not received:
+        return prompt + COT_SUFFIX
+    return (
+        f"{prompt}\n\nSolutions from earlier agents:\n{_labelled(received)}\n\nReview them and write an improved "
+        "solution, ending with the final answer in the format asked."
+    )
+
+
 async def macnet(
     backend: Backend,
     prompt: str,
@@ -260,12 +270,7 @@ async def macnet(
     inputs: list[tuple[int, ...]] = []
     for j, agent in enumerate(agents):
         preds = tuple(i for i, d in edges if d == j)
-        context = (
-            prompt + COT_SUFFIX
-            if not preds
-            else f"{prompt}\n\nSolutions from earlier agents:\n{_labelled([(agents[i].name, outputs[i]) for i in preds])}"
-            "\n\nReview them and write an improved solution, ending with the final answer in the format asked."
-        )
+        context = _refine_prompt(prompt, [(agents[i].name, outputs[i]) for i in preds])
         outputs.append(await _ask(metered, agent.prompt, context, role="agent", sampling=sampling))
         inputs.append(preds)
     return MacNetRun(_result(outputs[-1], meter), edges, tuple(inputs))
