@@ -72,12 +72,13 @@ def lines(text: str) -> int:
 def exemplar(task: BenchmarkTask) -> Exemplar:
     """A training task as a worked example: its question, the most detailed solution its data holds, then the
     reference answer. Steps: GSM-Hard's program, one per non-empty line (Fu et al. count a rationale's lines);
-    SVAMP's equation, one per arithmetic operation; code, the reference program's lines. The QA benchmarks hold no
+    SVAMP's equation, one per arithmetic operation; code, the lines of the reference's body. The QA benchmarks hold no
     worked solution: their exemplars are the answer alone, one step each, so ComplexCoT there is plain few-shot
     with the first training tasks."""
     data = task.data
-    if task.family == "code":
-        return Exemplar(task.prompt, task.reference, lines(task.reference))
+    if task.family == "code":  # the whole function in one fenced block, as the pool's code agents write it
+        program = f"{data.get('prompt', '')}{task.reference}"
+        return Exemplar(task.prompt, f"```python\n{program.strip()}\n```", lines(task.reference))
     if "code" in data:
         work = str(data["code"]).strip()
         return Exemplar(task.prompt, f"{work}\n{task.reference}", lines(work))

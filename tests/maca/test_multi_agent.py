@@ -93,6 +93,10 @@ def test_exemplar_steps_count_the_worked_solution():
     assert exemplar(task(equation="( ( 3.0 + 4.0 ) * 2.0 )")).steps == 2
     assert exemplar(task(equation="( 10.0 - -2.0 )")).steps == 1
     assert exemplar(task()).steps == 1
+    code = BenchmarkTask(
+        "humaneval", "1", "code", "def f(x):\n", "    y = x\n    return y\n", {"prompt": "def f(x):\n"}
+    )
+    assert exemplar(code) == Exemplar("def f(x):\n", "```python\ndef f(x):\n    y = x\n    return y\n```", 2)
 
 
 def test_complex_cot_draws_exemplars_from_the_tasks_benchmark_only():
