@@ -2,9 +2,10 @@
 MACA and the single-model baselines (baselines.py): ComplexCoT (Fu et al. 2023), DyLAN (Liu et al. 2023), MacNet
 (Qian et al. 2024), AgentVerse (Chen et al. 2023) and AgentPrune (Zhang et al. 2024).
 
-Each system's agents are the task family's agents of MACA's pool, in pool order (cycled when a system wants more
-nodes than the family has), each running with its own role prompt: the systems differ in how agents talk, not in
-who they are. Every call goes through one `MeteredBackend`, so a `RunResult`'s cost is the sum over all its calls.
+The multi-agent systems' agents are the task family's agents of MACA's pool (`team`: the first TEAM_SIZE in pool
+order, cycled when the family has fewer; AgentVerse recruits among the family's and the auxiliary agents), each
+running with its own role prompt: the systems differ in how agents talk, not in who they are. ComplexCoT is one
+model call. Every call goes through one `MeteredBackend`, so a `RunResult`'s cost is the sum over all its calls.
 A system that returns more than the answer (DyLAN's importance scores, MacNet's edges, AgentPrune's kept edges)
 returns a typed run record holding the `RunResult`; `run_system` is the dispatcher over every name of
 `settings.BASELINES`, the single-model ones delegated to `baselines.run_baseline`.
@@ -520,7 +521,7 @@ async def run_system(
     at = [pool.index(a.name) for a in members]
     weights = np.array(spec.edge_prior, dtype=float)[np.ix_(at, at)]
     # the prior has no self-loops (edges.py): an agent's channel to its own next round gets the team's mean weight,
-    # neither kept nor pruned for want of an estimate
+    # so no missing estimate decides whether it is kept
     off = ~np.eye(len(at), dtype=bool)
     np.fill_diagonal(weights, weights[off].mean())
     return (await agentprune(backend, task.prompt, members, vote_key(task), weights, sampling=sampling)).result
