@@ -55,7 +55,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.checkpoint_every = 5
     c.systems = ("maca",)
     # Vanilla, CoT, Self-Consistency (CoT x 5), Self-Refine, and Table 11's LLM routers (no constraint, GraphSpec
-    # as a prompt hint, GraphSpec as a hard mask) on the same held-out tasks and backend
+    # as a prompt hint, GraphSpec as a hard mask), and multi_agent.py's ComplexCoT, DyLAN, MacNet (chain, tree,
+    # mesh), AgentVerse and AgentPrune on the same held-out tasks and backend
     c.baselines.systems = BASELINES
     c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
     c.lm_check.enabled = False

@@ -26,7 +26,7 @@ from absl import logging
 
 from porch_jax.backends import Backend
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
-from porch_jax.maca import analysis, baselines
+from porch_jax.maca import analysis, baselines, multi_agent
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
 from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
@@ -439,23 +439,26 @@ def run_sweep(
 
 
 def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> list[dict[str, Any]]:
-    """The comparison systems (`baselines.BASELINES`: Table 1's single-model ones and Table 11's LLM routers,
-    which route under MACA's GraphSpec) on the held-out tasks through the agents' backend: accuracy by the
-    benchmark's checker, cost = every call's prompt + completion tokens, and the routers' invalid-action rate."""
+    """The comparison systems (`settings.BASELINES`: Table 1's single-model ones, Table 11's LLM routers, which
+    route under MACA's GraphSpec, and multi_agent.py's multi-agent systems) on the held-out tasks through the agents'
+    backend: accuracy by the benchmark's checker, cost = every call's prompt + completion tokens, and the routers'
+    invalid-action rate."""
     study = setup.study
     benchmark = study.world.judge.benchmark
     _, specs = study.specs(variant(cfg, "maca"))
     sampling = cfg.backend.sampling
     limit = asyncio.Semaphore(cfg.baselines.concurrency)
+    exemplars = [t.source for t in study.train_tasks]  # ComplexCoT's pool: never a held-out task
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
         async with limit:
-            return await baselines.run_baseline(
+            return await multi_agent.run_system(
                 name,
                 study.world.backend,
                 task.source,
                 study.world.pool,
                 specs[task.task_id],
+                exemplars=exemplars,
                 max_steps=cfg.rollout.max_steps,
                 edge_threshold=cfg.graphspec.edge_threshold,
                 sampling=sampling,

@@ -14,7 +14,10 @@ PRIOR_KL_WEIGHT = 0.7  # lambda in Eq. 12 (paper, Sec. 3.6)
 PRIOR_KINDS = ("full", "no_relevance", "no_edges", "none")
 STRUCTURES = ("greedy", "most_probable")  # what the structure-centric "w/o pi_theta" executes (prior.PriorPolicy)
 NO_POLICY_READINGS = (*STRUCTURES, "reference", "pretrained_lm")  # what "w/o pi_theta" acts by (Study.structure)
-BASELINES = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
+SINGLE_MODEL = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
+# multi_agent.py's systems: ComplexCoT, DyLAN, MacNet on three topologies, AgentVerse, AgentPrune
+MULTI_AGENT = ("complex_cot", "dylan", "macnet_chain", "macnet_tree", "macnet_mesh", "agentverse", "agentprune")
+BASELINES = (*SINGLE_MODEL, *MULTI_AGENT)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -51,7 +51,15 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
         "router_none": 1,
         "router_hint": 1,
         "router_mask": 1,
-    }  # "STOP" at the first decision
+        # multi_agent.py's systems, where no answer extracts, nothing is agreed and nothing accepted:
+        "complex_cot": 1,
+        "dylan": 9,  # three agents, three rounds: no consensus stops it early
+        "macnet_chain": 3,
+        "macnet_tree": 3,
+        "macnet_mesh": 3,  # one call a node
+        "agentverse": 18,  # three rounds of recruit, propose, two reviews, revise, evaluate
+        "agentprune": 6,  # three agents, two rounds
+    }  # the routers: "STOP" at the first decision
     assert all(
         base[f"router_{m}"]["invalid_action_rate"] == 0.0 and base[f"router_{m}"]["avg_agents"] == 0
         for m in ("none", "hint", "mask")
