@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from scripted_roles import CLEAN_EXPERT, NO_SLIPS, Spy
 
 from porch_jax.backends import ChatRequest, ScriptedBackend
 from porch_jax.envs.base import Environment, Score
@@ -16,7 +17,6 @@ from porch_jax.envs.workplace import (
     ExpertConfig,
     ScriptedExpert,
     ScriptedSubagent,
-    SubagentConfig,
     TaskMixture,
     WorkplaceEnv,
     make_task,
@@ -37,20 +37,6 @@ from porch_jax.protocol import (
 from porch_jax.rollout import BASELINES, Engine, system_config
 from porch_jax.rollout.compare import ComparisonConfig, summarize, workplace_engine
 from porch_jax.typed_config import ConfigError
-
-CLEAN_EXPERT = ExpertConfig(0.0, 0.0, 0.0, 0.0, blind_spots=())
-NO_SLIPS = SubagentConfig(slip_base=0.0, p_misread=0.0, p_detour=0.0)
-
-
-class Spy:
-    """A backend that records every request it serves."""
-
-    def __init__(self, policy):
-        self.inner, self.requests = ScriptedBackend(policy), []
-
-    async def chat(self, request: ChatRequest):
-        self.requests.append(request)
-        return await self.inner.chat(request)
 
 
 def quiet(template: str, seed: int = 0):

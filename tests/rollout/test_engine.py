@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 
 import pytest
+from scripted_roles import CLEAN_EXPERT, NO_SLIPS, Spy
 
 from porch_jax.backends import BackendError, ChatRequest, ScriptedBackend
 from porch_jax.envs.workplace import (
@@ -21,20 +22,6 @@ from porch_jax.envs.workplace import (
 from porch_jax.protocol import Delegate, Finish, Harness, Revise, ToolCall, render_action
 from porch_jax.rollout import ABLATIONS, Budgets, Engine, EngineConfig, system_config
 from porch_jax.trajectories import encode_record
-
-CLEAN_EXPERT = ExpertConfig(0.0, 0.0, 0.0, 0.0, blind_spots=())
-NO_SLIPS = SubagentConfig(slip_base=0.0, p_misread=0.0, p_detour=0.0)
-
-
-class Spy:
-    """A backend that records every request it serves."""
-
-    def __init__(self, policy):
-        self.inner, self.requests = ScriptedBackend(policy), []
-
-    async def chat(self, request: ChatRequest):
-        self.requests.append(request)
-        return await self.inner.chat(request)
 
 
 def run(engine: Engine, task):
