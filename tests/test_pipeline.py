@@ -62,9 +62,10 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     text = CONFIG.format(run_dir=str(run_dir))
     extra = (
         "    c.dagrpo.lr_grid = (3e-3, 1e-3)\n"
-        # SFT in epochs over 9 of the 12 expert episodes, its rate chosen on the other 3's validation loss; the
-        # SFT+hints variant and OPD with wrong hints as rows of their own
-        "    c.sft.update(epochs=2.0, validation_share=0.25, lr_grid=(3e-3, 1e-3))\n"
+        # SFT in epochs over 9 of the 12 expert episodes, its rate chosen on the other 3's validation loss after
+        # the first of two epochs (the chosen rate alone continues); the SFT+hints variant (at SFT's chosen rate)
+        # and OPD with wrong hints as rows of their own
+        "    c.sft.update(epochs=2.0, validation_share=0.25, lr_grid=(3e-3, 1e-3), select_after_epochs=1.0)\n"
         "    c.sft_hints = dict(c.sft.to_dict(), lr_grid=None, validation_share=0.0, hint_rows=0.5)\n"
         "    c.methods = ('sft', 'sft_hints', 'rwr', 'opod', 'opd_empty', 'opd_wrong_hint', 'dagrpo')\n"
         "    return c\n"
@@ -101,15 +102,22 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     assert (run_dir / "eval" / f"{dagrpo['run']}_step{dagrpo['step']}.jsonl").is_file()
     assert {"dagrpo_step1.jsonl", "dagrpo_lr0.003_step2.jsonl"} <= {p.name for p in (run_dir / "val").iterdir()}
     assert "selected on validation" in (run_dir / "results.md").read_text()
-    chosen = json.loads((run_dir / "sft_selection.json").read_text())  # the lowest final validation loss
-    assert (
-        f"{chosen['learning_rate']:g}"
-        == min(chosen["final_val_loss"].items(), key=lambda kv: kv[1])[0]
-        in ("0.003", "0.001")
-    )
-    curve = [json.loads(line) for line in (run_dir / "sft" / "metrics.jsonl").read_text().splitlines()]
-    assert curve[0]["step"] == 0 and "val_loss" in curve[0] and "val_loss" in curve[-1]  # scored from the start
-    assert (run_dir / "sft_loss.png").is_file() and (run_dir / "sft_hints" / "export" / "policy.json").is_file()
+    chosen = json.loads((run_dir / "sft_selection.json").read_text())  # the lowest validation loss after epoch 1
+    rate = f"{chosen['learning_rate']:g}"
+    assert rate == min(chosen["val_loss"].items(), key=lambda kv: kv[1])[0] in ("0.003", "0.001")
+    assert chosen["compared"].startswith("validation loss at step ")
+    probe = int(chosen["compared"].split()[4])
+    folders = {"0.003": run_dir / "sft", "0.001": run_dir / "sft_lr0.001"}  # sft's configured rate is 3e-3
+    other = next(lr for lr in folders if lr != rate)
+    curves = {
+        lr: [json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for lr, d in folders.items()
+    }
+    assert curves[rate][0]["step"] == 0 and "val_loss" in curves[rate][0]  # scored from the start
+    assert curves[rate][-1]["step"] > probe and (folders[rate] / "export" / "policy.json").is_file()  # continued
+    assert curves[other][-1]["step"] == probe and not (folders[other] / "export").exists()  # stopped at the probe
+    assert f"[{folders[rate].name}] resumed from step {probe}" in first.stdout
+    hints = "sft_hints" if rate == "0.003" else "sft_hints_lr0.001"  # SFT+hints at SFT's chosen rate
+    assert (run_dir / "sft_loss.png").is_file() and (run_dir / hints / "export" / "policy.json").is_file()
     assert {"sft_hints", "opd_wrong_hint"} <= {m["system"] for m in results["methods"]} | set(
         line.split("|")[1].strip()
         for line in (run_dir / "results.md").read_text().splitlines()

@@ -42,7 +42,10 @@ class MethodSection:
     SFT (and its variant sft_hints) only: `epochs` > 0 sets the steps to that many passes over its rows (then
     `steps` is not read); `validation_share` > 0 holds that share of the expert episodes out of training and scores
     them every `validate_every` steps (0: once per epoch) as the validation loss; with an `lr_grid` the rate whose
-    final validation loss is lowest is the SFT every later stage starts from (no validation tasks needed)."""
+    final validation loss is lowest is the SFT every later stage starts from (no validation tasks needed).
+    `select_after_epochs` > 0 compares the rates earlier: each is trained that many epochs of its full schedule
+    (warmup and decay laid over all `epochs`), the one with the lowest validation loss there continues from its
+    checkpoint to the end and the others stop, which costs one full run plus the probes instead of one run per rate."""
 
     steps: int
     batch: int
@@ -60,6 +63,7 @@ class MethodSection:
     epochs: float = 0.0
     validation_share: float = 0.0
     validate_every: int = 0
+    select_after_epochs: float = 0.0
 
     def __post_init__(self):
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
@@ -67,6 +71,12 @@ class MethodSection:
         check(self.epochs >= 0, "epochs", f"must be >= 0, got {self.epochs}")
         check(0.0 <= self.validation_share < 1.0, "validation_share", f"must be in [0, 1), got {self.validation_share}")
         check(self.validate_every >= 0, "validate_every", f"must be >= 0, got {self.validate_every}")
+        check(
+            self.select_after_epochs == 0 or 0 < self.select_after_epochs < self.epochs,
+            "select_after_epochs",
+            f"must be 0 (select on the final validation loss) or within (0, epochs={self.epochs}), "
+            f"got {self.select_after_epochs}",
+        )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -238,16 +238,24 @@ def train(
     steps: int | None = None,
     validation: Callable[[Any], list[Any]] | None = None,
     validate_every: int = 0,
+    stop_at: int | None = None,
 ) -> Path:
     """A Trainer run of config section `name` in RUN/<run_name(name, learning_rate)> from the policy in `init`,
     unless its export exists; `source_of(tokenizer, mesh)` builds its batch source, `validation(mesh)` the batches
-    it is scored on every `validate_every` steps. `steps` overrides the section's. Returns the export folder."""
+    it is scored on every `validate_every` steps. `steps` overrides the section's. `stop_at`: run only to that step
+    of the `steps`-long schedule, checkpoint it and export nothing (a later call without it resumes there). Returns
+    the export folder."""
     folder = run_name(run.cfg, name, learning_rate)
     export = run / folder / "export"
-    if run.stages.should_run(f"train {folder}", done=(export / POLICY_FILE).is_file()):
+    stage = f"train {folder}" if stop_at is None else f"train {folder} to step {stop_at}"
+    done = (export / POLICY_FILE).is_file() or (stop_at is not None and stop_at in logged_steps(run / folder))
+    if run.stages.should_run(stage, done=done):
         cfg = train_config(run.cfg, name, learning_rate)
         if steps is not None:
             cfg = dataclasses.replace(cfg, steps=steps)
+        if stop_at is not None:  # the full schedule, cut short
+            optimizer = dataclasses.replace(cfg.optimizer, total_steps=cfg.steps)
+            cfg = dataclasses.replace(cfg, steps=stop_at, optimizer=optimizer)
         tok = AutoTokenizer.from_pretrained(str(init))
         mesh = mesh_lib.make_mesh(cfg.mesh)
         source = source_of(tok, mesh)
@@ -269,9 +277,18 @@ def train(
             record={"view": view},
             validation=checks,
             validate_every=validate_every if checks else 0,
+            export=False if stop_at is not None else None,
         )
         trainer.run()
     return export
+
+
+def logged_steps(workdir: Path) -> set[int]:
+    """The steps whose validation loss WORKDIR/metrics.jsonl holds (the Trainer truncates it to its checkpoint)."""
+    path = workdir / "metrics.jsonl"
+    if not path.is_file():
+        return set()
+    return {m["step"] for m in plots.read_metrics(path) if "val_loss" in m}
 
 
 METHOD_OF = {
@@ -407,7 +424,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     sft_lr, sft = train_sft(run, "sft", init, sft_rows + hint_rows, val_rows)
     variants = {"sft": {sft_lr: sft}}
     if "sft_hints" in cfg.methods:  # SFT+hints: the same expert rows and the scripted judge's hint-following rows
-        lr, path = train_sft(run, "sft_hints", init, sft_rows + with_hints(cfg.sft_hints), val_rows)
+        lr, path = train_sft(run, "sft_hints", init, sft_rows + with_hints(cfg.sft_hints), val_rows, sft_lr)
         variants["sft_hints"] = {lr: path}
 
     embedded = load_policy(
@@ -427,42 +444,70 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         after_sft(run, expert, tok, sft, embedded, policy, served, variants)
 
 
-def train_sft(run: Run, name: str, init: Path, rows: list[Any], validation: list[Any]) -> tuple[float, Path]:
-    """SFT section `name` (sft or sft_hints) on `rows` at each rate of its grid, scored on the `validation` rows
-    (section.validation_share) every validate_every steps; with several rates, the one whose last validation loss
-    is lowest is kept (RUN/<name>_selection.json). Train and validation loss curves: RUN/<name>_loss.png. Returns
-    the chosen rate and export."""
+def train_sft(
+    run: Run, name: str, init: Path, rows: list[Any], validation: list[Any], learning_rate: float | None = None
+) -> tuple[float, Path]:
+    """SFT section `name` (sft or sft_hints) on `rows` at `learning_rate`, else at each rate of its grid, scored on
+    the `validation` rows (section.validation_share) every validate_every steps; with several rates, the one whose
+    validation loss is lowest (at the end, or after `select_after_epochs`) is kept (RUN/<name>_selection.json).
+    Train and validation loss curves: RUN/<name>_loss.png. Returns the chosen rate and export."""
     cfg, settings = run.cfg, run.cfg.method(name)
     buckets, overlong = cfg.policy.buckets, cfg.policy.overlong
-    steps = math.ceil(settings.epochs * len(rows) / settings.batch) if settings.epochs > 0 else settings.steps
-    every = settings.validate_every or max(1, math.ceil(len(rows) / settings.batch))  # once per epoch by default
-    exports = {
-        lr: train(
+    epoch = len(rows) / settings.batch
+    steps = math.ceil(settings.epochs * epoch) if settings.epochs > 0 else settings.steps
+    every = settings.validate_every or max(1, math.ceil(epoch))  # once per epoch by default
+    probe = math.ceil(settings.select_after_epochs * epoch) if settings.select_after_epochs > 0 else None
+    rates = (learning_rate,) if learning_rate is not None else learning_rates(cfg, name)
+
+    def run_at(lr: float, stop_at: int | None = None) -> Path:
+        return train(
             run,
             name,
             init,
-            lambda tok, mesh, settings=settings: sources.PackedSource(
-                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong
-            ),
+            lambda tok, mesh: sources.PackedSource(rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong),
             learning_rate=lr,
             steps=steps,
             validation=lambda mesh: sources.fixed_batches(validation, settings.batch, buckets, mesh, overlong=overlong),
             validate_every=every if validation else 0,
+            stop_at=stop_at,
         )
-        for lr in learning_rates(cfg, name)
-    }
-    curves = {
-        f"{name} lr {lr:g}": plots.read_metrics(export.parent / "metrics.jsonl") for lr, export in exports.items()
-    }
+
+    def workdir(lr: float) -> Path:
+        return run / run_name(cfg, name, lr)
+
+    def val_loss(lr: float) -> float:  # the last validation loss logged (at the probe's step, or the end)
+        return [m["val_loss"] for m in plots.read_metrics(workdir(lr) / "metrics.jsonl") if "val_loss" in m][-1]
+
+    def lowest(losses: dict[float, float]) -> float:  # ties go to the configured rate
+        return min(losses, key=lambda lr: (losses[lr], lr != settings.learning_rate))
+
+    if len(rates) == 1:
+        chosen = rates[0]
+        exports = {chosen: run_at(chosen)}
+    elif probe is not None:  # each rate to the probe's step; only the chosen one continues
+        for lr in rates:
+            if not (workdir(lr) / "export" / POLICY_FILE).is_file():
+                run_at(lr, stop_at=probe)
+        at = {lr: val_loss(lr) for lr in rates}
+        chosen = lowest(at)
+        exports = {chosen: run_at(chosen)}
+        compared = f"validation loss at step {probe} of {steps} ({settings.select_after_epochs:g} epochs)"
+    else:
+        exports = {lr: run_at(lr) for lr in rates}
+        at = {lr: val_loss(lr) for lr in rates}
+        chosen = lowest(at)
+        compared = f"final validation loss (step {steps})"
+    curves = {f"{name} lr {lr:g}": plots.read_metrics(workdir(lr) / "metrics.jsonl") for lr in rates}
     plots.plot_loss_curves(curves, run / f"{name}_loss.png")
-    if len(exports) == 1:
-        return next(iter(exports.items()))
-    final = {lr: [m["val_loss"] for m in curves[f"{name} lr {lr:g}"] if "val_loss" in m][-1] for lr in exports}
-    chosen = min(final, key=lambda lr: (final[lr], lr != settings.learning_rate))
+    if len(rates) == 1:
+        return chosen, exports[chosen]
     (run / f"{name}_selection.json").write_text(
-        json.dumps({"learning_rate": chosen, "final_val_loss": {f"{lr:g}": v for lr, v in final.items()}}, indent=1)
+        json.dumps(
+            {"learning_rate": chosen, "compared": compared, "val_loss": {f"{lr:g}": v for lr, v in at.items()}},
+            indent=1,
+        )
     )
-    print(f"{name}: final validation loss by learning rate {final} -> {chosen:g}", flush=True)
+    print(f"{name}: {compared} by learning rate {at} -> {chosen:g}", flush=True)
     return chosen, exports[chosen]
 
 
