@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.swe import SWEConfig
-from porch_jax.rollout import EngineConfig
+from porch_jax.rollout import ABLATIONS, SYSTEMS, EngineConfig
 from porch_jax.serving import ServerConfig
 from porch_jax.typed_config import check, resumable, to_dict
 
@@ -82,6 +82,8 @@ class BenchmarkEvalConfig:
         check(self.benchmark in BENCHMARKS, "benchmark", f"one of {BENCHMARKS}, got {self.benchmark!r}")
         check(self.runs >= 1 and self.concurrency >= 1, "runs", "runs and concurrency must be >= 1")
         check(self.limit >= 0 and self.level >= 0, "limit", "limit and level must be >= 0")
+        known = SYSTEMS + ABLATIONS
+        check(self.system in known, "system", f"one of {', '.join(known)}, got {self.system!r}")
         needs_model = self.policy.kind == "endpoint"
         check(not needs_model or self.orchestrator.configured, "orchestrator.model", "an endpoint policy needs it")
         own = CHECK_POLICIES[self.benchmark]
