@@ -7,6 +7,7 @@ and on the five tutorial scenarios ARE ships.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,18 +19,24 @@ from porch_jax.backends.spec import EndpointSpec
 from porch_jax.envs.are.client import INSTALL_HINT, are_python, run_gaia2
 from porch_jax.envs.are.scripted import NOW_TOOL, WAIT_TOOL, PlanStep, ScriptedOracle, split_turn_text, turn_text
 from porch_jax.envs.are.tools import json_type, subagent_tools, tool_schema
-from porch_jax.envs.base import MemoryItem, SubagentView
+from porch_jax.envs.base import Feedback, MemoryItem, OrchestratorView, SubagentView, Turn
 from porch_jax.protocol import (
     COMM_ACTIONS,
     SUBMIT,
+    Delegate,
+    DelegateAll,
+    Finish,
     Harness,
     Message,
+    Plan,
     RequestTarget,
     ReviseRequest,
     Submit,
     ToolCall,
+    parse_orchestrator_action,
     parse_subagent_action,
 )
+from porch_jax.rollout import BASELINE_ACTIONS
 from porch_jax.trajectories import TrajectoryStore
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "gaia2"
@@ -121,6 +128,22 @@ def test_a_user_change_makes_a_proactive_subagent_ask_and_a_lifecycle_one_skip()
     assert _act(COMM_ACTIONS, revised, subgoal=f"{TASK}\n{CHANGE}") == ToolCall("Cal__add", {"who": ["John", "Greg"]})
 
 
+@pytest.mark.parametrize(("system", "kind"), [("orchestra_o1", DelegateAll), ("skill_mas", Plan), ("mas2", Plan)])
+def test_the_oracle_orchestrates_each_baseline_with_its_own_first_action(system, kind):
+    oracle = ScriptedOracle(PLAN, TOOLS)
+    before, after = BASELINE_ACTIONS[system]
+    view = OrchestratorView(SimpleNamespace(text=TASK), (), (), 0, 10, 300, 30, (), (SUBMIT,), 0, before)
+    first = parse_orchestrator_action(oracle.orchestrator(SimpleNamespace(state=view)), actions=before)
+    assert type(first) is kind and [h.subgoal for h in first.harnesses] == [TASK]  # the turn, one subtask
+    assert first.harnesses[0].tools == oracle.tools
+    part = Feedback("submit", agent_id=0, result="added")
+    joined = Feedback("joined", text="agent 0 submitted: added", parts=(part,))
+    view = dataclasses.replace(view, turns=(Turn(first, joined),), agents_used=1, actions=after)
+    assert parse_orchestrator_action(oracle.orchestrator(SimpleNamespace(state=view)), actions=after) == Finish("added")
+    proactive = dataclasses.replace(view, turns=(), actions=("delegate", "revise", "stop", "finish"))
+    assert type(parse_orchestrator_action(oracle.orchestrator(SimpleNamespace(state=proactive)))) is Delegate
+
+
 # ---- ARE's GAIA2 runner and judge ---------------------------------------------------------------
 @pytest.mark.slow
 @needs_are
@@ -158,6 +181,21 @@ def test_gaia2_judge_fails_an_agent_that_misses_the_task_change(tmp_path):
     assert not verdicts["porch_task_change"]["success"]
     assert "CalendarApp__add_calendar_event" in verdicts["porch_task_change"]["rationale"]
     assert verdicts["porch_timed_forward"]["success"] and verdicts["porch_two_turns"]["success"]
+
+
+@pytest.mark.slow
+@needs_are
+def test_orchestra_o1_plays_gaia2_on_are_and_misses_the_task_change_as_lifecycle_does(tmp_path):
+    store = tmp_path / "episodes.jsonl"
+    summary = run_gaia2(
+        tmp_path / "run", dataset=FIXTURES / "scenarios", checks=FIXTURES / "checks", system="orchestra_o1", store=store
+    )
+    verdicts = summary["scenarios"]
+    assert not verdicts["porch_task_change"]["success"]  # its sub-agent only submits: the change is never heard
+    assert verdicts["porch_timed_forward"]["success"] and verdicts["porch_two_turns"]["success"]
+    records = {r.episode_id: r for r in TrajectoryStore(store).read()}
+    timed = records["orchestra_o1/porch_timed_forward#1/turn0"]
+    assert [d.action["name"] for d in timed.decisions] == ["delegate_all", "finish"]
 
 
 def _call(name: str, **arguments) -> str:

@@ -8,7 +8,11 @@ the user message(s) the step depends on:
 - proactive: a notification with a message the plan needs but the harness lacks makes it pause with
   a ``revise`` request (target task, the message as evidence); the orchestrator revises the subgoal;
 - lifecycle (submit only): it keeps to its harness, so a step the user added mid-run is skipped;
-- solo (ReAct): it owns the task and acts on user notifications itself.
+- solo (ReAct): it owns the task and acts on user notifications itself;
+- the inference baselines (Orchestra-o1's ``delegate_all``, Skill-MAS's and MAS²'s ``plan``): a turn is one subtask
+  (every plan step of a turn hangs on that turn's user message(s), so there is nothing to split), written with the
+  system's own first action; its sub-agent, like lifecycle's, only submits, and the orchestrator finishes with the
+  joined result.
 This module imports no ARE code (the plan is built by ``plan.oracle_plan``).
 """
 
@@ -21,13 +25,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from porch_jax.backends import ChatRequest
-from porch_jax.envs.base import OrchestratorView, SubagentView
+from porch_jax.envs.base import Feedback, OrchestratorView, SubagentView
 from porch_jax.protocol import (
+    DELEGATE,
+    DELEGATE_ALL,
     REVISE,
     Delegate,
+    DelegateAll,
     Finish,
     Harness,
     Message,
+    Plan,
     Request,
     RequestTarget,
     Revise,
@@ -88,7 +96,9 @@ class ScriptedOracle:
         v: OrchestratorView = request.state
         if not v.turns:
             earlier, new = split_turn_text(v.task.text)
-            return render_action(Delegate(Harness(new, (earlier,) if earlier else (), self.tools, v.default_budget)))
+            return render_action(
+                first_action(Harness(new, (earlier,) if earlier else (), self.tools, v.default_budget), v.actions)
+            )
         fb = v.turns[-1].feedback
         req = fb.message.request if fb.message is not None else None
         if fb.event == "revise" and req is not None and fb.agent_id in v.live:
@@ -102,7 +112,7 @@ class ScriptedOracle:
                 )
             if req.target == RequestTarget.BUDGET and v.steps_left > 0:
                 return render_action(Revise(fb.agent_id, budget=fb.budget + min(10, v.steps_left)))
-        return render_action(Finish(self.answer_prefix + (fb.result or "")))
+        return render_action(Finish(self.answer_prefix + result(fb)))
 
     # ---- sub-agent -----------------------------------------------------------------------------
     def subagent(self, request: ChatRequest) -> str:
@@ -162,6 +172,20 @@ class ScriptedOracle:
             if s.is_answer or s.tool in v.harness.tools:
                 return s
         return None
+
+
+def first_action(harness: Harness, actions: Collection[str]) -> Delegate | DelegateAll:
+    """The turn's one subtask, written with the first of delegate, delegate_all and plan the system allows."""
+    if DELEGATE in actions:
+        return Delegate(harness)
+    if DELEGATE_ALL in actions:
+        return DelegateAll((harness,))
+    return Plan((harness,))
+
+
+def result(fb: Feedback) -> str:
+    """The answer a feedback carries: its own result, else (joined) the last of its parts' results."""
+    return fb.result or next((p.result for p in reversed(fb.parts) if p.result), "")
 
 
 def _subgoal(v: OrchestratorView, agent_id: int) -> str:
