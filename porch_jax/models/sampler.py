@@ -34,6 +34,7 @@ Why it looks the way it does:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -110,6 +111,25 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 def _round_up_pow2(n: int, lo: int) -> int:
     return max(lo, 1 << max(n - 1, 0).bit_length())
+
+
+@functools.partial(jax.jit, static_argnames=("length", "dtype"))
+def _right_align(k: jax.Array, n: jax.Array, *, length: int, dtype: Any) -> jax.Array:
+    """The first `n` token slots of a stored entry [layers, kv_heads, S, head_dim] right-aligned in `length`
+    slots, the slots before them zero. `n` is traced, so one compilation serves every reuse length."""
+    idx = jnp.arange(length) - (length - n)
+    picked = jnp.take(k, jnp.clip(idx, 0, k.shape[2] - 1), axis=2).astype(dtype)
+    return jnp.where((idx >= 0)[None, None, :, None], picked, jnp.zeros((), dtype))
+
+
+@jax.jit
+def _gather_slots(k_all: jax.Array, v_all: jax.Array, slots: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Each cache row's keys and values at its `slots` [batch, S]: [batch, layers, kv_heads, S, head_dim]."""
+
+    def rows(x: jax.Array) -> jax.Array:  # x [layers, batch, kv_heads, T, head_dim]
+        return jax.vmap(lambda xb, s: jnp.take(xb, s, axis=2), in_axes=(1, 0))(x, slots)
+
+    return rows(k_all), rows(v_all)
 
 
 def _bucket(n: int, buckets: Sequence[int]) -> int:
@@ -358,7 +378,8 @@ class Sampler:
 
     def _prefix(self, reuse: list[tuple[Any, int]], batch: int, length: int) -> tuple[jax.Array, jax.Array, np.ndarray]:
         """Each row's reused keys and values right-aligned in `length` slots ([layers, batch, kv_heads, length,
-        head_dim]), and which slots hold them."""
+        head_dim]), and which slots hold them. One jitted gather per (stored bucket, length), so a new reuse length
+        compiles nothing."""
         cfg = self.config
         empty = jnp.zeros((cfg.num_hidden_layers, cfg.num_key_value_heads, length, cfg.head_dim), self.cache_dtype)
         ks, vs = [], []
@@ -369,28 +390,37 @@ class Sampler:
                 ks.append(empty)
                 vs.append(empty)
                 continue
-            pad = ((0, 0), (0, 0), (length - n, 0), (0, 0))
-            ks.append(jnp.pad(entry.k[:, :, :n].astype(self.cache_dtype), pad))
-            vs.append(jnp.pad(entry.v[:, :, :n].astype(self.cache_dtype), pad))
+            ks.append(_right_align(entry.k, n, length=length, dtype=self.cache_dtype))
+            vs.append(_right_align(entry.v, n, length=length, dtype=self.cache_dtype))
             mask[b, length - n :] = True
         return jnp.stack(ks, axis=1), jnp.stack(vs, axis=1), mask
 
     def _remember(self, cache, prompts, reused, out_tokens, lengths, prefix_len: int, chunk: int) -> None:
         """Stores each row's prompt and sampled tokens (all but the last, whose keys the loop never wrote) with
-        their keys and values, gathered from the slots they occupy."""
+        their keys and values, gathered from the slots they occupy in one jitted call; each entry's arrays are
+        padded to a power-of-two length (the entry knows its true length from its tokens)."""
         k_all, v_all = cache
+        rows = []
         for b, prompt in enumerate(prompts):
             sampled = max(int(lengths[b]) - 1, 0)
             suffix = len(prompt) - reused[b]
-            slots = np.concatenate(
-                [
-                    np.arange(prefix_len - reused[b], prefix_len),
-                    np.arange(prefix_len + chunk - suffix, prefix_len + chunk),
-                    np.arange(prefix_len + chunk, prefix_len + chunk + sampled),
-                ]
+            rows.append(
+                np.concatenate(
+                    [
+                        np.arange(prefix_len - reused[b], prefix_len),
+                        np.arange(prefix_len + chunk - suffix, prefix_len + chunk),
+                        np.arange(prefix_len + chunk, prefix_len + chunk + sampled),
+                    ]
+                )
             )
-            tokens = list(prompt) + out_tokens[b, :sampled].tolist()
-            self.prefixes.put(tokens, jnp.take(k_all[:, b], slots, axis=2), jnp.take(v_all[:, b], slots, axis=2))
+        width = _round_up_pow2(max(len(r) for r in rows), lo=MIN_REUSE)
+        slots = np.zeros((k_all.shape[1], width), np.int32)  # every cache row, so the gather's shape is the batch's
+        for b, r in enumerate(rows):
+            slots[b, : len(r)] = r
+        k_rows, v_rows = _gather_slots(k_all, v_all, jnp.asarray(slots))
+        for b, prompt in enumerate(prompts):
+            tokens = list(prompt) + out_tokens[b, : max(int(lengths[b]) - 1, 0)].tolist()
+            self.prefixes.put(tokens, k_rows[b], v_rows[b])
 
     def _rows_on_mesh(self, x: np.ndarray) -> jax.Array:
         """A host array [batch, ...], the same in every process, as a global array with its rows over the mesh's
