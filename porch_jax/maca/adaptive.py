@@ -364,8 +364,8 @@ async def reinforce(
     of the iteration's tasks (at most `concurrency` at once), scores them with the benchmark's checker and moves the
     weights by learning_rate * mean((reward - the task's mean reward) * score). Episode k of task b in iteration i
     draws from its own generator (seed, i, b, k), so a rerun samples the same episodes whatever order the calls
-    finish in, and the response cache replays them. Returns the policy and, per iteration, the episodes' mean
-    reward, accuracy, tokens and calls."""
+    finish in, and the response cache replays them. Returns the policy and, per iteration, the number of episodes
+    and their mean reward, accuracy, tokens and calls."""
     limit = asyncio.Semaphore(concurrency)
 
     async def episode(current: Policy, i: int, b: int, k: int) -> tuple[Episode, bool]:
@@ -384,6 +384,7 @@ async def reinforce(
         history.append(
             {
                 "iteration": i,
+                "episodes": len(runs),
                 "reward": float(rewards.mean()),
                 "accuracy": float(np.mean([ok for _, ok in runs])),
                 "tokens": float(np.mean([e.result.cost for e, _ in runs])),

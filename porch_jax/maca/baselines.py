@@ -42,7 +42,7 @@ class RunResult:
     prompt_tokens: int
     completion_tokens: int
     calls: int
-    path: tuple[str, ...] = ()  # agents a router invoked, in order
+    path: tuple[str, ...] = ()  # what a system chose, in order: agents (routers, Puppeteer) or operators (MaAS)
     decisions: int = 0  # router decisions
     invalid_decisions: int = 0
 
