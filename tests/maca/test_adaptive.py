@@ -24,6 +24,7 @@ from porch_jax.maca.adaptive import (
     Learned,
     MaasController,
     PuppeteerPolicy,
+    architecture_score,
     maas,
     maas_controller,
     operator_probs,
@@ -169,6 +170,29 @@ def test_maas_runs_the_architecture_it_sampled():
     assert len(seen) > 3  # the draws cover several architectures, each executed as drawn
 
 
+def test_maas_score_is_the_gradient_of_the_architectures_log_probability():
+    """REINFORCE's term, checked by finite differences of log Q(architecture | query) = sum of its layers' log
+    probabilities."""
+    rng = np.random.default_rng(3)
+    controller = MaasController(rng.normal(size=maas_controller(8, 3).weights.shape))
+    x = rng.normal(size=8)
+    architecture = (ENSEMBLE, COT, EARLY_EXIT)
+
+    def log_q(weights):
+        c = MaasController(weights)
+        return sum(
+            np.log(operator_probs(c, x, layer, architecture[layer - 1] if layer else -1)[op])
+            for layer, op in enumerate(architecture)
+        )
+
+    grad = architecture_score(controller, x, architecture)
+    for index in [tuple(rng.integers(0, n) for n in grad.shape) for _ in range(20)] + [(0, 8, EARLY_EXIT)]:
+        bumped = controller.weights.copy()
+        bumped[index] += 1e-6
+        assert grad[index] == pytest.approx((log_q(bumped) - log_q(controller.weights)) / 1e-6, abs=1e-4)
+    assert not grad[0, :, EARLY_EXIT].any()  # exit is not offered at the first layer
+
+
 def test_maas_layers_read_the_previous_answer():
     rec = Recorder(lambda call, n: f"Layer note {len(rec.calls)}. The answer is 7.")
     query = adaptive_query("maas", TRAIN[0], POOL)
@@ -296,3 +320,13 @@ def test_adaptive_systems_train_and_run_by_name():
         check_cost(result, rec)
         with pytest.raises(ValueError, match="learned"):
             asyncio.run(run_system(name, rec.backend, HELD_OUT[0], POOL, None, learned=Learned(ENCODER)))
+
+
+def test_the_config_refuses_training_without_a_baseline():
+    from porch_jax.maca.config import MacaConfig
+    from porch_jax.typed_config import ConfigError, from_dict
+
+    with pytest.raises(ConfigError, match="puppeteer.samples"):
+        from_dict(MacaConfig, {"run_dir": "unused", "baselines": {"puppeteer": {"samples": 1}}})
+    with pytest.raises(ConfigError, match="maas.layers"):
+        from_dict(MacaConfig, {"run_dir": "unused", "baselines": {"maas": {"layers": 0}}})
