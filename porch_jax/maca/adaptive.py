@@ -235,8 +235,9 @@ async def maas(
       critique round), Debate (two rounds of the team) and Early Exit; ReAct and Testing are left out (these tasks
       give the agents no tools; Testing would run the code sandbox inside an answer);
     - one operator a layer, sampled from a softmax, where the paper may activate several a layer (its
-      cumulative-probability threshold over a mixture of experts); three layers; a layer's operator reads the
-      previous layer's answer; no exit at the first layer;
+      cumulative-probability threshold over a mixture of experts); `MaasConfig.layers` layers (3 by
+      default: with Debate's six calls, at most 18 calls a task); a layer's operator reads the previous layer's
+      answer; no exit at the first layer;
     - the controller is linear in the frozen encoder's query embedding and the previous operator (the paper's is a
       small network over query and operator embeddings); it is trained by REINFORCE with each query's mean reward
       as the baseline, on correctness minus beta * tokens (the paper's utility minus lambda * cost, as a
@@ -366,6 +367,8 @@ async def reinforce(
     draws from its own generator (seed, i, b, k), so a rerun samples the same episodes whatever order the calls
     finish in, and the response cache replays them. Returns the policy and, per iteration, the number of episodes
     and their mean reward, accuracy, tokens and calls."""
+    if not queries:
+        return policy, []
     limit = asyncio.Semaphore(concurrency)
 
     async def episode(current: Policy, i: int, b: int, k: int) -> tuple[Episode, bool]:
