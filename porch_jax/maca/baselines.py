@@ -33,6 +33,7 @@ COT_SUFFIX = "\n\nLet's think step by step."
 ROUTER_MODES = ("none", "hint", "mask")
 ANSWER_SAMPLING = Sampling(max_tokens=1024)
 ROUTER_SAMPLING = Sampling(max_tokens=32)
+Extract = Callable[[str], Hashable | None]  # what a vote compares in an answer (`vote_key`)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +42,7 @@ class RunResult:
     prompt_tokens: int
     completion_tokens: int
     calls: int
-    path: tuple[str, ...] = ()  # agents a router invoked, in order
+    path: tuple[str, ...] = ()  # what a system chose, in order: agents (routers, Puppeteer) or operators (MaAS)
     decisions: int = 0  # router decisions
     invalid_decisions: int = 0
 
@@ -69,6 +70,22 @@ async def _ask(backend: Backend, system: str | None, user: str, *, role: str, sa
     return (await answer(backend, ChatRequest(messages=messages, sampling=sampling, role=role))).text
 
 
+def majority(texts: Sequence[str], extract: Extract) -> tuple[str, Hashable | None, int]:
+    """The first text whose extracted answer is the most common one, that answer and its count (ties: the
+    earliest answer to reach the top count); the first text, None and 0 where nothing extracts."""
+    answers = [extract(t) for t in texts]
+    votes = collections.Counter(a for a in answers if a is not None)
+    if not votes:
+        return texts[0], None, 0
+    top = max(votes.values())
+    winner = next(a for a in answers if a is not None and votes[a] == top)
+    return texts[answers.index(winner)], winner, top
+
+
+def _labelled(entries: Sequence[tuple[str, str]]) -> str:
+    return "\n\n".join(f"[{name}]\n{text}" for name, text in entries)
+
+
 async def vanilla(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:
     """One call, the task prompt as is."""
     meter = CostMeter()
@@ -86,15 +103,14 @@ async def cot(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMP
 async def self_consistency(
     backend: Backend,
     prompt: str,
-    extract: Callable[[str], Hashable | None],
+    extract: Extract,
     *,
     samples: int = 5,
     temperature: float = 0.7,
     max_tokens: int = 1024,
     seed: int = 0,
 ) -> RunResult:
-    """`samples` CoT completions (distinct seeds); returns the first completion whose extracted answer
-    is the most common one (ties: the earliest answer to reach the top count)."""
+    """`samples` CoT completions (distinct seeds); returns their `majority`."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     texts = [
@@ -107,13 +123,7 @@ async def self_consistency(
         )
         for i in range(samples)
     ]
-    answers = [extract(t) for t in texts]
-    votes = collections.Counter(a for a in answers if a is not None)
-    if not votes:
-        return _result(texts[0], meter)
-    top = max(votes.values())
-    winner = next(a for a in answers if a is not None and votes[a] == top)
-    return _result(texts[answers.index(winner)], meter)
+    return _result(majority(texts, extract)[0], meter)
 
 
 async def self_refine(
@@ -123,26 +133,34 @@ async def self_refine(
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     answer = await _ask(metered, None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
+    return _result(await refine(metered, None, prompt, answer, rounds=rounds, sampling=sampling), meter)
+
+
+async def refine(
+    backend: Backend, system: str | None, prompt: str, draft: str, *, rounds: int, sampling: Sampling
+) -> str:
+    """Self-Refine's loop on a draft: up to `rounds` times a critique (role "critic") and, unless it finds no
+    issue, a rewrite (role "solver"), each call with the system prompt `system` (None: none)."""
     for _ in range(rounds):
         feedback = await _ask(
-            metered,
-            None,
-            f"{prompt}\n\nProposed solution:\n{answer}\n\nCritique this solution. If it is correct and complete, "
+            backend,
+            system,
+            f"{prompt}\n\nProposed solution:\n{draft}\n\nCritique this solution. If it is correct and complete, "
             "reply exactly 'NO ISSUES'.",
             role="critic",
             sampling=sampling,
         )
         if feedback.strip().upper().startswith("NO ISSUES"):
             break
-        answer = await _ask(
-            metered,
-            None,
-            f"{prompt}\n\nPrevious solution:\n{answer}\n\nFeedback:\n{feedback}\n\nWrite an improved solution, ending "
+        draft = await _ask(
+            backend,
+            system,
+            f"{prompt}\n\nPrevious solution:\n{draft}\n\nFeedback:\n{feedback}\n\nWrite an improved solution, ending "
             "with the final answer in the same format.",
             role="solver",
             sampling=sampling,
         )
-    return _result(answer, meter)
+    return draft
 
 
 def parse_router_choice(text: str, names: Sequence[str]) -> str | None:
@@ -235,7 +253,7 @@ def invalid_action_rate(results: Sequence[RunResult]) -> float:
     return sum(r.invalid_decisions for r in results) / decisions if decisions else 0.0
 
 
-def vote_key(task: BenchmarkTask) -> Callable[[str], Hashable | None]:
+def vote_key(task: BenchmarkTask) -> Extract:
     """What Self-Consistency votes on for a task: the number (math), the option letter (QA), or the extracted
     program with surrounding whitespace removed (code: identical programs vote together)."""
     if task.family == "math":

@@ -17,7 +17,15 @@ from typing import Any, Literal
 
 from porch_jax.backends import Sampling
 from porch_jax.backends.spec import EndpointSpec
-from porch_jax.maca.settings import BASELINES, NO_POLICY_READINGS, VARIANTS, GRPOConfig, PriorConfig
+from porch_jax.maca.settings import (
+    BASELINES,
+    NO_POLICY_READINGS,
+    VARIANTS,
+    AdaptiveTraining,
+    GRPOConfig,
+    MaasConfig,
+    PriorConfig,
+)
 from porch_jax.typed_config import check, resumable
 
 __all__ = [
@@ -186,15 +194,25 @@ class LMCheckConfig:
 
 @dataclasses.dataclass(frozen=True)
 class BaselinesConfig:
-    """The comparison systems (baselines.BASELINES) on the held-out tasks; they need a benchmark world."""
+    """The comparison systems (baselines.BASELINES) on the held-out tasks; they need a benchmark world. MaAS and
+    Puppeteer (adaptive.py) first learn on the training tasks by REINFORCE, as `maas` and `puppeteer` set (more
+    iterations or samples: more agent calls before the evaluation; MaAS's layers: deeper architectures)."""
 
     systems: tuple[str, ...] = ()
     concurrency: int = resumable(8)  # episodes in flight against the served agents
+    maas: MaasConfig = MaasConfig()
+    puppeteer: AdaptiveTraining = AdaptiveTraining()
 
     def __post_init__(self):
         unknown = [s for s in self.systems if s not in BASELINES]
         check(not unknown, "systems", f"unknown {unknown}; choose from {', '.join(BASELINES)}")
         check(self.concurrency > 0, "concurrency", f"must be > 0, got {self.concurrency}")
+        check(self.maas.layers > 0, "maas.layers", f"must be > 0, got {self.maas.layers}")
+        for name, t in (("maas", self.maas), ("puppeteer", self.puppeteer)):
+            check(t.iterations >= 0, f"{name}.iterations", f"must be >= 0, got {t.iterations}")
+            check(t.tasks_per_iteration > 0, f"{name}.tasks_per_iteration", f"must be > 0, got {t.tasks_per_iteration}")
+            check(t.samples > 1, f"{name}.samples", f"must be > 1 (each task's mean is the baseline), got {t.samples}")
+            check(t.learning_rate > 0, f"{name}.learning_rate", f"must be > 0, got {t.learning_rate}")
 
 
 @dataclasses.dataclass(frozen=True)

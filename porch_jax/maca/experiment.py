@@ -27,6 +27,7 @@ from absl import logging
 from porch_jax.backends import Backend
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines, multi_agent
+from porch_jax.maca.adaptive import Learned
 from porch_jax.maca.config import GATE_GAMMAS, BackendConfig, LMConfig, MacaConfig, WorldConfig
 from porch_jax.maca.encoder import HashingEncoder, SentenceEncoder, SentenceTransformerEncoder
 from porch_jax.maca.graphspec import BudgetTemperature, context_text
@@ -50,7 +51,7 @@ from porch_jax.maca.prior import (
     restore_edge_mlp,
     save_edge_mlp,
 )
-from porch_jax.maca.settings import VARIANTS
+from porch_jax.maca.settings import ADAPTIVE, VARIANTS
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import GRPOConfig, Variant
 from porch_jax.train.mesh import make_mesh
@@ -209,6 +210,7 @@ class Setup:
     timings: dict[str, float]
     prior_stats: dict[str, Any]
     validation: analysis.Study | None = None  # the study with a validation split as its eval tasks (lambda selection)
+    encoder: SentenceEncoder | None = None  # e(x, b)'s encoder, also the adaptive baselines' frozen features
 
 
 def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
@@ -278,7 +280,7 @@ def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[
             q_eval=relevance_scores(ctx_val, agent_embs, [t.budget for t in val], pcfg.temperature),
             p_eval=edge_probs(mlp, agent_embs, ctx_val, with_start=pcfg.with_start),
         )
-    return Setup(study, spool, best, timings, prior_stats, validation)
+    return Setup(study, spool, best, timings, prior_stats, validation, encoder)
 
 
 def validation_tasks(cfg: MacaConfig) -> list[OrchestrationTask]:
@@ -442,13 +444,16 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
     """The comparison systems (`settings.BASELINES`: Table 1's single-model ones, Table 11's LLM routers, which
     route under MACA's GraphSpec, and multi_agent.py's multi-agent systems) on the held-out tasks through the agents'
     backend: accuracy by the benchmark's checker, cost = every call's prompt + completion tokens, and the routers'
-    invalid-action rate."""
+    invalid-action rate. MaAS and Puppeteer first learn on the training tasks through the same backend (no
+    checkpoint: with the response cache a rerun replays their training's calls), their rows adding each task's
+    architecture or agent path and the training's history and tokens."""
     study = setup.study
     benchmark = study.world.judge.benchmark
     _, specs = study.specs(variant(cfg, "maca"))
     sampling = cfg.backend.sampling
     limit = asyncio.Semaphore(cfg.baselines.concurrency)
     exemplars = [t.source for t in study.train_tasks]  # ComplexCoT's pool: never a held-out task
+    learned, training = train_adaptive_baselines(cfg, setup, log)
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
         async with limit:
@@ -463,6 +468,7 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
                 edge_threshold=cfg.graphspec.edge_threshold,
                 sampling=sampling,
                 seed=seed,
+                learned=learned,
             )
 
     async def every_system() -> list[list[baselines.RunResult]]:
@@ -493,9 +499,49 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
         if name.startswith("router_"):
             row["invalid_action_rate"] = baselines.invalid_action_rate(runs)
             row["avg_agents"] = float(np.mean([len(r.path) for r in runs]))
+        if name in training:
+            history = training[name]
+            row["paths"] = [" > ".join(r.path) for r in runs]
+            row["policy"] = f"trained here ({len(history)} REINFORCE iterations)" if history else "untrained"
+            row["training"] = history
+            row["training_tokens"] = sum(h["tokens"] * h["episodes"] for h in history)
         rows.append(row)
         log(f"baseline {name}: {_brief(row)}")
     return rows
+
+
+def train_adaptive_baselines(
+    cfg: MacaConfig, setup: Setup, log: Callable[[str], None]
+) -> tuple[Learned | None, dict[str, list[dict[str, Any]]]]:
+    """The configured adaptive baselines (MaAS, Puppeteer) trained on the training tasks through the agents'
+    backend, scored by the benchmark's checker, on the features of the study's encoder; (None, {}) where none is
+    configured."""
+    names = [n for n in cfg.baselines.systems if n in ADAPTIVE]
+    if not names:
+        return None, {}
+    study, b = setup.study, cfg.baselines
+    start = time.perf_counter()
+    learned, training = asyncio.run(
+        multi_agent.train_adaptive(
+            names,
+            study.world.backend,
+            [t.source for t in study.train_tasks],
+            study.world.pool,
+            study.world.judge.benchmark.check,
+            setup.encoder,
+            maas_config=b.maas,
+            puppeteer_config=b.puppeteer,
+            max_steps=cfg.rollout.max_steps,
+            sampling=cfg.backend.sampling,
+            seed=cfg.seed,
+            concurrency=b.concurrency,
+        )
+    )
+    seconds = time.perf_counter() - start
+    for name, history in training.items():
+        last = ", ".join(f"{k} {v:.3f}" for k, v in history[-1].items() if k != "iteration") if history else "untrained"
+        log(f"{name} trained on {len(study.train_tasks)} tasks ({seconds:.0f} s for all): last iteration {last}")
+    return learned, training
 
 
 def _brief(row: dict[str, Any]) -> str:

@@ -1,6 +1,8 @@
 """MACA's multi-agent comparison systems, over the same Backend interface, agent pools and exact response cache as
 MACA and the single-model baselines (baselines.py): ComplexCoT (Fu et al. 2023), DyLAN (Liu et al. 2023), MacNet
-(Qian et al. 2024), AgentVerse (Chen et al. 2023) and AgentPrune (Zhang et al. 2024).
+(Qian et al. 2024), AgentVerse (Chen et al. 2023) and AgentPrune (Zhang et al. 2024); and the adaptive ones that
+learn on the training tasks first, MaAS and Puppeteer (adaptive.py: `train_adaptive` trains them, `run_system`
+runs what they learned).
 
 The multi-agent systems' agents are the task family's agents of MACA's pool (`team`: the first TEAM_SIZE in pool
 order, cycled when the family has fewer; AgentVerse recruits among the family's and the auxiliary agents), each
@@ -14,22 +16,33 @@ returns a typed run record holding the `RunResult`; `run_system` is the dispatch
 from __future__ import annotations
 
 import asyncio
-import collections
 import dataclasses
 import re
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from porch_jax.backends import Backend, CostMeter, MeteredBackend, Sampling
 from porch_jax.envs.benchmarks.base import BenchmarkTask
-from porch_jax.maca.baselines import ANSWER_SAMPLING, COT_SUFFIX, RunResult, _ask, _result, run_baseline, vote_key
+from porch_jax.maca.adaptive import Check, Learned, Query, maas, puppeteer, train_maas, train_puppeteer
+from porch_jax.maca.baselines import (
+    ANSWER_SAMPLING,
+    COT_SUFFIX,
+    Extract,
+    RunResult,
+    _ask,
+    _labelled,
+    _result,
+    majority,
+    run_baseline,
+    vote_key,
+)
+from porch_jax.maca.encoder import SentenceEncoder
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.pools import Agent, AgentPool
-from porch_jax.maca.settings import MULTI_AGENT
+from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT, AdaptiveTraining, MaasConfig
 
 TOPOLOGIES = ("chain", "tree", "mesh")
-Extract = Callable[[str], Hashable | None]
 
 
 def team(pool: AgentPool, family: str, size: int) -> tuple[Agent, ...]:
@@ -38,22 +51,6 @@ def team(pool: AgentPool, family: str, size: int) -> tuple[Agent, ...]:
     if not members:
         raise ValueError(f"the pool has no {family!r} agents")
     return tuple(members[i % len(members)] for i in range(size))
-
-
-def majority(texts: Sequence[str], extract: Extract) -> tuple[str, Hashable | None, int]:
-    """The first text whose extracted answer is the most common one, that answer and its count (ties: the
-    earliest answer to reach the top count); the first text, None and 0 where nothing extracts."""
-    answers = [extract(t) for t in texts]
-    votes = collections.Counter(a for a in answers if a is not None)
-    if not votes:
-        return texts[0], None, 0
-    top = max(votes.values())
-    winner = next(a for a in answers if a is not None and votes[a] == top)
-    return texts[answers.index(winner)], winner, top
-
-
-def _labelled(entries: Sequence[tuple[str, str]]) -> str:
-    return "\n\n".join(f"[{name}]\n{text}" for name, text in entries)
 
 
 # ---------------------------------------------------------------- ComplexCoT
@@ -477,6 +474,61 @@ async def agentprune(
 TEAM_SIZE = 3  # agents per system: the fewest for which DyLAN's 2/3 consensus and a majority vote mean something
 
 
+def candidates(pool: AgentPool, family: str) -> list[Agent]:
+    """The agents a system may choose among on a task of `family`: the family's and the auxiliary ones."""
+    return [a for a in pool if a.family in (family, "auxiliary")]
+
+
+def adaptive_query(name: str, task: BenchmarkTask, pool: AgentPool) -> Query:
+    """`task` as adaptive system `name` runs it, in training and at test time alike: MaAS's operators use the
+    family's team (as the other multi-agent systems do); Puppeteer picks among AgentVerse's candidates."""
+    agents = team(pool, task.family, TEAM_SIZE) if name == "maas" else candidates(pool, task.family)
+    return Query(task, tuple(agents), vote_key(task))
+
+
+async def train_adaptive(
+    names: Sequence[str],
+    backend: Backend,
+    tasks: Sequence[BenchmarkTask],
+    pool: AgentPool,
+    check: Check,
+    encoder: SentenceEncoder,
+    *,
+    maas_config: MaasConfig = MaasConfig(),
+    puppeteer_config: AdaptiveTraining = AdaptiveTraining(),
+    max_steps: int = 4,
+    sampling: Sampling = ANSWER_SAMPLING,
+    seed: int = 0,
+    concurrency: int = 8,
+) -> tuple[Learned, dict[str, list[dict]]]:
+    """Trains each adaptive system of `names` on `tasks` (the training split, scored by `check`) through `backend`;
+    returns what they learned (for `run_system`) and each one's training history. Puppeteer's episodes have
+    `max_steps` agents at most, as at test time."""
+    learned, history = Learned(encoder), {}
+    if "maas" in names:
+        queries = [adaptive_query("maas", t, pool) for t in tasks]
+        controller, history["maas"] = await train_maas(
+            backend, queries, check, encoder, maas_config, sampling=sampling, seed=seed, concurrency=concurrency
+        )
+        learned = dataclasses.replace(learned, maas=controller)
+    if "puppeteer" in names:
+        queries = [adaptive_query("puppeteer", t, pool) for t in tasks]
+        policy, history["puppeteer"] = await train_puppeteer(
+            backend,
+            queries,
+            pool,
+            check,
+            encoder,
+            puppeteer_config,
+            max_steps=max_steps,
+            sampling=sampling,
+            seed=seed,
+            concurrency=concurrency,
+        )
+        learned = dataclasses.replace(learned, puppeteer=policy)
+    return learned, history
+
+
 async def run_system(
     name: str,
     backend: Backend,
@@ -489,10 +541,15 @@ async def run_system(
     edge_threshold: float = 0.0,
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
+    learned: Learned | None = None,
 ) -> RunResult:
     """One of `settings.BASELINES` on one task. The multi-agent systems run a team of the task family's agents;
     ComplexCoT draws its exemplars from `exemplars` of the task's benchmark (the study's training tasks); AgentPrune
-    estimates its channel weights from `spec`'s edge prior. The rest go to `baselines.run_baseline`."""
+    estimates its channel weights from `spec`'s edge prior; MaAS and Puppeteer act greedily by what `learned` holds
+    (`train_adaptive` on the training tasks), Puppeteer with at most `max_steps` agents. The rest go to
+    `baselines.run_baseline`."""
+    if name in ADAPTIVE:
+        return await _run_adaptive(name, backend, task, pool, learned, max_steps, sampling)
     if name not in MULTI_AGENT:
         return await run_baseline(
             name,
@@ -516,8 +573,8 @@ async def run_system(
             await macnet(backend, task.prompt, members, kind=name.removeprefix("macnet_"), sampling=sampling)
         ).result
     if name == "agentverse":
-        candidates = [a for a in pool if a.family in (task.family, "auxiliary")]
-        return (await agentverse(backend, task.prompt, candidates, size=TEAM_SIZE, sampling=sampling)).result
+        recruits = candidates(pool, task.family)
+        return (await agentverse(backend, task.prompt, recruits, size=TEAM_SIZE, sampling=sampling)).result
     at = [pool.index(a.name) for a in members]
     weights = np.array(spec.edge_prior, dtype=float)[np.ix_(at, at)]
     # the prior has no self-loops (edges.py): an agent's channel to its own next round gets the team's mean weight,
@@ -525,3 +582,22 @@ async def run_system(
     off = ~np.eye(len(at), dtype=bool)
     np.fill_diagonal(weights, weights[off].mean())
     return (await agentprune(backend, task.prompt, members, vote_key(task), weights, sampling=sampling)).result
+
+
+async def _run_adaptive(
+    name: str,
+    backend: Backend,
+    task: BenchmarkTask,
+    pool: AgentPool,
+    learned: Learned | None,
+    max_steps: int,
+    sampling: Sampling,
+) -> RunResult:
+    policy = getattr(learned, name, None)
+    if policy is None:
+        raise ValueError(f"{name} acts by what it learned on the training tasks: pass learned=train_adaptive(...)")
+    query = adaptive_query(name, task, pool)
+    if name == "maas":
+        return (await maas(backend, query, policy, learned.encoder, sampling=sampling)).result
+    run = await puppeteer(backend, query, pool, policy, learned.encoder, max_steps=max_steps, sampling=sampling)
+    return run.result

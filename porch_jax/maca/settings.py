@@ -17,7 +17,33 @@ NO_POLICY_READINGS = (*STRUCTURES, "reference", "pretrained_lm")  # what "w/o pi
 SINGLE_MODEL = ("vanilla", "cot", "self_consistency", "self_refine", "router_none", "router_hint", "router_mask")
 # multi_agent.py's systems: ComplexCoT, DyLAN, MacNet on three topologies, AgentVerse, AgentPrune
 MULTI_AGENT = ("complex_cot", "dylan", "macnet_chain", "macnet_tree", "macnet_mesh", "agentverse", "agentprune")
-BASELINES = (*SINGLE_MODEL, *MULTI_AGENT)
+# adaptive.py's systems, which learn on the training tasks before they answer: MaAS and Puppeteer
+ADAPTIVE = ("maas", "puppeteer")
+BASELINES = (*SINGLE_MODEL, *MULTI_AGENT, *ADAPTIVE)
+
+
+@dataclasses.dataclass(frozen=True)
+class AdaptiveTraining:
+    """REINFORCE for an adaptive baseline (adaptive.py) on the training tasks: `iterations` updates, each on
+    `tasks_per_iteration` tasks (the training tasks in turn) x `samples` episodes of the current policy, with the
+    episode reward correct - token_cost_weight * tokens / token_unit - step_cost * model calls (beta as MACA's
+    Eq. 12) and each task's mean reward as the baseline; plain gradient ascent at `learning_rate`. The defaults run
+    as many episodes as MACA's GRPO in the real-agent table (6 x 2 x 8)."""
+
+    iterations: int = 6
+    tasks_per_iteration: int = 2
+    samples: int = 8
+    learning_rate: float = 0.5
+    token_cost_weight: float = TOKEN_COST_WEIGHT
+    token_unit: float = 1000.0
+    step_cost: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class MaasConfig(AdaptiveTraining):
+    """MaAS's supernet depth (operator layers) and its controller's training."""
+
+    layers: int = 3
 
 
 @dataclasses.dataclass(frozen=True)

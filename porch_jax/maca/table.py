@@ -1,5 +1,7 @@
 """MACA's real-agent table: the paper's six benchmarks x MACA, its Table 3 ablations and the baselines (Vanilla,
-CoT, Self-Consistency x5, Self-Refine, Table 11's three LLM routers), every agent one served model, sized for a CPU.
+CoT, Self-Consistency x5, Self-Refine, Table 11's three LLM routers, multi_agent.py's multi-agent systems and
+adaptive.py's MaAS and Puppeteer, which learn on each benchmark's training tasks first), every agent one served
+model, sized for a CPU.
 
 Each benchmark is one MACA experiment (`experiment.run`, in RUN_DIR/<benchmark>) on its recorded CPU subset of the
 Table 4 split (`world.subset`: 30 test tasks, 16 training tasks), with the family's agent pool (paper Table 5).

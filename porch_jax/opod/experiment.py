@@ -464,7 +464,9 @@ def train_sft(
             run,
             name,
             init,
-            lambda tok, mesh: sources.PackedSource(rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong),
+            lambda tok, mesh: sources.PackedSource(
+                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong
+            ),
             learning_rate=lr,
             steps=steps,
             validation=lambda mesh: sources.fixed_batches(validation, settings.batch, buckets, mesh, overlong=overlong),

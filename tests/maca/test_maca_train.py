@@ -686,7 +686,7 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     from porch_jax.envs.benchmarks.answers import format_number
     from porch_jax.maca import experiment
     from porch_jax.maca.baselines import BASELINES, COT_SUFFIX
-    from porch_jax.maca.settings import MULTI_AGENT
+    from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT
 
     try:
         tasks = load_tasks("gsm_hard", "train")[:3] + load_tasks("gsm_hard", "test")[:3]
@@ -735,6 +735,11 @@ def test_launcher_real_benchmark_path_with_a_scripted_backend(tmp_path):
     solver = setup.study.world.pool.index("MathSolver")
     allowed = sum(bool(specs[t.task_id].retained[solver]) for t in setup.study.eval_tasks)
     multi = {k: base.pop(k) for k in MULTI_AGENT}  # multi_agent.py's systems: run, cost counted
+    adaptive = {k: base.pop(k) for k in ADAPTIVE}  # adaptive.py's: trained on the 3 training tasks, then run
+    for r in adaptive.values():
+        assert len(r["training"]) == cfg.grpo.iterations and r["training"][0]["episodes"] == 4  # as many as GRPO
+        assert r["training_tokens"] > 0
+        assert len(r["paths"]) == 3 and r["avg_cost"] > 0 and r["policy"].startswith("trained here")
     assert all(r["avg_cost"] > 0 for r in multi.values())
     assert (multi["complex_cot"]["accuracy"], multi["complex_cot"]["avg_calls"]) == (1.0, 1)
     assert (multi["agentverse"]["accuracy"], multi["agentverse"]["avg_calls"]) == (1.0, 3)  # recruit, solve, accept
@@ -783,7 +788,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
     from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
     from porch_jax.maca import experiment
     from porch_jax.maca.baselines import COT_SUFFIX
-    from porch_jax.maca.settings import MULTI_AGENT
+    from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT
 
     try:
         tasks = load_tasks(name, "train")[:3] + load_tasks(name, "test")[:3]
@@ -822,7 +827,7 @@ def test_launcher_on_the_code_and_qa_benchmarks_with_a_scripted_backend(name, tm
         "router_none": 0.0,
         "router_hint": 0.0,
         "router_mask": 0.0,
-    } | {system: 1.0 for system in MULTI_AGENT}  # every agent writes the reference
+    } | {system: 1.0 for system in (*MULTI_AGENT, *ADAPTIVE)}  # every agent writes the reference
     with pytest.raises(ConfigError, match="unknown 'gsm8k'"):
         get_config("gsm8k")
 

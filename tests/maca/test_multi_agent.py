@@ -5,12 +5,11 @@ pruned channels), and that every system's token cost is the sum over its calls."
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import numpy as np
 import pytest
+from recorder import POOL, Recorder, check_cost
 
-from porch_jax.backends import ScriptedBackend
 from porch_jax.envs.benchmarks.answers import extract_number
 from porch_jax.envs.benchmarks.base import BenchmarkTask
 from porch_jax.maca.graphspec import GraphSpec
@@ -30,47 +29,10 @@ from porch_jax.maca.multi_agent import (
     team,
     topology,
 )
-from porch_jax.maca.pools import load_pool
 from porch_jax.maca.settings import BASELINES, MULTI_AGENT
 
 TASK = "Tom has 3 apples and buys 4 more. How many apples? End with 'The answer is <number>.'"
-POOL = load_pool()
 MATH = team(POOL, "math", 3)  # WordProblemParser, MathSolver, ArithmeticChecker
-
-
-@dataclasses.dataclass
-class Call:
-    role: str
-    agent: str | None  # the pool agent whose system prompt the call ran with
-    prompt: str
-    reply: str
-
-
-class Recorder:
-    """A scripted model that keeps every call, to check what each call saw and what the run should cost."""
-
-    def __init__(self, model):
-        self.model, self.calls = model, []
-        by_prompt = {a.prompt: a.name for a in POOL}
-        self.backend = ScriptedBackend(self._reply)
-        self._agent = lambda r: by_prompt.get(r.messages[0]["content"]) if r.messages[0]["role"] == "system" else None
-
-    def _reply(self, request):
-        call = Call(request.role, self._agent(request), request.messages[-1]["content"], "")
-        call.reply = self.model(call, len([c for c in self.calls if c.agent == call.agent]))
-        self.calls.append(call)
-        return call.reply
-
-    def cost(self) -> int:
-        """Words in, words out, over every call (the scripted backend's token count)."""
-        agents = {a.name: a.prompt for a in POOL}
-        return sum(
-            len(c.prompt.split()) + len(agents.get(c.agent, "").split()) + len(c.reply.split()) for c in self.calls
-        )
-
-
-def _check_cost(result, recorder):
-    assert result.calls == len(recorder.calls) and result.cost == recorder.cost()
 
 
 def test_complex_cot_prompts_with_the_most_complex_exemplars():
@@ -82,7 +44,7 @@ def test_complex_cot_prompts_with_the_most_complex_exemplars():
     assert "Question: Q6" in prompt and "Question: Q5" in prompt
     assert all(f"Question: Q{n}\n" not in prompt for n in (1, 2, 3))
     assert prompt.index("Q6") < prompt.index("Q5") < prompt.index(TASK) and prompt.endswith("step by step.")
-    _check_cost(result, rec)
+    check_cost(result, rec)
 
 
 def test_exemplar_steps_count_the_worked_solution():
@@ -117,7 +79,7 @@ def test_dylan_stops_early_when_the_agents_agree():
     rec = Recorder(lambda call, _: "The answer is 7.")
     run = asyncio.run(dylan(rec.backend, TASK, MATH, extract_number, rounds=3))
     assert run.rounds == 1 and run.result.calls == 3 and extract_number(run.result.answer) == 7
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def test_dylan_runs_every_round_without_consensus():
@@ -125,7 +87,7 @@ def test_dylan_runs_every_round_without_consensus():
     run = asyncio.run(dylan(rec.backend, TASK, MATH, extract_number, rounds=3))
     assert run.rounds == 3 and run.result.calls == 9
     assert all("Answers of the previous round" in c.prompt for c in rec.calls[3:])
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def test_dylan_ranks_the_agent_its_peers_rated_highest_first():
@@ -142,7 +104,7 @@ def test_dylan_ranks_the_agent_its_peers_rated_highest_first():
     assert run.rounds == 2 and run.ranking()[0] == "ArithmeticChecker" and run.ranking()[-1] == "WordProblemParser"
     assert run.result.answer == "3 + 4 = 7. The answer is 7."  # the ratings are not part of the answer
     assert sum(run.importance) == pytest.approx(1.0)
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def test_parse_ratings_falls_back_to_uniform():
@@ -171,7 +133,7 @@ def test_macnet_sink_sees_its_predecessors_only(kind, sink_sees):
     assert {a.name for a in MATH if f"Draft by {a.name}." in sink.prompt} == sink_sees
     assert run.inputs[-1] == tuple(MATH.index(a) for a in MATH if a.name in sink_sees)
     assert "Draft by" not in rec.calls[0].prompt  # the source solves alone
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def _agentverse_model(verdicts):
@@ -196,7 +158,7 @@ def test_agentverse_loops_until_the_evaluator_accepts():
     assert [c.role for c in rec.calls].count("evaluator") == 3
     assert "Still wrong." in [c for c in rec.calls if c.role == "recruiter"][-1].prompt  # feedback reaches recruiting
     assert rec.calls[1].agent == "StepChecker"  # the first recruited expert leads
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def test_agentverse_stops_at_the_round_limit():
@@ -224,7 +186,7 @@ def test_agentprune_pruned_channels_carry_no_messages():
                     continue
                 note = f"Note {t if e.kind == 'spatial' else t - 1} by {MATH[e.sender].name}."
                 assert (note in prompt) == (e in run.kept), (t, agent.name, e)
-    _check_cost(run.result, rec)
+    check_cost(run.result, rec)
 
 
 def test_every_multi_agent_system_runs_by_name_and_costs_the_sum_of_its_calls():
@@ -237,7 +199,7 @@ def test_every_multi_agent_system_runs_by_name_and_costs_the_sum_of_its_calls():
         rec = Recorder(_agentverse_model(["ACCEPT"]))
         result = asyncio.run(run_system(name, rec.backend, task, POOL, spec, exemplars=[task]))
         assert extract_number(result.answer) == 7, name
-        _check_cost(result, rec)
+        check_cost(result, rec)
     rec = Recorder(lambda call, _: "The answer is 7.")
     assert asyncio.run(run_system("vanilla", rec.backend, task, POOL, spec)).calls == 1
 

@@ -43,6 +43,10 @@ def test_maca_gsm_hard_launcher_on_vllm(vllm_server, tmp_path):
     assert maca["avg_calls"] == 0 or maca["avg_cost"] > 10 * maca["avg_calls"]  # each call's prompt holds the task
     base = {r["system"]: r for r in results["baselines"]}
     assert all(r["accuracy"] == 0.0 and r["avg_cost"] > 0 for r in base.values())
+    # adaptive.py's systems: what they learned from no reward sets their calls, within the architecture's bound
+    maas, puppeteer = base.pop("maas"), base.pop("puppeteer")
+    assert 1 <= maas["avg_calls"] <= 3 * 6  # three layers, Debate's six calls the most a layer makes
+    assert 1 <= puppeteer["avg_calls"] <= cfg.rollout.max_steps
     assert {k: r["avg_calls"] for k, r in base.items()} == {
         "vanilla": 1,
         "cot": 1,
