@@ -12,20 +12,30 @@ aside), so a run killed mid-way keeps every answer it got and a rerun replays th
 many systems resumes. A replayed result carries the tokens the original call spent, so a system's cost is the
 same whether its calls were answered by the server or by the cache. Identical requests in flight at once are
 sent once (the others await the first).
+
+Besides the total, the counts are kept per scope: `SCOPE`, a context variable a caller sets around one part of its
+run (`with scope("cot"): ...`, e.g. one system of a comparison). asyncio copies the context into every task it
+creates, so each call a scoped coroutine makes, in whichever task, counts under its scope, and a rerun can show which
+parts reached the model (`scope_counts`, `counts_since`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from porch_jax.backends.base import Backend, ChatRequest, ChatResult, Sampling
 from porch_jax.trajectories.jsonl import AppendOnlyJsonl
+
+SCOPE: contextvars.ContextVar[str | None] = contextvars.ContextVar("porch_jax.backends.cache.SCOPE", default=None)
 
 # what a cached entry keeps of a ChatResult (ids and logprobs stay out: the comparison reads text and counts)
 _KEPT = ("text", "prompt_tokens", "completion_tokens", "finish_reason", "token_source")
@@ -78,8 +88,46 @@ class CacheStats:
     uncacheable: int = 0
     shared: int = 0  # requests that awaited an identical one in flight
 
+    @property
+    def model_calls(self) -> int:
+        """Requests that reached the model: the cacheable ones it answered and the uncacheable ones."""
+        return self.misses + self.uncacheable
+
+    def minus(self, earlier: CacheStats) -> CacheStats:
+        """The requests counted since `earlier` (a copy of these counts taken then)."""
+        return CacheStats(
+            **{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in dataclasses.fields(self)}
+        )
+
     def to_dict(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+@contextlib.contextmanager
+def scope(name: str) -> Iterator[None]:
+    """Every request made inside (by this coroutine and the tasks it creates) counts under `name`."""
+    token = SCOPE.set(name)
+    try:
+        yield
+    finally:
+        SCOPE.reset(token)
+
+
+def scope_counts(backend: Any) -> dict[str | None, CacheStats] | None:
+    """A copy of `backend`'s counts per scope (None: requests made outside any), or None for a backend that keeps
+    none (anything but a `CachedBackend`)."""
+    if not isinstance(backend, CachedBackend):
+        return None
+    return {name: dataclasses.replace(stats) for name, stats in backend.scoped.items()}
+
+
+def counts_since(
+    before: dict[str | None, CacheStats], after: dict[str | None, CacheStats]
+) -> dict[str | None, CacheStats]:
+    """The requests between two `scope_counts` copies, per scope that made any."""
+    return {
+        name: stats.minus(before.get(name, CacheStats())) for name, stats in after.items() if stats != before.get(name)
+    }
 
 
 class CachedBackend:
@@ -92,6 +140,7 @@ class CachedBackend:
         self.file = ResponseFile(path)
         self.entries = self.file.load()
         self.stats = CacheStats()
+        self.scoped: dict[str | None, CacheStats] = {}  # per `SCOPE` (None: outside any); they sum to `stats`
         self._in_flight: dict[str, asyncio.Future[ChatResult]] = {}
 
     @property
@@ -100,14 +149,14 @@ class CachedBackend:
 
     async def chat(self, request: ChatRequest) -> ChatResult:
         if not cacheable(request.sampling):
-            self.stats.uncacheable += 1
+            self._count("uncacheable")
             return await self.inner.chat(request)
         key = request_key(self.model_id, request)
         if key in self.entries:
-            self.stats.hits += 1
+            self._count("hits")
             return ChatResult(**self.entries[key])
         if key in self._in_flight:
-            self.stats.shared += 1
+            self._count("shared")
             result = await asyncio.shield(self._in_flight[key])
             return dataclasses.replace(result)
         future: asyncio.Future[ChatResult] = asyncio.get_running_loop().create_future()
@@ -120,11 +169,16 @@ class CachedBackend:
             raise
         finally:
             del self._in_flight[key]
-        self.stats.misses += 1
+        self._count("misses")
         self.entries[key] = {k: getattr(result, k) for k in _KEPT}
         self.file.append(key, result)
         future.set_result(result)
         return result
+
+    def _count(self, field: str) -> None:
+        """One request counted as `field`, in the total and under the current scope."""
+        for stats in (self.stats, self.scoped.setdefault(SCOPE.get(), CacheStats())):
+            setattr(stats, field, getattr(stats, field) + 1)
 
     def close(self) -> None:
         self.file.close()

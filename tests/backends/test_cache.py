@@ -1,4 +1,5 @@
-"""The exact response cache: what it keys on, what it keeps, what it passes through, how it survives a kill."""
+"""The exact response cache: what it keys on, what it keeps, what it passes through, how it survives a kill, and
+what it counts per scope."""
 
 from __future__ import annotations
 
@@ -9,7 +10,17 @@ import json
 import pytest
 
 from porch_jax.backends import ChatRequest, Sampling, ScriptedBackend
-from porch_jax.backends.cache import CachedBackend, CacheError, cacheable, request_key
+from porch_jax.backends.cache import (
+    SCOPE,
+    CachedBackend,
+    CacheError,
+    CacheStats,
+    cacheable,
+    counts_since,
+    request_key,
+    scope,
+    scope_counts,
+)
 
 
 class Counting:
@@ -118,3 +129,38 @@ def test_a_failed_call_is_not_cached_and_its_twins_in_flight_see_the_error(tmp_p
     errors = asyncio.run(twins())
     assert all(isinstance(e, BackendError) for e in errors) and Failing.calls == 1
     assert not cache.entries and not (tmp_path / "responses.jsonl").exists()
+
+
+def test_requests_count_per_scope_in_concurrent_tasks_and_outside_any(tmp_path):
+    model = Counting(delay_s=0.01)
+    cache = CachedBackend(model, tmp_path / "responses.jsonl", model_id="m")
+
+    async def system(name, *texts):
+        SCOPE.set(name)  # set in the task gather made for this coroutine: its calls' tasks inherit it, no one else
+        return await asyncio.gather(*(cache.chat(ask(t)) for t in texts))
+
+    async def comparison():
+        await asyncio.gather(system("a", "x", "y"), system("b", "x", "z", "z"), cache.chat(ask("w")))
+        assert SCOPE.get() is None
+        with scope("a"):
+            await cache.chat(ask("z"))
+            await cache.chat(ask("u", temperature=0.7))
+        await cache.chat(ask("w"))
+
+    before = scope_counts(cache)
+    asyncio.run(comparison())
+    # "x" went out for a first (gathered first) and b awaited it; b's second "z" awaited its first
+    assert cache.scoped == {
+        "a": CacheStats(hits=1, misses=2, uncacheable=1),
+        "b": CacheStats(misses=1, shared=2),
+        None: CacheStats(hits=1, misses=1),
+    }
+    assert model.calls == 5 == sum(s.model_calls for s in cache.scoped.values()) == cache.stats.model_calls
+    assert cache.stats == CacheStats(hits=2, misses=4, uncacheable=1, shared=2)
+    assert before == {} and scope_counts(model) is None  # only a CachedBackend keeps scopes
+
+    middle = scope_counts(cache)
+    with scope("b"):
+        run(cache, ask("x"), ask("v"))  # asyncio.run copies the caller's context: still b
+    assert counts_since(middle, scope_counts(cache)) == {"b": CacheStats(hits=1, misses=1)}
+    assert middle["b"] == CacheStats(misses=1, shared=2)  # a copy: later counts leave it as it was
