@@ -9,8 +9,10 @@ Table 3 ablations and the baselines, every agent one model, through one exact re
 
 An "hf" agent folder is served by vLLM for the run (its key made here and never written); the cache
 (RUN_DIR/responses.jsonl) is keyed by the folder's name and weight digest, so it is never replayed for other
-weights. The same command after a crash resumes: RUN_DIR/config.json refuses another config, each benchmark
-resumes its prior and training checkpoints, and every answer already received is replayed from the cache.
+weights. The same command after a crash resumes: RUN_DIR/config.json refuses another config (but for
+`maca.baselines`), each benchmark resumes its prior and training checkpoints, and every answer already received is
+replayed from the cache. With baselines added to the config, a finished benchmark runs just those and adds their rows
+(its log line names the systems that reached the model, with their calls, and the seconds they took).
 Writes RUN_DIR/table.json, table.md, table.png and each benchmark's own results in RUN_DIR/<benchmark>/.
 """
 
@@ -26,8 +28,8 @@ from pathlib import Path
 from absl import app
 
 from porch_jax.backends.cache import CachedBackend
-from porch_jax.maca.table import TableConfig, run_table
-from porch_jax.typed_config import claim_run_dir, define_config_flag
+from porch_jax.maca.table import TableConfig, claim_table_dir, run_table
+from porch_jax.typed_config import define_config_flag
 
 _CONFIG = define_config_flag("config", TableConfig, "Experiment file (experiments/maca_real_agents.py).", required=True)
 SERVED_KEY_ENV = "PORCH_MACA_AGENTS_KEY"  # the key of the server this launcher starts (read from the environment)
@@ -65,7 +67,7 @@ def agents_endpoint(cfg: TableConfig, stack: ExitStack) -> tuple[TableConfig, st
 def main(argv: list[str]) -> None:
     del argv
     cfg = _CONFIG.value
-    claim_run_dir(cfg.run_dir, cfg)
+    claim_table_dir(cfg)  # before the server starts: another table's run directory is refused at once
     logging.getLogger("httpx2").setLevel(logging.WARNING)
     with ExitStack() as stack:
         cfg, model_id = agents_endpoint(cfg, stack)
@@ -76,6 +78,8 @@ def main(argv: list[str]) -> None:
         out = run_table(cfg, backend, cache_stats=backend.stats.to_dict)
     print(Path(cfg.run_dir, "table.md").read_text())
     print({"run_dir": cfg.run_dir, "benchmarks": list(out["benchmarks"]), "cache": out["cache"]})
+    if "added_baselines" in out:
+        print({"added_baselines": out["added_baselines"]})
 
 
 if __name__ == "__main__":

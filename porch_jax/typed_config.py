@@ -342,6 +342,21 @@ class RunDirError(ValueError):
     names the directory and the keys that differ."""
 
 
+def write_atomic(path: str | os.PathLike[str], text: str) -> None:
+    """`text` as the file `path`, written beside it and moved into place: a reader or a crash sees the old file or
+    the new one, never a part."""
+    path = Path(path)
+    fd, partial = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(partial, 0o644)
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
+
+
 def claim_run_dir(
     run_dir: str | os.PathLike[str],
     config: Any,
@@ -363,11 +378,7 @@ def claim_run_dir(
     run_dir.mkdir(parents=True, exist_ok=True)
     path, current = run_dir / file, json.loads(json.dumps(to_dict(config)))
     if not path.exists():
-        fd, partial = tempfile.mkstemp(prefix=f".{file}.", suffix=".partial", dir=run_dir)
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(current, indent=2, sort_keys=True) + "\n")
-        os.chmod(partial, 0o644)
-        os.replace(partial, path)  # atomic: a crash never leaves a torn record
+        write_atomic(path, json.dumps(current, indent=2, sort_keys=True) + "\n")  # a crash never leaves a torn record
         return path
     try:
         recorded = json.loads(path.read_text())

@@ -33,6 +33,7 @@ from porch_jax.maca.prior import PriorPolicy
 from porch_jax.maca.settings import NO_POLICY_READINGS
 from porch_jax.maca.synthetic import SyntheticPool
 from porch_jax.maca.train import GRPOConfig, Variant, graphspecs, make_optimizer, restore_params, train_grpo
+from porch_jax.typed_config import write_atomic
 
 matplotlib.use("Agg")  # files only
 import matplotlib.pyplot as plt
@@ -460,7 +461,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]], columns: Sequence[str]) ->
 
 
 def write_json(path: Path, obj: Any) -> None:
-    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    """`obj` as `path`, replaced whole: a crash leaves the old file or the new one, never a torn one."""
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
 
 
 def _save(fig: Any, path: Path) -> None:

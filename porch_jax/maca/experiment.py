@@ -8,7 +8,8 @@ distribution (`select_lambda`) and used for MACA and every ablation that keeps t
 `run(cfg)` writes RUN_DIR/results.json, RUN_DIR/tables.md and PNG figures; RUN_DIR/checkpoints holds the learned
 prior and an Orbax checkpoint of every training run (system x seed, lambda-selection and sweep points), so the same
 call after a crash resumes where the run stopped (RUN_DIR/config.json: another config there is refused).
-`launch/maca.py` is the command-line app around it.
+`launch/maca.py` is the command-line app around it. `add_baselines` runs baselines a finished run's results lack
+and adds their rows (the real-agent table's rerun with new comparison systems).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 from absl import logging
 
 from porch_jax.backends import Backend
+from porch_jax.backends.cache import CacheStats, counts_since, scope, scope_counts
 from porch_jax.envs.benchmarks.base import evaluate as evaluate_benchmark
 from porch_jax.maca import analysis, baselines, multi_agent
 from porch_jax.maca.adaptive import Learned
@@ -51,7 +53,7 @@ from porch_jax.maca.prior import (
     restore_edge_mlp,
     save_edge_mlp,
 )
-from porch_jax.maca.settings import ADAPTIVE, VARIANTS
+from porch_jax.maca.settings import ADAPTIVE, VARIANTS, training_scope
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import GRPOConfig, Variant
 from porch_jax.train.mesh import make_mesh
@@ -215,8 +217,10 @@ class Setup:
 
 def build_setup(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], None] = print) -> Setup:
     """World, tasks, embeddings, the learned structural prior (Algorithm 1, lines 3-7) and the study."""
-    # the prior and the training runs resume from what RUN_DIR holds; another config there is refused
-    claim_run_dir(cfg.run_dir, cfg, defaults=MacaConfig(cfg.run_dir))
+    # the prior and the training runs resume from what RUN_DIR holds; another config there is refused, but for the
+    # baselines: they keep no state there (every rerun replays their calls from the exact response cache; MaAS and
+    # Puppeteer have no checkpoint, their training replays too), so baselines can be added to a finished run
+    claim_run_dir(cfg.run_dir, cfg, may_change={"baselines"}, defaults=MacaConfig(cfg.run_dir))
     timings: dict[str, float] = {}
     t0 = time.perf_counter()
     world, train, evals, spool = build_world(cfg, backend)
@@ -446,30 +450,35 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
     backend: accuracy by the benchmark's checker, cost = every call's prompt + completion tokens, and the routers'
     invalid-action rate. MaAS and Puppeteer first learn on the training tasks through the same backend (no
     checkpoint: with the response cache a rerun replays their training's calls), their rows adding each task's
-    architecture or agent path and the training's history and tokens."""
+    architecture or agent path and the training's history and tokens. Each system's calls count under its name as
+    the response cache's scope (its training's under `training_scope`); where the backend keeps scopes
+    (a `CachedBackend`), each row records its calls' `cache` counts (`training_cache` for the training): misses
+    are the calls that reached the model."""
     study = setup.study
     benchmark = study.world.judge.benchmark
     _, specs = study.specs(variant(cfg, "maca"))
     sampling = cfg.backend.sampling
     limit = asyncio.Semaphore(cfg.baselines.concurrency)
     exemplars = [t.source for t in study.train_tasks]  # ComplexCoT's pool: never a held-out task
+    before = scope_counts(study.world.backend)
     learned, training = train_adaptive_baselines(cfg, setup, log)
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
         async with limit:
-            return await multi_agent.run_system(
-                name,
-                study.world.backend,
-                task.source,
-                study.world.pool,
-                specs[task.task_id],
-                exemplars=exemplars,
-                max_steps=cfg.rollout.max_steps,
-                edge_threshold=cfg.graphspec.edge_threshold,
-                sampling=sampling,
-                seed=seed,
-                learned=learned,
-            )
+            with scope(name):
+                return await multi_agent.run_system(
+                    name,
+                    study.world.backend,
+                    task.source,
+                    study.world.pool,
+                    specs[task.task_id],
+                    exemplars=exemplars,
+                    max_steps=cfg.rollout.max_steps,
+                    edge_threshold=cfg.graphspec.edge_threshold,
+                    sampling=sampling,
+                    seed=seed,
+                    learned=learned,
+                )
 
     async def every_system() -> list[list[baselines.RunResult]]:
         # every system's tasks at once under one bound: the served agents batch what is in flight
@@ -481,6 +490,8 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
     start = time.perf_counter()
     by_system = asyncio.run(every_system())
     seconds = time.perf_counter() - start
+    after = scope_counts(study.world.backend)
+    calls = counts_since(before, after) if before is not None and after is not None else None
     rows = []
     for name, runs in zip(cfg.baselines.systems, by_system, strict=True):
         answers = {t.source.task_id: r.to_answer() for t, r in zip(study.eval_tasks, runs, strict=False)}
@@ -505,6 +516,10 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
             row["policy"] = f"trained here ({len(history)} REINFORCE iterations)" if history else "untrained"
             row["training"] = history
             row["training_tokens"] = sum(h["tokens"] * h["episodes"] for h in history)
+        if calls is not None:
+            row["cache"] = calls.get(name, CacheStats()).to_dict()
+            if name in training:
+                row["training_cache"] = calls.get(training_scope(name), CacheStats()).to_dict()
         rows.append(row)
         log(f"baseline {name}: {_brief(row)}")
     return rows
@@ -716,6 +731,39 @@ def run(cfg: MacaConfig, backend: Backend | None = None, log: Callable[[str], No
     analysis.write_json(run_dir / "results.json", results)
     (run_dir / "tables.md").write_text(tables(results))
     return results
+
+
+def add_baselines(
+    cfg: MacaConfig, names: Sequence[str], backend: Backend | None = None, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Baselines `names` run on a finished run and added to its results, as `run` would have run them: the same
+    setup (the prior restored from RUN_DIR, the same tasks and GraphSpec), through `backend`. Their rows are
+    appended to RUN_DIR/results.json, read again after they ran and replaced whole in one step, so neither a crash
+    nor the rows already there are lost; tables.md is rewritten. Returns the results."""
+    start = time.perf_counter()
+    setup = build_setup(cfg, backend, log)
+    only = dataclasses.replace(cfg, baselines=dataclasses.replace(cfg.baselines, systems=tuple(names)))
+    rows = run_baselines(only, setup, log)
+    path = Path(cfg.run_dir) / "results.json"
+    results = with_baselines(json.loads(path.read_text()), rows, cfg, time.perf_counter() - start)
+    analysis.write_json(path, results)
+    (path.parent / "tables.md").write_text(tables(results))
+    return results
+
+
+def with_baselines(
+    results: dict[str, Any], rows: list[dict[str, Any]], cfg: MacaConfig, seconds: float
+) -> dict[str, Any]:
+    """`results` with baseline `rows` appended: its config's `baselines` is `cfg`'s with the systems the rows now
+    hold, and its timings count the `seconds` the rows took (`added_baselines_s`, and in `total_s`)."""
+    held = [*results.get("baselines", []), *rows]
+    config = results["config"] | {"baselines": to_dict(cfg.baselines) | {"systems": [r["system"] for r in held]}}
+    timings = results["timings"]
+    added = {
+        "total_s": timings["total_s"] + seconds,
+        "added_baselines_s": timings.get("added_baselines_s", 0) + seconds,
+    }
+    return results | {"config": config, "baselines": held, "timings": timings | added}
 
 
 def gate_report(cfg: MacaConfig, log: Callable[[str], None] = print) -> list[dict[str, float]]:

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from porch_jax.backends import Backend, CostMeter, MeteredBackend, Sampling
+from porch_jax.backends.cache import scope
 from porch_jax.envs.benchmarks.base import BenchmarkTask
 from porch_jax.maca.adaptive import Check, Learned, Query, maas, puppeteer, train_maas, train_puppeteer
 from porch_jax.maca.baselines import (
@@ -40,7 +41,7 @@ from porch_jax.maca.baselines import (
 from porch_jax.maca.encoder import SentenceEncoder
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.pools import Agent, AgentPool
-from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT, AdaptiveTraining, MaasConfig
+from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT, AdaptiveTraining, MaasConfig, training_scope
 
 TOPOLOGIES = ("chain", "tree", "mesh")
 
@@ -503,28 +504,31 @@ async def train_adaptive(
 ) -> tuple[Learned, dict[str, list[dict]]]:
     """Trains each adaptive system of `names` on `tasks` (the training split, scored by `check`) through `backend`;
     returns what they learned (for `run_system`) and each one's training history. Puppeteer's episodes have
-    `max_steps` agents at most, as at test time."""
+    `max_steps` agents at most, as at test time. Each system's calls count under the response cache's scope
+    `training_scope(name)`."""
     learned, history = Learned(encoder), {}
     if "maas" in names:
         queries = [adaptive_query("maas", t, pool) for t in tasks]
-        controller, history["maas"] = await train_maas(
-            backend, queries, check, encoder, maas_config, sampling=sampling, seed=seed, concurrency=concurrency
-        )
+        with scope(training_scope("maas")):
+            controller, history["maas"] = await train_maas(
+                backend, queries, check, encoder, maas_config, sampling=sampling, seed=seed, concurrency=concurrency
+            )
         learned = dataclasses.replace(learned, maas=controller)
     if "puppeteer" in names:
         queries = [adaptive_query("puppeteer", t, pool) for t in tasks]
-        policy, history["puppeteer"] = await train_puppeteer(
-            backend,
-            queries,
-            pool,
-            check,
-            encoder,
-            puppeteer_config,
-            max_steps=max_steps,
-            sampling=sampling,
-            seed=seed,
-            concurrency=concurrency,
-        )
+        with scope(training_scope("puppeteer")):
+            policy, history["puppeteer"] = await train_puppeteer(
+                backend,
+                queries,
+                pool,
+                check,
+                encoder,
+                puppeteer_config,
+                max_steps=max_steps,
+                sampling=sampling,
+                seed=seed,
+                concurrency=concurrency,
+            )
         learned = dataclasses.replace(learned, puppeteer=policy)
     return learned, history
 

@@ -22,6 +22,11 @@ ADAPTIVE = ("maas", "puppeteer")
 BASELINES = (*SINGLE_MODEL, *MULTI_AGENT, *ADAPTIVE)
 
 
+def training_scope(name: str) -> str:
+    """The response cache's scope (backends/cache.py `SCOPE`) of adaptive system `name`'s training calls."""
+    return f"{name} training"
+
+
 @dataclasses.dataclass(frozen=True)
 class AdaptiveTraining:
     """REINFORCE for an adaptive baseline (adaptive.py) on the training tasks: `iterations` updates, each on

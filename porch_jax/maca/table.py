@@ -12,7 +12,12 @@ whose family has none runs pi_theta at its initialisation (GRPO iterations 0), e
 Every system of every benchmark reaches the model through one `CachedBackend` (the caller builds it): an exact
 response cache keyed by model, messages and sampling, so the systems share the answers they have in common and a
 rerun after a crash replays what was already answered. With each benchmark's experiment resuming its own prior
-and training checkpoints, the whole table resumes.
+and training checkpoints, the whole table resumes. The baselines keep no state of their own, so they may change on
+a rerun (`claim_table_dir`): a finished benchmark runs just the configured baselines its results lack
+(`experiment.add_baselines`: replayed where the cache holds their calls) and adds their rows; the systems its
+results hold are read, not rerun. The response cache counts each baseline's calls under its own scope, so the log
+says which systems reached the model and how many calls they made, and table.json keeps what the call added and
+its seconds (`added_baselines`).
 
 `run_table` writes RUN_DIR/table.json, table.md (accuracy or pass@1 with Wilson 95% intervals, tokens per task,
 the routers' invalid-action rates, chance levels) and table.png.
@@ -31,12 +36,14 @@ from typing import Any
 import numpy as np
 
 from porch_jax.backends import Backend
+from porch_jax.backends.cache import CacheStats, counts_since, scope_counts
 from porch_jax.envs.benchmarks import BENCHMARKS, load_tasks
 from porch_jax.maca.config import MacaConfig
+from porch_jax.maca.settings import ADAPTIVE, training_scope
 from porch_jax.progress import Stages
 from porch_jax.rollout.pairs import wilson
 from porch_jax.serving import ServerConfig
-from porch_jax.typed_config import check, to_dict
+from porch_jax.typed_config import RunDirError, check, claim_run_dir, to_dict
 
 BENCHMARK_ORDER = ("humaneval", "mbpp", "mmlu_pro", "arc_challenge", "svamp", "gsm_hard")  # the paper's Table 1
 LEARNED = ("maca", "no_z_prior", "no_p_prior", "no_graphspec")  # the Table 3 systems GRPO trains
@@ -112,6 +119,31 @@ class TableConfig:
         return [b for b in self.benchmarks if b in self.grpo_on] + [b for b in self.benchmarks if b not in self.grpo_on]
 
 
+def claim_table_dir(cfg: TableConfig) -> None:
+    """Makes RUN_DIR the table's run (RUN_DIR/config.json; another config there is refused, naming the keys that
+    differ). The baselines may change: they keep no state in the run directory (every rerun replays their calls
+    from the exact response cache; MaAS and Puppeteer have no checkpoint, their training replays too), so a rerun
+    with new baselines adds their rows (`run_table`)."""
+    claim_run_dir(cfg.run_dir, cfg, may_change={"maca.baselines"})
+
+
+def baselines_to_add(bcfg: MacaConfig, results: dict[str, Any]) -> list[str]:
+    """The configured baselines a finished benchmark's results lack, in the configured order. Raises RunDirError
+    where the results hold a MaAS or Puppeteer row trained under other settings (`baselines.maas` /
+    `baselines.puppeteer`) than `bcfg`'s: read, not rerun, that row would not be the configured system."""
+    held = {r["system"] for r in results.get("baselines", [])}
+    recorded = results["config"].get("baselines", {})
+    current = json.loads(json.dumps(to_dict(bcfg.baselines)))
+    stale = [s for s in ADAPTIVE if s in held and recorded.get(s) != current[s]]  # each one's settings: its field
+    if stale:
+        raise RunDirError(
+            f"{bcfg.run_dir}/results.json holds {stale} trained under other settings "
+            f"({', '.join(f'{s}: {recorded.get(s)} -> {current[s]}' for s in stale)}): choose another run directory, "
+            "or delete the benchmark's results.json to rerun it"
+        )
+    return [s for s in bcfg.baselines.systems if s not in held]
+
+
 def chance(benchmark: str, tasks: list) -> float:
     """Expected accuracy of a uniform guess: 1 / options for multiple choice, 0 for a number or a program."""
     if BENCHMARKS[benchmark].family != "qa":
@@ -155,11 +187,15 @@ def _cell(row: dict[str, Any], golds: list[str | None]) -> dict[str, Any]:
 
 
 def benchmark_rows(cfg: TableConfig, benchmark: str, results: dict[str, Any]) -> dict[str, Any]:
-    """One benchmark's cells (systems then baselines) with its metric and chance level."""
+    """One benchmark's cells (systems, then the configured baselines in their order) with its metric and chance
+    level."""
     bcfg = cfg.benchmark_config(benchmark)
     tasks = load_tasks(benchmark, "test", subset=bcfg.world.subset)[: bcfg.world.num_eval]
     golds = [t.data.get("answer") if t.family == "qa" else None for t in tasks]
-    cells = [_cell(r, golds) for r in results["systems"]] + [_cell(r, golds) for r in results["baselines"]]
+    held = {r["system"]: r for r in results["baselines"]}
+    cells = [_cell(r, golds) for r in results["systems"]] + [
+        _cell(held[s], golds) for s in bcfg.baselines.systems if s in held
+    ]
     level = chance(benchmark, tasks)
     for c in cells:
         c["at_chance"] = c["ci_low"] <= level <= c["ci_high"] if level > 0 else c["correct"] == 0
@@ -179,7 +215,10 @@ def run_table(
     cfg: TableConfig, backend: Backend, log: Callable[[str], None] = print, *, cache_stats: Callable[[], dict] = dict
 ) -> dict[str, Any]:
     """Every benchmark in `cfg.order()` through `backend` (the caller's cached backend); returns what table.json
-    holds. A benchmark whose results.json exists is read, not rerun."""
+    holds. A benchmark whose results.json exists is read, not rerun, but for the configured baselines it lacks:
+    those run and are added to it (`baselines_to_add`, `experiment.add_baselines`). Where the backend keeps the
+    response cache's scopes, each benchmark's log line says which scopes (baselines; "unscoped": everything else)
+    reached the model and with how many calls."""
     run_dir = Path(cfg.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -188,7 +227,7 @@ def run_table(
     for benchmark in cfg.order():
         bcfg = cfg.benchmark_config(benchmark)
         done = Path(bcfg.run_dir, "results.json")
-        t0 = time.perf_counter()
+        t0, before, reached = time.perf_counter(), scope_counts(backend), ""
         if stages.should_run(f"[table] {benchmark} (results in {done})", done=done.exists()):
             log(f"[table] {benchmark}: policy {cfg.trained_on(benchmark) or 'untrained'}; cache {cache_stats()}")
             from porch_jax.maca import experiment  # JAX: loaded when a benchmark runs, not when its config is read
@@ -196,12 +235,56 @@ def run_table(
             results = experiment.run(bcfg, backend=backend, log=lambda line, b=benchmark: log(f"[{b}] {line}"))
         else:
             results = json.loads(done.read_text())
+            names = baselines_to_add(bcfg, results)
+            if names:
+                log(f"[table] {benchmark}: adding baselines {names}; the others are read from {done}")
+                from porch_jax.maca import experiment
+
+                results = experiment.add_baselines(
+                    bcfg, names, backend=backend, log=lambda line, b=benchmark: log(f"[{b}] {line}")
+                )
+                calls = None if before is None else counts_since(before, scope_counts(backend))
+                out.setdefault("added_baselines", {})[benchmark] = added(names, time.perf_counter() - t0, calls)
+                log(f"[table] {benchmark}: {added_line(out['added_baselines'][benchmark])}")
         out["benchmarks"][benchmark] = benchmark_rows(cfg, benchmark, results)
-        log(f"[table] {benchmark} in {time.perf_counter() - t0:.0f} s; cache {cache_stats()}")
+        if before is not None:
+            reached = f"; model calls {model_calls(counts_since(before, scope_counts(backend))) or 'none'}"
+        log(f"[table] {benchmark} in {time.perf_counter() - t0:.0f} s{reached}; cache {cache_stats()}")
         _write(run_dir, out | {"cache": cache_stats(), "seconds_this_call": time.perf_counter() - start})
+    if "added_baselines" in out:
+        seconds = sum(a["seconds"] for a in out["added_baselines"].values())
+        log(f"[table] the added baselines took {seconds:.0f} s in all, setup included")
     out |= {"cache": cache_stats(), "seconds_this_call": time.perf_counter() - start}
     _write(run_dir, out)
     return out
+
+
+def model_calls(calls: dict[str | None, CacheStats]) -> dict[str, int]:
+    """Calls that reached the model per response-cache scope ("unscoped": outside any), the scopes with any."""
+    return {"unscoped" if k is None else k: v.model_calls for k, v in calls.items() if v.model_calls}
+
+
+def added(names: list[str], seconds: float, calls: dict[str | None, CacheStats] | None) -> dict[str, Any]:
+    """What adding baselines `names` to a finished benchmark took: seconds (their setup included) and, where the
+    backend keeps scopes, the model calls of their scopes (their runs and MaAS / Puppeteer's training) and of
+    everything else (the existing systems, which are not rerun, and the setup, which restores its prior: 0 calls
+    where the run directory holds it)."""
+    out: dict[str, Any] = {"systems": names, "seconds": seconds}
+    if calls is not None:
+        ours = {*names, *(training_scope(n) for n in names)}
+        out["model_calls"] = {n: c.model_calls for n, c in calls.items() if n in ours}
+        out["other_model_calls"] = sum(c.model_calls for n, c in calls.items() if n not in ours)
+    return out
+
+
+def added_line(a: dict[str, Any]) -> str:
+    """The log line of an `added` record."""
+    line = f"added {', '.join(a['systems'])} in {a['seconds']:.1f} s"
+    if "model_calls" in a:
+        line += (
+            f"; model calls {a['model_calls'] or 'none'}; existing systems and setup: {a['other_model_calls']} calls"
+        )
+    return line
 
 
 def _write(run_dir: Path, out: dict[str, Any]) -> None:
@@ -280,6 +363,7 @@ def markdown(out: dict[str, Any]) -> str:
             lines.append(f"| {b} | {c['system']} | {c['answered']:.2f} | {top} | {gold} |")
     seconds = {b: round(data[b]["seconds"]) for b in benches}
     lines += ["", f"Seconds per benchmark (its own run): {json.dumps(seconds)}", f"Cache: {json.dumps(out['cache'])}"]
+    lines += [f"Baselines added on {b}: {added_line(a)}" for b, a in out.get("added_baselines", {}).items()]
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """MACA's real-agent table (porch_jax/maca/table.py, experiments/maca_real_agents.py) with a scripted model in place
 of the served one: which benchmark trains, which runs a family's policy and which none; per-cell counts, intervals
-and chance levels; the whole table resumed from its results and its response cache."""
+and chance levels; the whole table resumed from its results and its response cache; a baseline added to the
+finished table runs alone, while any other change is refused."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import json
 
 import pytest
 
-from porch_jax.typed_config import ConfigError, from_dict
+from porch_jax.typed_config import ConfigError, RunDirError, from_dict
 
 pytestmark = pytest.mark.slow  # three small MACA experiments end to end (about a minute)
 
@@ -24,7 +25,7 @@ def _tasks(names):
 
 class Model:
     """MathSolver and CodeWriting answer right; every other agent restates the task; routers pick MathSolver or
-    CodeWriting once, then STOP; the single-model systems answer right."""
+    CodeWriting once, then STOP; the single-model systems (ComplexCoT's few-shot prompt too) answer right."""
 
     def __init__(self, tasks):
         from porch_jax.envs.benchmarks.answers import format_number
@@ -50,6 +51,8 @@ class Model:
         if request.role == "critic":
             return "NO ISSUES"
         task = text.split("\n\nWork so far:")[0].removesuffix(COT_SUFFIX)
+        if task not in self.answers:  # ComplexCoT: worked examples, then the held-out question
+            task = next(p for p in self.answers if task.endswith(f"Question: {p}\nAnswer: {COT_SUFFIX.strip()}"))
         if request.role == "solver" or any(n in request.messages[0]["content"] for n in ("MathSolver", "CodeWrit")):
             return self.answers[task]
         return "Restating: " + task[:40]
@@ -62,12 +65,22 @@ def _cached(model, path):
     return CachedBackend(ScriptedBackend(model), path, model_id="scripted@1")
 
 
-def test_the_table_trains_transfers_and_resumes_from_its_results_and_cache(tmp_path):
+def _config(run_dir, names, baselines=("vanilla", "router_mask"), grpo_iterations=1):
     from experiments.maca_real_agents import smoke_config
-    from porch_jax.maca.table import TableConfig, run_table
+    from porch_jax.maca.table import TableConfig
+
+    c = smoke_config(str(run_dir), names)
+    c.maca.baselines.systems = baselines
+    c.maca.grpo.iterations = grpo_iterations
+    return from_dict(TableConfig, c)
+
+
+def test_the_table_trains_transfers_resumes_from_its_results_and_cache_and_adds_baselines(tmp_path):
+    from porch_jax.maca.table import claim_table_dir, run_table
 
     names = ("gsm_hard", "svamp", "humaneval")
-    cfg = from_dict(TableConfig, smoke_config(str(tmp_path / "table"), names))
+    cfg = _config(tmp_path / "table", names)
+    claim_table_dir(cfg)  # as launch/maca_table.py does
     assert cfg.order() == ["gsm_hard", "svamp", "humaneval"]
     assert [cfg.trained_on(b) for b in names] == ["gsm_hard", "gsm_hard", None]
     assert cfg.benchmark_config("svamp").policy_from == str(tmp_path / "table" / "gsm_hard")
@@ -119,6 +132,66 @@ def test_the_table_trains_transfers_and_resumes_from_its_results_and_cache(tmp_p
         second = [{k: v for k, v in c.items() if k not in strip} for c in again["benchmarks"][b]["cells"]]
         assert first == second, b
     assert json.loads((tmp_path / "table" / "table.json").read_text())["benchmarks"]["svamp"]["cells"]
+
+    # a baseline added to the finished table: the config is accepted, each benchmark runs only it, adds its row to
+    # results.json (the rows there kept as they were) and the table gains it; no other system reaches the model
+    before = {b: json.loads((tmp_path / "table" / b / "results.json").read_text()) for b in names}
+    grown_cfg = _config(tmp_path / "table", names, ("vanilla", "complex_cot", "router_mask"))
+    claim_table_dir(grown_cfg)
+    model3, lines = Model(_tasks(names)), []
+    grown_backend = _cached(model3, tmp_path / "table" / "responses.jsonl")
+    grown = run_table(grown_cfg, grown_backend, log=lines.append, cache_stats=grown_backend.stats.to_dict)
+    grown_backend.close()
+    assert set(grown_backend.scoped) == {"complex_cot"}  # the setups restore their priors: no call outside it
+    assert model3.calls == grown_backend.scoped["complex_cot"].misses == 6  # one call per task, 2 tasks x 3
+    for b in names:
+        results = json.loads((tmp_path / "table" / b / "results.json").read_text())
+        assert results["baselines"][:2] == before[b]["baselines"]
+        assert [r["system"] for r in results["baselines"]] == ["vanilla", "router_mask", "complex_cot"]
+        assert results["baselines"][2]["cache"] == {"hits": 0, "misses": 2, "uncacheable": 0, "shared": 0}
+        assert results["systems"] == before[b]["systems"]
+        assert results["config"]["baselines"]["systems"] == ["vanilla", "router_mask", "complex_cot"]
+        assert results["timings"]["total_s"] > before[b]["timings"]["total_s"]
+        cells = [{k: v for k, v in c.items() if k not in strip} for c in grown["benchmarks"][b]["cells"]]
+        kept = [{k: v for k, v in c.items() if k not in strip} for c in again["benchmarks"][b]["cells"]]
+        assert [c["system"] for c in cells] == [*[c["system"] for c in kept[:-1]], "complex_cot", "router_mask"]
+        assert [c for c in cells if c["system"] != "complex_cot"] == kept
+        assert cells[-2]["accuracy"] == 1.0 and cells[-2]["calls_per_task"] == 1
+        added = grown["added_baselines"][b]
+        assert added["model_calls"] == {"complex_cot": 2} and added["other_model_calls"] == 0
+        assert f"[table] {b}: added complex_cot in {added['seconds']:.1f} s" in "\n".join(lines)
+    assert sum("existing systems and setup: 0 calls" in line for line in lines) == len(names)
+    assert "| complex_cot |" in (tmp_path / "table" / "table.md").read_text()
+
+    # anything else changed is refused: by the table's record, and by each benchmark's own when one would run
+    changed = _config(tmp_path / "table", names, ("vanilla", "complex_cot", "router_mask", "cot"), grpo_iterations=2)
+    with pytest.raises(RunDirError, match=r"maca\.grpo\.iterations: 1 -> 2"):
+        claim_table_dir(changed)
+    refused_backend = _cached(Model(_tasks(names)), tmp_path / "table" / "responses.jsonl")
+    with pytest.raises(RunDirError, match=r"grpo\.iterations: 1 -> 2"):
+        run_table(changed, refused_backend, log=lambda s: None)
+    refused_backend.close()
+    assert refused_backend.stats == type(refused_backend.stats)()
+
+
+def test_a_finished_benchmark_adds_the_baselines_it_lacks_but_keeps_no_adaptive_row_trained_otherwise(tmp_path):
+    import dataclasses
+
+    from porch_jax.maca.table import baselines_to_add
+    from porch_jax.typed_config import to_dict
+
+    bcfg = _config(tmp_path, ("gsm_hard",), ("vanilla", "maas", "complex_cot")).benchmark_config("gsm_hard")
+    results = {
+        "config": json.loads(json.dumps(to_dict(bcfg))),
+        "baselines": [{"system": "maas"}, {"system": "vanilla"}],
+    }
+    assert baselines_to_add(bcfg, results) == ["complex_cot"]
+    maas = dataclasses.replace(bcfg.baselines.maas, iterations=bcfg.baselines.maas.iterations + 1)
+    other = dataclasses.replace(bcfg, baselines=dataclasses.replace(bcfg.baselines, maas=maas))
+    with pytest.raises(RunDirError, match=r"\['maas'\] trained under other settings"):
+        baselines_to_add(other, results)
+    no_maas = results | {"baselines": [{"system": "vanilla"}]}
+    assert baselines_to_add(other, no_maas) == ["maas", "complex_cot"]  # no row of it yet: nothing to contradict
 
 
 def test_the_table_config_is_checked_before_any_work():
