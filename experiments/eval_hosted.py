@@ -1,5 +1,5 @@
 """One system of the rollout engine on a benchmark (gaia, taskcraft, gaia2, swe) with hosted models: the paper's
-Gemini-3-Flash as the orchestrator and the argument's backbone as every sub-agent (experiments/hosted_backbones.py).
+Gemini-3-Flash as the orchestrator and the argument's backbone as every sub-agent (porch_jax/backends/providers.py `BACKBONES`).
 The systems are POrchestra's (`proactive`) and its baselines (`lifecycle`, `react`, `orchestra_o1`, `skill_mas`,
 `mas2`; `mini_swe` on swe): porch_jax/rollout/config.py describes each.
 
@@ -15,7 +15,7 @@ engine's sampling caps lifted to what a hosted model writes.
 from ml_collections import ConfigDict
 
 from experiments.eval_benchmarks import get_config as benchmark_config
-from experiments.hosted_backbones import ORCHESTRATOR, endpoint
+from porch_jax.backends.providers import ORCHESTRATOR_BACKBONE, backbone_endpoint
 from porch_jax.typed_config import parse_arg
 
 
@@ -25,8 +25,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.out_dir = f"runs/eval_{a.benchmark}_{a.system}_{a.executor}"
     c.system = a.system
     c.policy = ConfigDict({"kind": "endpoint"})
-    c.orchestrator = endpoint(ORCHESTRATOR)
-    c.executor = endpoint(a.executor)
+    c.orchestrator = ConfigDict(backbone_endpoint(ORCHESTRATOR_BACKBONE))
+    c.executor = ConfigDict(backbone_endpoint(a.executor))
     c.engine.max_decisions = 64
     c.engine.orchestrator_sampling.max_tokens = 2048
     c.engine.subagent_sampling.max_tokens = 2048

@@ -1,6 +1,6 @@
 """The workplace comparison of experiments/workplace_baselines.py with hosted models in both roles: the paper's
 Gemini-3-Flash orchestrating every orchestrated system, and the argument's backbone executing every sub-agent
-(gemini_3_flash, deepseek_v3_2 or deepseek_v4_flash; experiments/hosted_backbones.py).
+(gemini_3_flash, deepseek_v3_2 or deepseek_v4_flash; porch_jax/backends/providers.py `BACKBONES`).
 
     GEMINI_API_KEY=... DEEPSEEK_API_KEY=... python -m launch.rollout \\
         --config=experiments/workplace_baselines_hosted.py:deepseek_v4_flash --config.num_tasks=100
@@ -11,8 +11,8 @@ orchestrator and sub-agent calls are recorded like the scripted ones, and a reru
 
 from ml_collections import ConfigDict
 
-from experiments.hosted_backbones import ORCHESTRATOR, endpoint
 from experiments.workplace_baselines import get_config as baselines_config
+from porch_jax.backends.providers import ORCHESTRATOR_BACKBONE, backbone_endpoint
 from porch_jax.typed_config import parse_arg
 
 
@@ -24,6 +24,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.processes = 1
     c.concurrency = 8
     c.episode_timeout_s = 1800.0
-    c.orchestrator = endpoint(ORCHESTRATOR)
-    c.executor = endpoint(a.executor)
+    c.orchestrator = ConfigDict(backbone_endpoint(ORCHESTRATOR_BACKBONE))
+    c.executor = ConfigDict(backbone_endpoint(a.executor))
     return c

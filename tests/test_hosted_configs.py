@@ -1,4 +1,4 @@
-"""The configs that point the systems at the papers' hosted backbones (experiments/hosted_backbones.py): each
+"""The configs that point the systems at the papers' hosted backbones (porch_jax/backends/providers.py `BACKBONES`): each
 validates through its launcher's typed schema for every backbone and system, names the provider's hosted endpoint
 and key variable, and a launch without the key stops before any call, naming the variable."""
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from experiments.hosted_backbones import BACKBONES
+from porch_jax.backends.providers import BACKBONES
 from porch_jax.eval.benchmark_eval import BenchmarkEvalConfig
 from porch_jax.maca.table import TableConfig
 from porch_jax.rollout import BASELINES, CORE_SYSTEMS

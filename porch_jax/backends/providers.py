@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 DEFAULT = "openai_compatible"
 
@@ -121,3 +122,23 @@ def provider(name: str | Provider) -> Provider:
         return PROVIDERS[name]
     except KeyError:
         raise ValueError(f"unknown provider {name!r}; known: {', '.join(sorted(PROVIDERS))}") from None
+
+
+# The papers' hosted backbones as (provider, model id): POrchestra (Sec. 4) orchestrates with Gemini-3-Flash and
+# executes with Gemini-3-Flash, DeepSeek-V3.2 or DeepSeek-V4-Flash. The ids are the names the providers list for
+# these models, which change with their releases (a config's `<role>.model` replaces one).
+BACKBONES = {
+    "gemini_3_flash": ("gemini", "gemini-3-flash-preview"),
+    "deepseek_v3_2": ("deepseek", "deepseek-chat"),
+    "deepseek_v4_flash": ("deepseek", "deepseek-v4-flash"),
+}
+ORCHESTRATOR_BACKBONE = "gemini_3_flash"  # the paper's orchestrator for every orchestrated system
+
+
+def backbone_endpoint(backbone: str, timeout_s: float = 300.0) -> dict[str, Any]:
+    """`backbone`'s EndpointSpec fields: the provider's hosted URL (urls empty) and its default key variable, read
+    from the environment when a run starts, never written to a config."""
+    if backbone not in BACKBONES:
+        raise ValueError(f"backbone: unknown {backbone!r}; known: {', '.join(BACKBONES)}")
+    name, model = BACKBONES[backbone]
+    return {"model": model, "urls": (), "provider": name, "api_key_env": "", "timeout_s": timeout_s}
