@@ -42,7 +42,9 @@ NOT_APPLICABLE = (
     "no mid-run feedback: its sub-agents only return when done, so there is no sub-agent message to attribute or to "
     "hint (OPOD / OPD need one)"
 )
-NOT_APPLICABLE_HINTS = "its hint-following rows serve OPD's teacher, and OPD needs mid-run feedback this framework lacks"
+NOT_APPLICABLE_HINTS = (
+    "its hint-following rows serve OPD's teacher, and OPD needs mid-run feedback this framework lacks"
+)
 
 
 def split_method(name: str) -> tuple[str, str | None]:

@@ -492,7 +492,9 @@ def train_sft(
             run,
             name,
             init,
-            lambda tok, mesh: sources.PackedSource(rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong),
+            lambda tok, mesh: sources.PackedSource(
+                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong
+            ),
             learning_rate=lr,
             steps=steps,
             validation=lambda mesh: sources.fixed_batches(validation, settings.batch, buckets, mesh, overlong=overlong),
@@ -894,8 +896,7 @@ def framework_notes(run: Run) -> str:
             f"- {framework} (engine system `{framework}`): "
             + ", ".join(m for m in cfg.framework_methods(framework))
             + " trained through the same trainer, rows and config sections as POrchestra's, from the same initial "
-            "model; SFT on its expert's decisions only (no hint-following rows); "
-            + "; ".join(counts)
+            "model; SFT on its expert's decisions only (no hint-following rows); " + "; ".join(counts)
         )
     if cfg.not_applicable():
         lines.append(

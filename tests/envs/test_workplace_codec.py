@@ -150,9 +150,7 @@ def test_joined_delegations_round_trip_and_their_feedback_tracks_each_agent():
         TASK,
         {
             "role": "assistant",
-            "content": render_call(
-                codec.decode_call("delegate_all c1 budget=4 ; c2 budget=2", codec.state_of([TASK]))
-            ),
+            "content": render_call(codec.decode_call("delegate_all c1 budget=4 ; c2 budget=2", codec.state_of([TASK]))),
         },
         {
             "role": "user",

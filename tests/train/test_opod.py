@@ -276,7 +276,9 @@ def test_dagrpo_reward_scores_a_delegate_all_decision_subtask_by_subtask():
     one = {"name": "delegate_all", "arguments": {"subtasks": [a]}}
     assert decision_reward(render_call(one), ref, TOOLS, o1)["reward"] == pytest.approx(0.4 + 0.6 * 0.5)
     tight = {"name": "delegate_all", "arguments": {"subtasks": [a, {**b, "budget": 1, "context": []}]}}
-    assert decision_reward(render_call(tight), ref, TOOLS, o1)["quality"] == pytest.approx((1 + (1 + 0 + 1 + 0.5) / 4) / 2)
+    assert decision_reward(render_call(tight), ref, TOOLS, o1)["quality"] == pytest.approx(
+        (1 + (1 + 0 + 1 + 0.5) / 4) / 2
+    )
     single = {"name": "delegate", "arguments": a}  # a different action: format and validity at most
     assert decision_reward(render_call(single), ref, TOOLS, o1)["reward"] == pytest.approx(0.1)
 
