@@ -29,6 +29,7 @@ from porch_jax.trajectories import TrajectoryStore
 from porch_jax.typed_config import from_dict
 
 FRAMEWORKS = ("orchestra_o1", "lifecycle")
+pytestmark = pytest.mark.slow  # the stages of a tiny run: about 1-2 minutes on 2 cores
 
 
 class ExpertPolicy:
