@@ -5,8 +5,10 @@ RWR + lambda * OPD) in miniature on a CPU.
     python -m launch.pipeline --config=experiments/quickstart.py:seed_set=3    # seed set 3 alone
     python -m launch.pipeline --config=experiments/quickstart.py:seed_sets=8   # sets 0-7 and their report
 
-~17 minutes on 2 shared CPU cores (one seed set, with the learning-rate grid; the grid is about half of
-it); `seed_sets=N` takes N times that (~100 min on 2 cores for 8 sets with the grid, ~50 min without).
+~17 minutes on 2 shared CPU cores for POrchestra (one seed set, with the learning-rate grid; the grid is about half
+of it), and the two other frameworks (`frameworks`) add about 45% to that: 875 s of a 2,873 s run measured on 2
+cores shared with another training job (README); `seed_sets=N` takes N times a run (~100 min on 2 cores for 8 sets
+of POrchestra alone with the grid, ~50 min without).
 porch_jax/opod (rows, stages) and launch/pipeline.py (flags) run it; measured results and how the settings
 were chosen are in docs/results/opod_quickstart.md.
 
@@ -28,6 +30,16 @@ What each part sets and what it trades off:
   the judge's hint -> the corrected action, so the self-teacher can follow a hint at all) and, with
   empty_hint_rows, the same decisions under an empty hint with the action unchanged (so OPD with empty hints is
   a clean control).
+- frameworks: the other two orchestration frameworks the paper trains, beside POrchestra (whose methods are
+  `methods`): Orchestra-o1 (`delegate_all`: several subtasks run concurrently to their end, results joined) and the
+  lifecycle orchestrator (AOrchestra-style: re-orchestration only when a sub-agent returns). Each gets the scripted
+  expert playing its own action set (400 episodes), SFT from the same initial model with the sft section, rollouts
+  of its SFT policy under its own engine, and RWR and DA-GRPO from its SFT with the rwr and dagrpo sections (grid,
+  selection and held-out evaluation included), through the same trainer; results.md reports them as
+  sft@orchestra_o1, rwr@lifecycle, ... beside POrchestra's rows, and OPOD / OPD as not applicable to them (no
+  mid-run feedback: their sub-agents only return when done). Both together cost about 45% of POrchestra's time;
+  `frameworks=()` (`--config.frameworks="()"`) trains POrchestra alone, whose rows do not change with it (the
+  measured run's POrchestra rows equal those recorded before the frameworks existed).
 - rwr / opod / opd_empty / dagrpo: start from the SFT weights. RWR, OPOD and OPD-with-empty-hints share
   steps, batch, seed and learning-rate grid, so at each rate OPOD differs from RWR only by opd_weight * OPD.
   lr_grid: each method trains at every rate listed (it must hold the section's learning_rate, which wins
@@ -86,6 +98,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.seed_sets = tuple(range(a.seed_sets))
     c.seed = 0 + s
     c.methods = ("sft", "rwr", "opod", "opd_empty", "dagrpo")
+    # The other frameworks trained beside POrchestra: their sft, rwr and dagrpo (porch_jax/opod/config.py FRAMEWORKS)
+    c.frameworks = ("orchestra_o1", "lifecycle")
 
     c.suite = ConfigDict(
         {

@@ -108,3 +108,28 @@ def test_hint_following_names_readings_and_the_full_run_checks_both():
     raw["attribution"]["hint_following"] = ["primary", "secundary"]
     with pytest.raises(ConfigError, match=r"attribution\.hint_following.*secundary"):
         from_dict(ExperimentConfig, raw)
+
+
+def test_frameworks_name_the_other_frameworks_once_each_and_start_from_sft():
+    """`frameworks` trains Orchestra-o1 and the lifecycle orchestrator beside POrchestra (the quickstart both): each
+    gets the configured methods that apply to it, named <method>@<framework>, and OPOD / OPD are not applicable."""
+    from experiments.quickstart import get_config
+    from porch_jax.opod.config import NOT_APPLICABLE, framework_system, split_method
+
+    cfg = from_dict(ExperimentConfig, get_config())
+    assert cfg.frameworks == ("orchestra_o1", "lifecycle")
+    assert cfg.framework_methods("lifecycle") == ("sft@lifecycle", "rwr@lifecycle", "dagrpo@lifecycle")
+    assert cfg.not_applicable() == {f"{m}@{f}": NOT_APPLICABLE for f in cfg.frameworks for m in ("opod", "opd_empty")}
+    assert cfg.method("rwr@orchestra_o1") is cfg.rwr and split_method("dagrpo@lifecycle") == ("dagrpo", "lifecycle")
+    assert framework_system("rwr@orchestra_o1") == "orchestra_o1" and framework_system("opod") == "proactive"
+    for frameworks, methods, error in (
+        (("lifecycle", "lifecycle"), None, "config.frameworks: repeats one"),
+        (("aorchestra",), None, "config.frameworks\\[0\\]: 'aorchestra' is not one of"),
+        (("lifecycle",), ("rwr",), "config.frameworks: each framework's methods start from its own SFT"),
+    ):
+        raw = get_config()
+        raw.frameworks = frameworks
+        if methods:
+            raw.methods = methods
+        with pytest.raises(ConfigError, match=error):
+            from_dict(ExperimentConfig, raw)

@@ -19,6 +19,7 @@ CONFIG = textwrap.dedent("""
     def get_config():
         c = quickstart.get_config()
         c.run_dir = {run_dir!r}
+        c.frameworks = ()  # POrchestra alone; the other frameworks' stages: tests/test_frameworks.py
         c.suite.mixture.templates = {{"mail_text": 1.0, "history": 1.0}}
         c.suite.max_decisions = 4
         c.expert_rollouts.num_tasks = 12

@@ -29,7 +29,7 @@ from porch_jax.protocol import DELEGATE, REVISE, ProtocolError, extract_call
 NOT_ATTRIBUTABLE = Attribution(False)
 _HEAD = re.compile(r"\[agent (\d+) v(\d+) (\w+)(?: (\d+)/(\d+) steps)?\]")
 _REQUEST = re.compile(r"request: (\w+) (\w+)(?:: (.*))?")
-_RESULT_END = re.compile(r"\n(?:status|request|evidence): ")
+_RESULT_END = re.compile(r"\n(?:status|request|evidence): |\n\[agent ")  # a joined feedback's next agent too
 _TASK = re.compile(r"Task: (.*?)(?: \(budget \d+ steps.*\))?$", re.DOTALL)
 
 
@@ -79,13 +79,14 @@ def _lacks(evidence: Sequence[str]) -> str | None:
 
 
 def known_facts(context: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Facts the orchestrator had seen: the ``key: value`` lines of every earlier result."""
+    """Facts the orchestrator had seen: the ``key: value`` lines of every earlier result (each agent's, in a joined
+    feedback)."""
     facts: dict[str, str] = {}
     for m in context:
         text = str(m.get("content") or "")
         if m.get("role") == "user" and "\nresult: " in text:
-            result = _RESULT_END.split(text.split("\nresult: ", 1)[1], 1)[0]
-            facts.update(parse_facts([result]))
+            for part in text.split("\nresult: ")[1:]:
+                facts.update(parse_facts([_RESULT_END.split(part, 1)[0]]))
     return facts
 
 

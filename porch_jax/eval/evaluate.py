@@ -38,10 +38,16 @@ async def run_policy(
     concurrency: int,
     seed: int = 0,
     progress: bool = True,
+    system: str = "proactive",
 ) -> RunSummary:
-    """Roll the policy out on ``tasks`` (those not yet in ``store``); episode ids are ``name/task_id``."""
+    """Roll the policy out on ``tasks`` (those not yet in ``store``) under ``system``'s engine (the framework it was
+    trained for); episode ids are ``name/task_id``."""
     engine = suite_lib.engine(
-        policy.backend(seed), suite, name=name, sampling=Sampling(temperature=temperature, max_tokens=max_tokens)
+        policy.backend(seed),
+        suite,
+        name=name,
+        sampling=Sampling(temperature=temperature, max_tokens=max_tokens),
+        system=system,
     )
 
     async def episode(task: Any) -> EpisodeRecord:
@@ -57,8 +63,9 @@ def evaluate(
     suite: SuiteConfig,
     eval_cfg: EvalConfig,
     name: str,
+    system: str = "proactive",
 ) -> list[EpisodeRecord]:
-    """Greedy (or ``eval_cfg.temperature``) rollouts of ``policy`` on ``tasks``, stored in ``out``."""
+    """Greedy (or ``eval_cfg.temperature``) rollouts of ``policy`` on ``tasks`` under ``system``, stored in ``out``."""
     with TrajectoryStore(out) as store:
         asyncio.run(
             run_policy(
@@ -71,6 +78,7 @@ def evaluate(
                 max_tokens=eval_cfg.max_tokens,
                 concurrency=eval_cfg.concurrency,
                 seed=eval_cfg.seed,
+                system=system,
             )
         )
     return TrajectoryStore(out).read()
@@ -87,12 +95,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--config", required=True, help="experiment file with get_config() (suite and eval sections)")
     parser.add_argument("--out", required=True, help="trajectory store to write (resumed if it exists)")
     parser.add_argument("--name", default="eval", help="episode id prefix")
+    parser.add_argument(
+        "--system", default="proactive", help="the framework the policy was trained for (its engine: rollout/config.py)"
+    )
     args = parser.parse_args(argv)
     cfg = load_config(args.config)
     suite = from_dict(SuiteConfig, cfg.suite, path="config.suite")
     eval_cfg = from_dict(EvalConfig, cfg.eval, path="config.eval")
     policy = load_policy(args.policy, max_len=int(cfg.policy.max_len), prompt_buckets=tuple(cfg.policy.buckets))
-    records = evaluate(policy, suite_lib.task_set(eval_cfg.tasks, suite), args.out, suite, eval_cfg, args.name)
+    tasks = suite_lib.task_set(eval_cfg.tasks, suite)
+    records = evaluate(policy, tasks, args.out, suite, eval_cfg, args.name, system=args.system)
     print(f"{sum(r.outcome.success for r in records)}/{len(records)} succeeded; records in {args.out}")
 
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from porch_jax.attribution.judge import known_facts
 from porch_jax.envs.workplace.clauses import KIND, parse_subgoal, work
@@ -52,8 +53,10 @@ def format_table(
     records: Mapping[str, Sequence[EpisodeRecord]],
     comparisons: Sequence[Comparison] = (),
     skipped: Mapping[str, str] | None = None,
+    not_applicable: Mapping[str, str] | None = None,
 ) -> str:
-    """A markdown table (a configured method that was not trained has a row saying why), then the claims checked."""
+    """A markdown table (a configured method that was not trained has a row saying why, and so has a method that does
+    not apply to a framework, e.g. OPOD to one without mid-run feedback), then the claims checked."""
     ref = next((r.system for r in rows if r.delta is None), "")
     lines = [
         f"| method | n | success | 95% CI | vs {ref} (paired 95% CI) | tokens/task | orchestrator tokens/task "
@@ -70,6 +73,8 @@ def format_table(
         )
     for name, why in (skipped or {}).items():
         lines.append(f"| {name} | 0 | not trained: {why} |  |  |  |  |  |  |")
+    for name, why in (not_applicable or {}).items():
+        lines.append(f"| {name} | - | not applicable: {why} |  |  |  |  |  |  |")
     for c in comparisons:
         d = f"{c.delta[0]:+.3f} [{c.delta[1]:+.3f}, {c.delta[2]:+.3f}]" if c.delta else "n/a"
         verdict = "intervals separated" if c.separated else "intervals overlap"
@@ -89,20 +94,37 @@ def blind_spot_rates(records: Sequence[EpisodeRecord]) -> dict[str, tuple[int, i
 
     for r in records:
         for d in r.decisions:
-            if not d.action or d.action["name"] != "delegate":
-                continue
-            args = d.action["arguments"]
-            for c in parse_subgoal(str(args.get("subgoal", ""))) or []:
-                if c.kind == "history":
-                    add("archive granted", "archive" in args.get("tools", []))
-                known = known_facts(d.context)
-                needed = [k for k in KIND[c.kind].needs(c.args) if k in known]
-                if needed:
-                    given = {line.split(": ", 1)[0] for line in args.get("context", [])}
-                    add("known facts handed over", set(needed) <= given)
-                if c.kind == "file":
-                    add("file budget covers the pages", int(args.get("budget", 0)) >= work(c) + 1)
+            for args in _delegations(d.action):
+                _check_delegation(args, d.context, add)
     return out
+
+
+def _delegations(action: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    """The harness arguments an action delegates: a delegate's, or each subtask of a joined delegation's."""
+    if not action:
+        return []
+    args = action.get("arguments") or {}
+    if action.get("name") == "delegate":
+        return [args]
+    if action.get("name") in ("delegate_all", "plan"):
+        return [t for t in args.get("subtasks") or [] if isinstance(t, Mapping)]
+    return []
+
+
+def _check_delegation(
+    args: Mapping[str, Any], context: Sequence[Mapping[str, Any]], add: Callable[[str, bool], None]
+) -> None:
+    """The blind-spot checks of one delegation's harness, made in the context it was written in."""
+    for c in parse_subgoal(str(args.get("subgoal", ""))) or []:
+        if c.kind == "history":
+            add("archive granted", "archive" in args.get("tools", []))
+        known = known_facts(context)
+        needed = [k for k in KIND[c.kind].needs(c.args) if k in known]
+        if needed:
+            given = {line.split(": ", 1)[0] for line in args.get("context", [])}
+            add("known facts handed over", set(needed) <= given)
+        if c.kind == "file":
+            add("file budget covers the pages", int(args.get("budget", 0)) >= work(c) + 1)
 
 
 def format_blind_spots(records: Mapping[str, Sequence[EpisodeRecord]]) -> str:
@@ -115,12 +137,21 @@ def format_blind_spots(records: Mapping[str, Sequence[EpisodeRecord]]) -> str:
     return "\n".join(lines)
 
 
-def write_results(rows: Sequence[Summary], comparisons: Sequence[Comparison], path: str | Path) -> None:
+def write_results(
+    rows: Sequence[Summary],
+    comparisons: Sequence[Comparison],
+    path: str | Path,
+    skipped: Mapping[str, str] | None = None,
+    not_applicable: Mapping[str, str] | None = None,
+) -> None:
+    """results.json: the rows and claims, and the methods not trained (`skipped`) or not applicable, with why."""
     Path(path).write_text(
         json.dumps(
             {
                 "methods": [dataclasses.asdict(r) for r in rows],
                 "comparisons": [dataclasses.asdict(c) for c in comparisons],
+                "not_trained": dict(skipped or {}),
+                "not_applicable": dict(not_applicable or {}),
             },
             indent=1,
         )

@@ -75,9 +75,15 @@ def task_set(tasks: TaskSet, suite: SuiteConfig) -> list[WorkplaceTask]:
 
 
 def engine(
-    orchestrator: Backend, suite: SuiteConfig, *, name: str, sampling: Sampling = Sampling(max_tokens=256)
+    orchestrator: Backend,
+    suite: SuiteConfig,
+    *,
+    name: str,
+    sampling: Sampling = Sampling(max_tokens=256),
+    system: str = "proactive",
 ) -> Engine:
-    """The proactive engine with scripted sub-agents and ``orchestrator`` deciding."""
+    """The engine of ``system`` (proactive, POrchestra, by default; a framework an experiment trains, e.g.
+    ``lifecycle`` or ``orchestra_o1``: rollout/config.py) with scripted sub-agents and ``orchestrator`` deciding."""
     cfg = EngineConfig(
         budgets=Budgets(),
         max_decisions=suite.max_decisions,
@@ -86,9 +92,9 @@ def engine(
         context_overflow=suite.context_overflow,
     )
     subagent = ScriptedBackend(ScriptedSubagent(suite.subagent))
-    return Engine(WorkplaceEnv, orchestrator, subagent, system_config("proactive", cfg), system_name=name)
+    return Engine(WorkplaceEnv, orchestrator, subagent, system_config(system, cfg), system_name=name)
 
 
-def expert_engine(suite: SuiteConfig) -> Engine:
-    """The scripted expert (with its blind spots) as the orchestrator."""
-    return engine(ScriptedBackend(ScriptedExpert(suite.expert)), suite, name="expert")
+def expert_engine(suite: SuiteConfig, *, system: str = "proactive") -> Engine:
+    """The scripted expert (with its blind spots) as the orchestrator, playing ``system``'s action set."""
+    return engine(ScriptedBackend(ScriptedExpert(suite.expert)), suite, name="expert", system=system)

@@ -29,6 +29,35 @@ from porch_jax.typed_config import check, resumable
 # Providers whose servers score a prompt of token ids (/v1/completions with prompt_logprobs): the held GRM's reading.
 SCORING_PROVIDERS = ("vllm", "sglang")
 
+# The other orchestration frameworks an experiment may train beside POrchestra (`ExperimentConfig.frameworks`), the
+# rollout engine's systems (rollout/config.py): Orchestra-o1 (parallel `delegate_all`, each subtask run to its end)
+# and the lifecycle orchestrator (AOrchestra-style: re-orchestration only when a sub-agent returns).
+FRAMEWORKS = ("orchestra_o1", "lifecycle")
+# The methods that apply to them (the paper's training table): SFT on their expert's decisions, RWR on their SFT
+# policy's successful rollouts, DA-GRPO at their expert's decision contexts. OPOD and the OPD controls distil hints
+# written on sub-agents' mid-run messages, and these frameworks' sub-agents only return at the end; SFT+hints adds
+# hint-following rows for OPD's teacher. Those are reported as not applicable (NOT_APPLICABLE says why).
+FRAMEWORK_METHODS = ("sft", "rwr", "dagrpo")
+NOT_APPLICABLE = (
+    "no mid-run feedback: its sub-agents only return when done, so there is no sub-agent message to attribute or to "
+    "hint (OPOD / OPD need one)"
+)
+NOT_APPLICABLE_HINTS = (
+    "its hint-following rows serve OPD's teacher, and OPD needs mid-run feedback this framework lacks"
+)
+
+
+def split_method(name: str) -> tuple[str, str | None]:
+    """("rwr", "lifecycle") for a framework's method "rwr@lifecycle"; (name, None) for POrchestra's own."""
+    method, _, framework = name.partition("@")
+    return method, framework or None
+
+
+def framework_system(name: str) -> str:
+    """The engine system a method's policy runs under: its framework's, "proactive" (POrchestra) without one."""
+    return split_method(name)[1] or "proactive"
+
+
 # Seed set k (`with_seed_set`): every seed + SEED_SET_STRIDE * k, the SFT rollouts' task seeds
 # + ROLLOUT_SEED_STRIDE * k.
 SEED_SET_STRIDE, ROLLOUT_SEED_STRIDE = 10, 1_000
@@ -227,6 +256,21 @@ class PreflightSection:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
+    """One OPOD experiment (porch_jax/opod/experiment.py). `methods` are POrchestra's (the proactive system), each from
+    the SFT weights but SFT itself.
+
+    `frameworks` names the other orchestration frameworks trained beside it, as the paper's training table does:
+    each framework's policy is the same initial model, trained by SFT on the scripted expert playing that framework's
+    action set (its own expert rollouts: Orchestra-o1's `delegate_all`, the lifecycle orchestrator's `delegate` on
+    submit-only sub-agents), rolled out under that framework's engine, then trained from its SFT weights by those of
+    `methods` that apply to it (FRAMEWORK_METHODS: RWR on its successful rollouts, DA-GRPO at its expert's contexts
+    with the reward checking validity against its action set), each through the same trainer, row format and config
+    section (sft, rwr, dagrpo: steps, batch, learning-rate grid) as POrchestra's, and selected and evaluated on the
+    same validation and held-out tasks under that framework's engine. A framework's method is named
+    "<method>@<framework>" in every table (results.md/json, selection.json) and trains in RUN/<framework>/<method>;
+    the methods that need mid-run feedback (OPOD, the OPD controls, SFT+hints) are reported as not applicable to it.
+    The frameworks' SFT reads expert decisions only (no hint-following rows, which serve OPD's teacher)."""
+
     run_dir: str = resumable()
     seed: int
     methods: tuple[
@@ -252,6 +296,9 @@ class ExperimentConfig:
     serving: ServingSection = dataclasses.field(default_factory=ServingSection)
     preflight: PreflightSection = resumable(default_factory=PreflightSection)
     sft_hints: MethodSection | None = None  # the SFT+hints variant (its hint_rows share), when "sft_hints" is a method
+    # The other frameworks trained beside POrchestra (FRAMEWORKS; docstring): each framework's methods are those of
+    # `methods` in FRAMEWORK_METHODS, run with the same sections and trainer, reported as "<method>@<framework>".
+    frameworks: tuple[Literal[FRAMEWORKS], ...] = ()
     mesh: tuple[int, int, int] = (1, 1, 1)  # every trainer's (data, fsdp, tensor) device mesh; product = devices
     # every trainer's checkpoint and log cadence (one checkpoint kept, written synchronously: runs are short)
     checkpoint: CheckpointConfig = resumable(CheckpointConfig(every=50, keep=1, async_save=False))
@@ -291,6 +338,12 @@ class ExperimentConfig:
             "vLLM serves Hugging Face models: set model.init_from, or serve the miniature embedded",
         )
         check(len(set(self.seed_sets)) == len(self.seed_sets), "seed_sets", f"repeats a set: {self.seed_sets}")
+        check(len(set(self.frameworks)) == len(self.frameworks), "frameworks", f"repeats one: {self.frameworks}")
+        check(
+            not self.frameworks or "sft" in self.methods,
+            "frameworks",
+            "each framework's methods start from its own SFT: 'sft' must be one of the methods",
+        )
         check(all(k >= 0 for k in self.seed_sets), "seed_sets", f"are numbered from 0, got {self.seed_sets}")
         check(
             "sft_hints" not in self.methods or (self.sft_hints is not None and self.sft_hints.hint_rows > 0),
@@ -324,8 +377,23 @@ class ExperimentConfig:
 
     def method(self, name: str) -> MethodSection:
         """The section of method `name` (sft, rwr, opod, opd_empty, dagrpo). opod_secondary trains as opod; the two
-        OPD controls, empty hints and wrong hints (another flagged decision's), share opd_empty's settings."""
+        OPD controls, empty hints and wrong hints (another flagged decision's), share opd_empty's settings. A
+        framework's method ("rwr@lifecycle") has its method's section."""
+        name = split_method(name)[0]
         return getattr(self, {"opod_secondary": "opod", "opd_wrong_hint": "opd_empty"}.get(name, name))
+
+    def framework_methods(self, framework: str) -> tuple[str, ...]:
+        """The methods trained for `framework` ("sft@lifecycle", ...): those of `methods` that apply to it."""
+        return tuple(f"{m}@{framework}" for m in self.methods if m in FRAMEWORK_METHODS)
+
+    def not_applicable(self) -> dict[str, str]:
+        """Each framework's configured methods that do not apply to it, with why (the results table's rows)."""
+        return {
+            f"{m}@{f}": NOT_APPLICABLE_HINTS if m == "sft_hints" else NOT_APPLICABLE
+            for f in self.frameworks
+            for m in self.methods
+            if m not in FRAMEWORK_METHODS
+        }
 
 
 def _shift_seeds(node: Any, by: int) -> Any:

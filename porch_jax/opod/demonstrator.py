@@ -20,15 +20,16 @@ from porch_jax.eval.suite import TaskSet
 from porch_jax.opod.config import ExperimentConfig
 
 
-def expert_engine(cfg: ExperimentConfig, tokenizer: Any, *, window: bool = True) -> Any:
-    """The scripted expert's engine. Under the policy's context window (`window` and policy.context_tokens) it
-    decides under that window and writes only what the window shows, so every recorded decision is one a policy
-    could make from its record; `tokenizer` measures the window (None without one)."""
+def expert_engine(cfg: ExperimentConfig, tokenizer: Any, *, window: bool = True, system: str = "proactive") -> Any:
+    """The scripted expert's engine, playing `system`'s action set (POrchestra's, or a framework's the experiment
+    trains). Under the policy's context window (`window` and policy.context_tokens) it decides under that window and
+    writes only what the window shows, so every recorded decision is one a policy could make from its record;
+    `tokenizer` measures the window (None without one)."""
     windowed = window and bool(cfg.policy.context_tokens)
     expert: Backend = ScriptedBackend(ScriptedExpert(cfg.suite.expert, sees="context" if windowed else "history"))
     if windowed:
         expert = ContextWindow(expert, tokenizer, cfg.policy.context_tokens)
-    return suite_lib.engine(expert, cfg.suite, name="expert")
+    return suite_lib.engine(expert, cfg.suite, name="expert", system=system)
 
 
 def expert_success(cfg: ExperimentConfig, tokenizer: Any, tasks: TaskSet, *, window: bool) -> float:

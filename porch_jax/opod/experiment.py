@@ -5,9 +5,11 @@
 expert rollouts -> attribution of the expert's decisions -> SFT of a tiny orchestrator from scratch
 (expert decisions + hint-following examples) -> rollouts of the SFT policy -> attribution (FLAG,
 hint) -> RWR, OPOD (RWR + λ·OPD), OPD with empty hints, DA-GRPO, each from the SFT weights and at each
-rate of its ``lr_grid`` -> selection of rate and checkpoint on validation tasks (config ``selection``: the
-same rule for every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out
-seeded tasks -> results table and plots.
+rate of its ``lr_grid`` -> for each other framework in ``frameworks`` (Orchestra-o1, the lifecycle
+orchestrator: ``train_framework``) its expert rollouts, SFT, SFT rollouts, RWR and DA-GRPO through the same
+trainer -> selection of rate and checkpoint on validation tasks (config ``selection``: the same rule for
+every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks,
+each under its framework's engine -> results table and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
@@ -58,13 +60,20 @@ from porch_jax.models import from_pretrained
 from porch_jax.models.sampler import Sampler
 from porch_jax.models.tiny import make_tiny_model
 from porch_jax.opod import rows as episode_rows
-from porch_jax.opod.config import AttributionSection, ExperimentConfig, ServingSection, with_seed_set
+from porch_jax.opod.config import (
+    AttributionSection,
+    ExperimentConfig,
+    ServingSection,
+    framework_system,
+    split_method,
+    with_seed_set,
+)
 from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
 from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.progress import Stages
-from porch_jax.rollout import run_episodes
+from porch_jax.rollout import run_episodes, system_config
 from porch_jax.rows.decisions import hint_table
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
@@ -92,14 +101,23 @@ class Run:
 
 
 def rollouts(
-    run: Run, store_name: str, policy_or_none: Any, tasks_cfg: TaskSet, *, name: str, temperature: float
+    run: Run,
+    store_name: str,
+    policy_or_none: Any,
+    tasks_cfg: TaskSet,
+    *,
+    name: str,
+    temperature: float,
+    system: str = "proactive",
 ) -> list[Any]:
+    """Episodes of the scripted expert (`policy_or_none` None) or of a policy on `tasks_cfg` under `system`'s engine,
+    in RUN/<store_name> (resumed)."""
     cfg = run.cfg
     tasks = suite_lib.task_set(tasks_cfg, cfg.suite)
     with TrajectoryStore(run / store_name) as store:
         if policy_or_none is None:
             tok = AutoTokenizer.from_pretrained(str(init_model(run))) if cfg.policy.context_tokens else None
-            engine = expert_engine(cfg, tok)
+            engine = expert_engine(cfg, tok, system=system)
             asyncio.run(run_episodes(tasks, lambda t: engine.run(t, episode_id=t.task_id), store, 64))
         else:
             asyncio.run(
@@ -113,6 +131,7 @@ def rollouts(
                     max_tokens=cfg.policy.max_new_tokens,
                     concurrency=cfg.eval.concurrency,
                     seed=cfg.seed,
+                    system=system,
                 )
             )
     return TrajectoryStore(run / store_name).read()
@@ -310,7 +329,9 @@ def train_config(cfg: ExperimentConfig, name: str, learning_rate: float | None =
     return TrainConfig(
         steps=settings.steps,
         optimizer=dataclasses.replace(cfg.optimizer, learning_rate=rate, warmup_steps=settings.warmup_steps),
-        method=MethodConfig(name=METHOD_OF[name], opd_weight=settings.opd_weight, clip_eps=settings.clip_eps),
+        method=MethodConfig(
+            name=METHOD_OF[split_method(name)[0]], opd_weight=settings.opd_weight, clip_eps=settings.clip_eps
+        ),
         checkpoint=cfg.checkpoint,
         log=cfg.log,
         export_every=settings.export_every,
@@ -326,10 +347,12 @@ def learning_rates(cfg: ExperimentConfig, name: str) -> tuple[float, ...]:
 
 
 def run_name(cfg: ExperimentConfig, name: str, learning_rate: float | None) -> str:
-    """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else."""
-    if learning_rate is None or learning_rate == cfg.method(name).learning_rate:
-        return name
-    return f"{name}_lr{learning_rate:g}"
+    """RUN/<name> for the configured learning rate (so runs made before a grid resume), RUN/<name>_lr<rate> else; a
+    framework's method ("rwr@lifecycle") in its framework's folder (RUN/lifecycle/rwr, RUN/lifecycle/rwr_lr<rate>)."""
+    method, framework = split_method(name)
+    if learning_rate is not None and learning_rate != cfg.method(name).learning_rate:
+        method = f"{method}_lr{learning_rate:g}"
+    return f"{framework}/{method}" if framework else method
 
 
 def run(cfg: ExperimentConfig) -> None:
@@ -373,6 +396,7 @@ NEW_KEY_DEFAULTS = {
         name: {"epochs": 0.0, "validation_share": 0.0, "validate_every": 0}
         for name in ("sft", "rwr", "opod", "opd_empty", "dagrpo")
     },
+    "frameworks": [],
     "mesh": [1, 1, 1],
     "attribution": to_dict(AttributionSection(reading="free")),  # the only reading before `reading` existed
     "serving": to_dict(ServingSection()),
@@ -441,7 +465,11 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         print(f"policies are sampled by {describe(policy)}", flush=True)
         if cfg.policy.context_tokens:
             policy = ContextWindowPolicy(policy, tok, cfg.policy.context_tokens)
-        after_sft(run, expert, tok, sft, embedded, policy, served, variants)
+        exports, skipped = after_sft(run, expert, tok, sft, embedded, policy, served, variants)
+        for framework in cfg.frameworks:  # the other frameworks' SFT, RWR and DA-GRPO, from the same initial model
+            trained, untrained = train_framework(run, framework, init, tok, policy)
+            exports, skipped = {**exports, **trained}, {**skipped, **untrained}
+        evaluate_and_report(run, policy, exports, skipped)
 
 
 def train_sft(
@@ -500,10 +528,10 @@ def train_sft(
         chosen = lowest(at)
         compared = f"final validation loss (step {steps})"
     curves = {f"{name} lr {lr:g}": plots.read_metrics(workdir(lr) / "metrics.jsonl") for lr in rates}
-    plots.plot_loss_curves(curves, run / f"{name}_loss.png")
+    plots.plot_loss_curves(curves, run / f"{run_name(cfg, name, None)}_loss.png")
     if len(rates) == 1:
         return chosen, exports[chosen]
-    (run / f"{name}_selection.json").write_text(
+    (run / f"{run_name(cfg, name, None)}_selection.json").write_text(
         json.dumps(
             {"learning_rate": chosen, "compared": compared, "val_loss": {f"{lr:g}": v for lr, v in at.items()}},
             indent=1,
@@ -522,11 +550,12 @@ def after_sft(
     policy: Any,
     served: ServedPolicy | None,
     sft_runs: dict[str, dict[float, Path]] | None = None,
-) -> None:
-    """SFT rollouts, their attribution, the methods after SFT, selection and evaluation. `policy` samples every
-    rollout (the embedded sampler or a vLLM server, `served_policy`); `served` is that server's ServedPolicy (None when
-    embedded), on which OPD's student samples with opd.sampling.sampler.kind "vllm"; `embedded` (the SFT weights in this
-    process) measures hint following."""
+) -> tuple[dict[str, dict[float, Path]], dict[str, str]]:
+    """SFT rollouts, their attribution and POrchestra's methods after SFT. `policy` samples every rollout (the
+    embedded sampler or a vLLM server, `served_policy`); `served` is that server's ServedPolicy (None when embedded),
+    on which OPD's student samples with opd.sampling.sampler.kind "vllm"; `embedded` (the SFT weights in this process)
+    measures hint following. Returns every trained method's exports by learning rate (SFT and its variants
+    included) and the configured methods left untrained for want of data, with why."""
     cfg = run.cfg
     view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
     run.stages.begin("rollouts of the SFT policy")
@@ -577,8 +606,7 @@ def after_sft(
         flush=True,
     )
 
-    # Under "drop", RWR rows that are all over-long leave no RWR part (as no successful rollout does).
-    has_rwr = any(len(r.tokens) <= max_len for r in rwr_rows) or (overlong != "drop" and bool(rwr_rows))
+    has_rwr = has_rows(rwr_rows, max_len, overlong)
 
     def packed(section: str, view: str, mesh: Any) -> list[Any]:
         if not has_rwr:
@@ -605,21 +633,6 @@ def after_sft(
 
         return source, has_rwr or bool(rows)
 
-    def group(tok: Any, mesh: Any) -> Any:
-        g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
-        contexts = episode_rows.expert_contexts(expert, tok, view)
-        return sources.GroupSource(
-            contexts,
-            tok,
-            g.sampling,
-            g.contexts_per_step,
-            g.group_size,
-            buckets,
-            dagrpo_reward(TOOLS),
-            mesh,
-            overlong=overlong,
-        )
-
     empty_rows = episode_rows.opd_rows(data, dict.fromkeys(hints, ""), tok, view)
     wrong_rows = episode_rows.opd_rows(data, episode_rows.wrong_hints(hints, cfg.seed), tok, view)
     exports = dict(sft_runs or {"sft": {cfg.sft.learning_rate: sft}})  # SFT (chosen rate) and its variants
@@ -629,7 +642,7 @@ def after_sft(
         "opod_secondary": opod_plan("opod_secondary", opd_rows.get("secondary", [])),
         "opd_empty": opod_plan("opd_empty", empty_rows),
         "opd_wrong_hint": opod_plan("opd_wrong_hint", wrong_rows),
-        "dagrpo": (group, True),
+        "dagrpo": (dagrpo_source(cfg, expert, "dagrpo"), True),
     }
     flagged = len(opd_rows["primary"])
     why_empty = {  # what a method trains on, said where it has none
@@ -650,7 +663,94 @@ def after_sft(
             print(f"{name}: no training data ({skipped[name]}); skipped", flush=True)
             continue
         exports[name] = {lr: train(run, name, sft, source_of, learning_rate=lr) for lr in learning_rates(cfg, name)}
-    evaluate_and_report(run, policy, exports, skipped)
+    return exports, skipped
+
+
+def has_rows(rows: list[Any], max_len: int, overlong: str) -> bool:
+    """Whether packed rows leave a batch: under "drop", rows that are all over-long leave none (as no rows do)."""
+    return any(len(r.tokens) <= max_len for r in rows) or (overlong != "drop" and bool(rows))
+
+
+def dagrpo_source(cfg: ExperimentConfig, expert: list[Any], name: str) -> Callable[[Any, Any], Any]:
+    """DA-GRPO's batch source (given tokenizer and mesh) for method `name` ("dagrpo", or a framework's
+    "dagrpo@<framework>"): groups sampled at `expert`'s decision contexts, each sample scored against the expert's
+    action there with the framework's action set (opod/rewards.py)."""
+    g = cfg.dagrpo.group  # not None when dagrpo is in cfg.methods (ExperimentConfig checks)
+    actions = system_config(framework_system(name)).prompt_actions
+    view, buckets, overlong = cfg.policy.view, cfg.policy.buckets, cfg.policy.overlong
+
+    def source(tok: Any, mesh: Any) -> Any:
+        contexts = episode_rows.expert_contexts(expert, tok, view)
+        reward = dagrpo_reward(TOOLS, actions)
+        return sources.GroupSource(
+            contexts, tok, g.sampling, g.contexts_per_step, g.group_size, buckets, reward, mesh, overlong=overlong
+        )
+
+    return source
+
+
+def train_framework(
+    run: Run, framework: str, init: Path, tok: Any, policy: Any
+) -> tuple[dict[str, dict[float, Path]], dict[str, str]]:
+    """One of `frameworks` (ExperimentConfig's docstring), trained as POrchestra is, in RUN/<framework>: the scripted
+    expert plays its action set (<framework>/expert.jsonl) -> SFT from the initial model `init` on those decisions
+    (the sft section, its validation split and learning-rate choice) -> rollouts of that SFT policy under its engine
+    (<framework>/rollouts.jsonl, the SFT rollouts' tasks and temperature; `policy` samples them) -> RWR on the
+    successful ones and DA-GRPO at the expert's contexts, from its SFT weights, at each rate of their sections'
+    grids. Returns the exports by method ("sft@<framework>", ...) and learning rate, and the methods left untrained
+    for want of data, with why."""
+    cfg = run.cfg
+    view, buckets, max_len, overlong = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets), cfg.policy.overlong
+    names = cfg.framework_methods(framework)
+    sft_name, rwr_name, dagrpo_name = (f"{m}@{framework}" for m in ("sft", "rwr", "dagrpo"))
+    run.stages.begin(f"{framework}: expert rollouts (the scripted expert playing its action set)")
+    expert = rollouts(
+        run, f"{framework}/expert.jsonl", None, cfg.expert_rollouts, name="expert", temperature=0.0, system=framework
+    )
+    print(f"{framework} expert: {sum(r.outcome.success for r in expert)}/{len(expert)} succeeded", flush=True)
+    train_eps, val_eps = episode_rows.validation_split(expert, cfg.sft.validation_share)
+    sft_rows = episode_rows.packed_rows(train_eps, tok, view, max_len)
+    val_rows = episode_rows.packed_rows(val_eps, tok, view, max_len)
+    print(
+        f"{sft_name}: {len(sft_rows)} packed rows ({sum(len(r.tokens) > max_len for r in sft_rows)} over {max_len} "
+        f"tokens) from {len(train_eps)} expert episodes, {len(val_rows)} validation rows from {len(val_eps)}",
+        flush=True,
+    )
+    sft_lr, sft = train_sft(run, sft_name, init, sft_rows, val_rows)
+    exports: dict[str, dict[float, Path]] = {sft_name: {sft_lr: sft}}
+    skipped: dict[str, str] = {}
+    if rwr_name in names:
+        run.stages.begin(f"{framework}: rollouts of its SFT policy")
+        data = rollouts(
+            run,
+            f"{framework}/rollouts.jsonl",
+            policy.load(sft),
+            cfg.rollouts,
+            name=sft_name,
+            temperature=cfg.rollouts.temperature,
+            system=framework,
+        )
+        print(f"{sft_name} rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
+        rwr_rows = episode_rows.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+        print(f"{rwr_name}: {len(rwr_rows)} packed rows from successful rollouts", flush=True)
+        if has_rows(rwr_rows, max_len, overlong):
+            s = cfg.rwr
+
+            def rwr_source(tok: Any, mesh: Any) -> Any:
+                return sources.PackedSource(rwr_rows, s.batch, buckets, s.seed, mesh, overlong=overlong)
+
+            exports[rwr_name] = {
+                lr: train(run, rwr_name, sft, rwr_source, learning_rate=lr) for lr in learning_rates(cfg, rwr_name)
+            }
+        else:
+            skipped[rwr_name] = "no successful SFT rollout (RWR reweights successes)"
+            print(f"{rwr_name}: no training data ({skipped[rwr_name]}); skipped", flush=True)
+    if dagrpo_name in names:
+        group = dagrpo_source(cfg, expert, dagrpo_name)
+        exports[dagrpo_name] = {
+            lr: train(run, dagrpo_name, sft, group, learning_rate=lr) for lr in learning_rates(cfg, dagrpo_name)
+        }
+    return exports, skipped
 
 
 def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Path]]) -> dict[str, dict[str, Any]]:
@@ -670,11 +770,19 @@ def select_checkpoints(run: Run, policy: Any, exports: dict[str, dict[float, Pat
         scores: dict[tuple[float, int], float] = {}
         folders: dict[tuple[float, int], Path] = {}
         for lr, export in runs.items():
-            cands = selection_candidates(export) if name != "sft" else {}
+            cands = selection_candidates(export) if split_method(name)[0] != "sft" else {}
             for step, folder in (cands or {-1: export}).items():  # no step exports: the final export only
                 tag = run_name(cfg, name, lr) + ("" if step < 0 else f"_step{step}")
                 run.stages.begin(f"validate {tag} on {len(tasks)} validation tasks")
-                recs = evaluate(policy.load(folder), tasks, run / "val" / f"{tag}.jsonl", cfg.suite, cfg.eval, tag)
+                recs = evaluate(
+                    policy.load(folder),
+                    tasks,
+                    run / "val" / f"{tag}.jsonl",
+                    cfg.suite,
+                    cfg.eval,
+                    tag,
+                    system=framework_system(name),
+                )
                 scores[lr, step], folders[lr, step] = sum(r.outcome.success for r in recs) / len(recs), folder
         configured = cfg.method(name).learning_rate
         lr, step = max(scores, key=lambda k: (scores[k], k[0] == configured, k[1]))
@@ -770,11 +878,42 @@ def attribution_notes(run: Run) -> str:
     return "Attribution:\n\n" + "\n".join(lines) if lines else ""
 
 
+def framework_notes(run: Run) -> str:
+    """The notes on the other frameworks under the results table: what each trained on, and why OPOD and OPD are not
+    applicable to them (as the paper's training table marks them)."""
+    cfg = run.cfg
+    if not cfg.frameworks:
+        return ""
+    lines = []
+    for framework in cfg.frameworks:
+        counts = []
+        for store, what in (("expert.jsonl", "expert episodes (its SFT data)"), ("rollouts.jsonl", "SFT rollouts")):
+            path = run / framework / store
+            if path.is_file():
+                eps = TrajectoryStore(path).read()
+                counts.append(f"{sum(e.outcome.success for e in eps)}/{len(eps)} successful {what}")
+        lines.append(
+            f"- {framework} (engine system `{framework}`): "
+            + ", ".join(m for m in cfg.framework_methods(framework))
+            + " trained through the same trainer, rows and config sections as POrchestra's, from the same initial "
+            "model; SFT on its expert's decisions only (no hint-following rows); " + "; ".join(counts)
+        )
+    if cfg.not_applicable():
+        lines.append(
+            "- not applicable: "
+            + ", ".join(cfg.not_applicable())
+            + ". OPOD and OPD need mid-run feedback (a sub-agent's message during its run, which the GRM attributes and "
+            "the hint answers); Orchestra-o1's and the lifecycle orchestrator's sub-agents only return when done."
+        )
+    return "\n\nOther frameworks (POrchestra's rows are those without @):\n\n" + "\n".join(lines)
+
+
 def evaluate_and_report(
     run: Run, policy: Any, exports: dict[str, dict[float, Path]], skipped: dict[str, str] | None = None
 ) -> None:
-    """Each method's selected (or only) export on the held-out tasks; RUN/results.{md,json} and the plots. A method
-    in `skipped` (no training data) has a row saying why."""
+    """Each method's selected (or only) export on the held-out tasks, under its framework's engine; RUN/results.{md,json}
+    and the plots. A method in `skipped` (no training data) has a row saying why, and so has each method that does not
+    apply to a framework trained (`ExperimentConfig.not_applicable`)."""
     cfg = run.cfg
     selection = select_checkpoints(run, policy, exports) if cfg.selection.enabled else {}
     tasks = suite_lib.task_set(cfg.eval.tasks, cfg.suite)
@@ -791,7 +930,15 @@ def evaluate_and_report(
         runs[name] = run_name(cfg, name, lr)
         tag = runs[name] + ("" if step is None else f"_step{step}")
         run.stages.begin(f"evaluate {tag} on {len(tasks)} held-out tasks")
-        records[name] = evaluate(policy.load(folder), tasks, run / "eval" / f"{tag}.jsonl", cfg.suite, cfg.eval, name)
+        records[name] = evaluate(
+            policy.load(folder),
+            tasks,
+            run / "eval" / f"{tag}.jsonl",
+            cfg.suite,
+            cfg.eval,
+            name,
+            system=framework_system(name),
+        )
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
     rows = report.summaries(records, reference="sft")
     pairs = [
@@ -805,12 +952,20 @@ def evaluate_and_report(
             ("opod", "dagrpo"),
             ("opod_secondary", "sft"),
             ("opod_secondary", "opod"),
+            *(  # within each other framework, then POrchestra against it under the same method
+                (f"{a}{f}", f"{b}{f}")
+                for framework in cfg.frameworks
+                for f in (f"@{framework}",)
+                for a, b in (("rwr", "sft"), ("dagrpo", "sft"))
+            ),
+            *((m, f"{m}@{framework}") for framework in cfg.frameworks for m in ("sft", "rwr", "dagrpo")),
         )
         if a in records and b in records
     ]
     comparisons = [report.compare(records, a, b) for a, b in pairs]
+    not_applicable = cfg.not_applicable()
     table = (
-        report.format_table(rows, records, comparisons, skipped or {})
+        report.format_table(rows, records, comparisons, skipped or {}, not_applicable)
         + "\n\nBlind-spot checks on held-out delegations:\n\n"
         + report.format_blind_spots(records)
     )
@@ -823,9 +978,9 @@ def evaluate_and_report(
             )
             for n, v in selection.items()
         )
-    table += "\n\n" + attribution_notes(run)
+    table += "\n\n" + attribution_notes(run) + framework_notes(run)
     (run / "results.md").write_text(table + "\n")
-    report.write_results(rows, comparisons, run / "results.json")
+    report.write_results(rows, comparisons, run / "results.json", skipped or {}, not_applicable)
     plots.plot_curves({n: plots.read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
     plots.plot_success(rows, run / "success.png")
     print(

@@ -8,6 +8,11 @@ orchestrator action with this suite's tools; tool = the same action as the exper
 close its arguments are to the expert's (exact subgoal / agent / answer, Jaccard overlap of tool
 and context lists, budget within a relative distance), 0 when the action differs. Because the
 reference is the expert, DA-GRPO can at best reach the expert, blind spots included.
+
+Every framework an experiment trains is scored the same way against its own expert (the one that plays its action
+set): validity checks the reply against that framework's actions (``actions``: Orchestra-o1's ``delegate_all`` and
+``finish``, the lifecycle orchestrator's ``delegate`` / ``revise`` / ``stop`` / ``finish``), and a joined
+delegation's ``subtasks`` are scored harness by harness (``subtask_similarity``).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from porch_jax.protocol import ProtocolError, extract_call, orchestrator_action_from_call
+from porch_jax.protocol import ORCHESTRATOR_ACTIONS, ProtocolError, extract_call, orchestrator_action_from_call
 
 WEIGHTS = {"format": 0.1, "validity": 0.1, "tool": 0.2, "quality": 0.6}
 
@@ -36,7 +41,30 @@ def _same(a: Any, b: Any) -> float:
     return float(norm(a) == norm(b))
 
 
+def subtask_similarity(a: Any, b: Any) -> float:
+    """A joined delegation's subtasks against the reference's: each reference subtask paired with the sampled one
+    for the same subgoal (else the next unpaired one, in order) and scored as a delegation's arguments; the sum over
+    the longer of the two lists, so a missing or extra subtask scores 0."""
+    if not isinstance(a, (list, tuple)) or not isinstance(b, (list, tuple)):
+        return 0.0
+    mine = [t for t in a if isinstance(t, Mapping)]
+    ref = [t for t in b if isinstance(t, Mapping)]
+    if not mine and not ref:
+        return 1.0
+    free = list(range(len(mine)))
+    total = 0.0
+    for r in ref:
+        same = [i for i in free if _same(mine[i].get("subgoal"), r.get("subgoal"))]
+        if not (same or free):
+            break
+        i = (same or free)[0]
+        free.remove(i)
+        total += argument_similarity(mine[i], r)
+    return total / max(len(mine), len(ref))
+
+
 _FIELD_SCORES = {
+    "subtasks": subtask_similarity,
     "subgoal": _same,
     "context": _jaccard,
     "tools": _jaccard,
@@ -55,8 +83,14 @@ def argument_similarity(args: Mapping[str, Any], reference: Mapping[str, Any]) -
     return sum(_FIELD_SCORES[f](args.get(f), reference.get(f)) for f in fields) / len(fields)
 
 
-def decision_reward(text: str, reference: Mapping[str, Any], available_tools: Collection[str]) -> dict[str, float]:
-    """The four components (each in [0, 1]) and their weighted ``reward`` for one sampled reply."""
+def decision_reward(
+    text: str,
+    reference: Mapping[str, Any],
+    available_tools: Collection[str],
+    actions: Collection[str] = ORCHESTRATOR_ACTIONS,
+) -> dict[str, float]:
+    """The four components (each in [0, 1]) and their weighted ``reward`` for one sampled reply; ``actions``: the
+    framework's orchestrator actions (rollout/config.py EngineConfig.prompt_actions; POrchestra's by default)."""
     parts = dict.fromkeys(WEIGHTS, 0.0)
     try:
         call = extract_call(text)
@@ -65,7 +99,7 @@ def decision_reward(text: str, reference: Mapping[str, Any], available_tools: Co
     if call is not None:
         parts["format"] = 1.0
         try:
-            orchestrator_action_from_call(call, available_tools=available_tools)
+            orchestrator_action_from_call(call, available_tools=available_tools, actions=actions)
             parts["validity"] = 1.0
         except ProtocolError:
             pass
@@ -76,8 +110,11 @@ def decision_reward(text: str, reference: Mapping[str, Any], available_tools: Co
     return parts
 
 
-def dagrpo_reward(available_tools: Collection[str]) -> Callable[[Any, str], float]:
+def dagrpo_reward(
+    available_tools: Collection[str], actions: Collection[str] = ORCHESTRATOR_ACTIONS
+) -> Callable[[Any, str], float]:
     """The reward `train.sources.GroupSource` calls per sample: (expert context, the reply as the engine reads
-    it) -> `decision_reward` against the context's expert action, with this suite's tools."""
-    tools = tuple(available_tools)
-    return lambda context, text: decision_reward(text, context.reference, tools)["reward"]
+    it) -> `decision_reward` against the context's expert action, with this suite's tools and the framework's
+    actions."""
+    tools, names = tuple(available_tools), tuple(actions)
+    return lambda context, text: decision_reward(text, context.reference, tools, names)["reward"]

@@ -53,8 +53,8 @@ def _context():
     ]
 
 
-def _expert_episodes(n=6):
-    engine = suite_lib.expert_engine(SUITE)
+def _expert_episodes(n=6, system="proactive"):
+    engine = suite_lib.expert_engine(SUITE, system=system)
     tasks = make_tasks(n, SUITE.mixture, prefix="codec")
 
     async def run():
@@ -97,15 +97,22 @@ def test_action_decodes_to_full_call_against_context():
     }
 
 
-def test_expert_actions_round_trip():
-    n = 0
-    for ep in _expert_episodes():
+@pytest.mark.parametrize("system", ["proactive", "lifecycle", "orchestra_o1", "skill_mas"])
+def test_expert_actions_round_trip(system):
+    n = joined = 0
+    for ep in _expert_episodes(system=system):
         for d in ep.decisions:
             if d.action is None:
                 continue
             dsl = codec.encode_action(d.action, d.context)
             back = extract_call(codec.decode_text(dsl, d.context))
             assert back["name"] == d.action["name"], dsl
+            if d.action["name"] in ("delegate_all", "plan"):  # every subtask back, in order, with its harness
+                joined += 1
+                assert codec.encode_action(back, d.context) == dsl
+                assert [(sorted(t["tools"]), t["budget"]) for t in back["arguments"]["subtasks"]] == [
+                    (sorted(t["tools"]), t["budget"]) for t in d.action["arguments"]["subtasks"]
+                ], dsl
             for key in ("context", "tools", "budget", "agent_id"):
                 if key in d.action["arguments"] and key in back["arguments"]:
                     want, got = d.action["arguments"][key], back["arguments"][key]
@@ -113,7 +120,49 @@ def test_expert_actions_round_trip():
                         sorted(got) if isinstance(got, list) else got
                     ), (dsl, d.action)
             n += 1
-    assert n > 10
+    assert n > 10 and (joined > 0) == (system in ("orchestra_o1", "skill_mas"))
+
+
+def test_joined_delegations_round_trip_and_their_feedback_tracks_each_agent():
+    state = codec.state_of(_context())
+    for verb in ("delegate_all", "plan"):
+        dsl = f"{verb} c3 ctx=r1,r2 tools=messaging budget=5 ; c2 tools=contacts budget=2"
+        call = codec.decode_call(dsl, state)
+        assert call == {
+            "name": verb,
+            "arguments": {
+                "subtasks": [
+                    {
+                        "subgoal": "text Ravi Lopez the desk number",
+                        "context": ["desk number: 6096", "phone of Ravi Lopez: +1-555-0318"],
+                        "tools": ["messaging"],
+                        "budget": 5,
+                    },
+                    {"subgoal": "find phone of Ravi Lopez", "context": [], "tools": ["contacts"], "budget": 2},
+                ]
+            },
+        }
+        assert codec.encode_action(call, _context()) == dsl
+        assert extract_call(codec.decode_text(dsl, _context())) == call
+    # Orchestra-o1's joined feedback: each agent's report in order, each agent on the clause its subtask named; a
+    # submit without a result leaves its clause to do
+    joined = [
+        TASK,
+        {
+            "role": "assistant",
+            "content": render_call(codec.decode_call("delegate_all c1 budget=4 ; c2 budget=2", codec.state_of([TASK]))),
+        },
+        {
+            "role": "user",
+            "content": "[agent 0 v0 submit 3/4 steps]\nresult: desk number: 6096\nstatus: done\n"
+            "[agent 1 v0 submit 2/2 steps]\nresult: (nothing)\nstatus: partial: budget ran out\n"
+            "request: budget add: +2",
+        },
+    ]
+    view = codec.encode_context(joined)
+    assert view[1]["content"] == "delegate_all c1 budget=4 ; c2 budget=2"
+    assert view[2]["content"] == "a0 submit 3/4 r1 ; a1 submit 2/2 req budget+2 todo=c2,c3"
+    assert codec.state_of(joined).agents == {0: 0, 1: 1}
 
 
 @pytest.mark.parametrize(
@@ -128,6 +177,10 @@ def test_expert_actions_round_trip():
         "fly a1",
         "delegate c1 ctx=r1 ctx=r1",
         "delegate c1 sub=c2",
+        "delegate_all",
+        "delegate_all c1 budget=2 ;",
+        "plan c1 ; c9",
+        "delegate_all a1 budget=2",
     ],
 )
 def test_malformed_action_is_an_invalid_action_not_a_crash(bad):

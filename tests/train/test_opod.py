@@ -262,6 +262,27 @@ def test_dagrpo_reward_weights():
     assert decision_reward("<tool_call>{not json", ref, TOOLS)["reward"] == 0.0
 
 
+def test_dagrpo_reward_scores_a_delegate_all_decision_subtask_by_subtask():
+    """Orchestra-o1's decisions: valid only under its action set, each subtask scored as a delegation (paired by
+    subgoal, in any order), a missing or extra subtask scoring 0."""
+    a = {"subgoal": "find x", "context": [], "tools": ["search"], "budget": 4}
+    b = {"subgoal": "find y", "context": ["k: v"], "tools": ["mail"], "budget": 2}
+    ref = {"name": "delegate_all", "arguments": {"subtasks": [a, b]}}
+    o1 = ("delegate_all", "finish")
+    assert decision_reward(render_call(ref), ref, TOOLS, o1)["reward"] == pytest.approx(1.0)
+    assert decision_reward(render_call(ref), ref, TOOLS)["validity"] == 0.0  # not one of POrchestra's actions
+    swapped = {"name": "delegate_all", "arguments": {"subtasks": [b, a]}}
+    assert decision_reward(render_call(swapped), ref, TOOLS, o1)["reward"] == pytest.approx(1.0)
+    one = {"name": "delegate_all", "arguments": {"subtasks": [a]}}
+    assert decision_reward(render_call(one), ref, TOOLS, o1)["reward"] == pytest.approx(0.4 + 0.6 * 0.5)
+    tight = {"name": "delegate_all", "arguments": {"subtasks": [a, {**b, "budget": 1, "context": []}]}}
+    assert decision_reward(render_call(tight), ref, TOOLS, o1)["quality"] == pytest.approx(
+        (1 + (1 + 0 + 1 + 0.5) / 4) / 2
+    )
+    single = {"name": "delegate", "arguments": a}  # a different action: format and validity at most
+    assert decision_reward(render_call(single), ref, TOOLS, o1)["reward"] == pytest.approx(0.1)
+
+
 def test_dsl_view_trains_on_compact_actions_and_hint_rows(tok, episodes):
     """The miniature's "dsl" view: packed rows hold the compact actions (not the stored JSON), every
     target still follows its own context, hint rows put the corrected compact action after the hint,

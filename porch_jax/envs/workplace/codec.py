@@ -10,7 +10,18 @@ structured state and writes a short action, and pointers replace copying:
                a2 revise 1/2 req ctx+r1 todo=c3           (todo: clauses without a submitted result)
     action:    delegate c3 ctx=r1,r2 tools=code budget=3  |  revise a2 ctx=r1,r2 budget=4
                stop a1  |  finish r3  |  finish done
+               delegate_all c1 tools=search budget=3 ; c2 tools=mail budget=4    (Orchestra-o1)
+               plan c1 tools=search budget=3 ; c2 tools=mail budget=4            (Skill-MAS, MAS²)
+    joined:    a0 submit 3/4 r1 ; a1 submit 2/2 req budget+2 todo=c2,c3
     hint:      hint tools+archive | hint ctx+r1 | hint budget=7
+
+The baselines' joined delegations (``delegate_all``, ``plan``: rollout/config.py) write their subtasks as
+delegations without the verb, separated by " ; ", in the protocol's order; their joined feedback is each
+sub-agent's report in the same form, in the same order, joined by " ; ", and each sub-agent is tracked to the
+clause its subtask named. A submit without a result ("(nothing)", a lifecycle sub-agent's partial return) shows no
+result ref and leaves its clause to do. The tokenizer's corpus (``corpus``) has no lines of the joined forms: one
+tokenizer serves every framework an experiment trains, and POrchestra's is the same with or without them (their
+words, e.g. "delegate_all", take a few tokens each).
 
 ``decode_action`` turns an action into the protocol's full tool call against the stored context
 (c2 -> the clause's text, r1 -> the result line "key: value"), so the engine parses, executes and
@@ -28,10 +39,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from porch_jax.envs.workplace.clauses import parse_clause, parse_subgoal
+from porch_jax.envs.workplace.subagent import NO_RESULT
 from porch_jax.protocol import render_call
 from porch_jax.protocol.parse import extract_call
 
 HINT_PREFIX = "Hint:"
+JOINED = ("delegate_all", "plan")  # the protocol's joined delegations (Orchestra-o1; Skill-MAS, MAS²)
+SUBTASK_SEP = " ; "
 _TASK = re.compile(r"Task: (.*?)(?: \(budget (\d+) steps.*\))?$", re.DOTALL)
 _HEAD = re.compile(r"\[agent (\d+)(?: v\d+)? (\w+)(?: (\d+)/(\d+) steps)?\]")
 _REQUEST = re.compile(r"request: (\w+) (\w+)(?:: (.*))?")
@@ -56,7 +70,7 @@ class State:
         self.results: list[str] = []
         self.agents: dict[int, int] = {}  # agent id -> index of the clause it works on
         self.done: set[int] = set()  # clauses whose agent submitted a result
-        self.pending: int | None = None  # the clause of the last delegate, until its agent reports
+        self.pending: list[int] = []  # the clauses of the last delegation(s), in order, until their agents report
 
     def todo(self) -> str:
         """The clauses without a submitted result: the progress a finish decision reads."""
@@ -115,18 +129,36 @@ def encode_task(content: str, state: State) -> str:
 
 
 def encode_feedback(content: str, state: State) -> str:
-    """A feedback turn: agent, event, steps; the result as a new ref; the request with a pointer."""
+    """A feedback turn: agent, event, steps; the result as a new ref; the request with a pointer. A joined feedback
+    (a ``delegate_all`` or ``plan``) is each agent's report in turn, joined by " ; ", the progress once at the end."""
     lines = content.split("\n")
     head = _HEAD.fullmatch(lines[0].strip())
     if head is None:
         return "invalid" if lines[0].strip() and not lines[0].startswith("[notification]") else lines[0][:40]
+    blocks: list[list[str]] = []
+    for line in lines:
+        if _HEAD.fullmatch(line.strip()):
+            blocks.append([line])
+        else:
+            blocks[-1].append(line)
+    out = [_encode_report(block, state) for block in blocks]
+    return " ; ".join(out) + (f" todo={state.todo()}" if state.clauses else "")
+
+
+def _encode_report(lines: Sequence[str], state: State) -> str:
+    """One sub-agent's report (its head line and the lines under it)."""
+    head = _HEAD.fullmatch(lines[0].strip())
+    assert head is not None
     agent = int(head[1])
-    if state.pending is not None:  # the engine answers a delegate with its new agent's feedback
-        state.agents[agent], state.pending = state.pending, None
+    if state.pending:  # the engine answers a delegation with its new agents' feedback, in order
+        state.agents[agent] = state.pending.pop(0)
     out = [f"a{agent} {head[2]}" + (f" {head[3]}/{head[4]}" if head[3] else "")]
     for line in lines[1:]:
         if line.startswith("result: "):
-            state.results.append(line[len("result: ") :].strip())
+            result = line[len("result: ") :].strip()
+            if result == NO_RESULT:  # a return without a result: its clause is still to do
+                continue
+            state.results.append(result)
             out.append(f"r{len(state.results)}")
             if agent in state.agents:
                 state.done.add(state.agents[agent])
@@ -142,8 +174,6 @@ def encode_feedback(content: str, state: State) -> str:
             elif target != "tools":  # a question in free text: the view shows only that one was asked
                 detail = ""
             out.append(f"req {target}+{detail}" if detail else f"req {target}")
-    if state.clauses:
-        out.append(f"todo={state.todo()}")
     return " ".join(out)
 
 
@@ -189,9 +219,13 @@ def _encode(context: Sequence[Mapping[str, Any]]) -> tuple[list[dict[str, Any]],
 def _track(action: str, state: State) -> None:
     """Which clause each agent works on, from the policy's own (compact) actions."""
     words = action.split()
-    state.pending = None
+    state.pending = []
     if len(words) > 1 and words[0] == "delegate" and re.fullmatch(r"c\d+", words[1]):
-        state.pending = int(words[1][1:]) - 1
+        state.pending = [int(words[1][1:]) - 1]
+    elif len(words) > 1 and words[0] in JOINED:
+        parts = [p.split() for p in " ".join(words[1:]).split(";")]
+        if all(p and re.fullmatch(r"c\d+", p[0]) for p in parts):
+            state.pending = [int(p[0][1:]) - 1 for p in parts]
     elif len(words) > 1 and words[0] == "revise" and re.fullmatch(r"a\d+", words[1]):
         for w in words[2:]:
             if re.fullmatch(r"sub=c\d+", w):
@@ -224,15 +258,31 @@ def encode_call(call: Mapping[str, Any], state: State) -> str:
         return f"finish {ref or 'done'}"
     if name == "stop":
         return f"stop a{a.get('agent_id')}"
+    if name in JOINED:
+        subtasks = a.get("subtasks") or []
+        if not subtasks or not all(isinstance(t, Mapping) for t in subtasks):
+            raise CodecError(f"{name} needs a non-empty list of subtasks, got {subtasks!r}")
+        return f"{name} " + SUBTASK_SEP.join(_harness_words(t, state, "delegate") for t in subtasks)
     if name not in ("delegate", "revise"):
         raise CodecError(f"no compact form for action {name!r}")
-    parts = [
-        f"delegate {state.clause_ref(str(a.get('subgoal', ''))) or 'c?'}"
-        if name == "delegate"
-        else f"revise a{a.get('agent_id')}"
-    ]
-    if name == "revise" and "subgoal" in a:
+    head = "delegate" if name == "delegate" else f"revise a{a.get('agent_id')}"
+    return f"{head} {_harness_words(a, state, name)}" if name == "delegate" else _revise_words(head, a, state)
+
+
+def _harness_words(a: Mapping[str, Any], state: State, name: str) -> str:
+    """A delegation's harness without the verb: its clause, then ctx, tools and budget."""
+    return " ".join([state.clause_ref(str(a.get("subgoal", ""))) or "c?", *_field_words(a, state, name)])
+
+
+def _revise_words(head: str, a: Mapping[str, Any], state: State) -> str:
+    parts = [head]
+    if "subgoal" in a:
         parts.append(f"sub={state.clause_ref(str(a['subgoal'])) or 'c?'}")
+    return " ".join(parts + _field_words(a, state, "revise"))
+
+
+def _field_words(a: Mapping[str, Any], state: State, name: str) -> list[str]:
+    parts = []
     if a.get("context"):
         refs = _refs(a["context"], state)
         if refs:
@@ -245,7 +295,7 @@ def encode_call(call: Mapping[str, Any], state: State) -> str:
         parts.append("tools=-")
     if "budget" in a:
         parts.append(f"budget={a['budget']}")
-    return " ".join(parts)
+    return parts
 
 
 def encode_text(text: str, state: State) -> str:
@@ -280,8 +330,18 @@ def decode_call(dsl: str, state: State) -> dict[str, Any]:
         if len(rest) != 1 or not re.fullmatch(r"a\d+", rest[0]):
             raise CodecError(f"stop takes one agent id aN, got {dsl!r}")
         return {"name": "stop", "arguments": {"agent_id": int(rest[0][1:])}}
+    if verb in JOINED:
+        parts = [p.split() for p in " ".join(rest).split(";")]
+        if not rest or not all(parts):
+            raise CodecError(f"{verb} takes subtasks 'cN [ctx=..] [tools=..] [budget=N]' joined by ';', got {dsl!r}")
+        return {"name": verb, "arguments": {"subtasks": [_decode_fields("delegate", p, state, dsl) for p in parts]}}
     if verb not in ("delegate", "revise") or not rest:
-        raise CodecError(f"unknown action {dsl!r} (delegate, revise, stop, finish)")
+        raise CodecError(f"unknown action {dsl!r} (delegate, revise, stop, finish, delegate_all, plan)")
+    return {"name": verb, "arguments": _decode_fields(verb, rest, state, dsl)}
+
+
+def _decode_fields(verb: str, rest: Sequence[str], state: State, dsl: str) -> dict[str, Any]:
+    """A delegate's (its clause first) or a revise's (its agent first) arguments from their words."""
     args: dict[str, Any] = {}
     if verb == "delegate":
         args["subgoal"] = state.resolve(rest[0], "c", state.clauses)
@@ -308,14 +368,14 @@ def decode_call(dsl: str, state: State) -> dict[str, Any]:
         else:
             args["budget"] = int(value)
     if verb == "delegate":
-        args = {
+        return {
             "subgoal": args["subgoal"],
             "context": args.get("context", []),
             "tools": args.get("tools", []),
             "budget": args.get("budget", 1),
         }
     order = ("agent_id", "subgoal", "context", "tools", "budget")
-    return {"name": verb, "arguments": {k: args[k] for k in order if k in args}}
+    return {k: args[k] for k in order if k in args}
 
 
 def decode_text(dsl: str, context: Sequence[Mapping[str, Any]]) -> str:

@@ -63,6 +63,7 @@ _FORMS = {
     "item": re.compile(r"(?P<who>[^:]+): in (?P<file>\S+) find the (?P<item>.+) instead"),
 }
 _LOOKUP = {"venue of ": ("find venue of ", "calendar"), "phone of ": ("find phone of ", "contacts")}
+NO_RESULT = "(nothing)"  # the result of a submit that found no fact (a lifecycle sub-agent's partial return)
 
 
 @dataclass(frozen=True)
@@ -295,7 +296,7 @@ class ScriptedSubagent:
 
     @staticmethod
     def _result(products: list[tuple[str, str, str]]) -> str:
-        return "\n".join(f"{k}: {v}" for k, v, _ in products) or "(nothing)"
+        return "\n".join(f"{k}: {v}" for k, v, _ in products) or NO_RESULT
 
     def _partial(
         self,
