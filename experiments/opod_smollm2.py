@@ -65,6 +65,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # The paper's rows, OPOD on the secondary (scripted judge's) hints, and OPD's two controls: empty hints, and
     # hints drawn from another flagged decision (if OPOD's gain is the hint's information, it beats both).
     c.methods = ("sft", "rwr", "opod", "opod_secondary", "opd_empty", "opd_wrong_hint", "dagrpo")
+    c.frameworks = ()  # POrchestra alone: the quickstart trains the other frameworks in miniature
     # Training computes in bf16 with f32 parameters and optimizer (sampling and the GRM stay f32; `:smoke` trains in f32,
     # below): a step of 4 packed
     # rows takes 22 s in f32 on these 2 cores (135 tokens/s) and 9.5 s in bf16 (307 tokens/s, the same batches; the

