@@ -7,7 +7,7 @@ RWR + lambda * OPD) in miniature on a CPU.
 
 ~17 minutes on 2 shared CPU cores for POrchestra (one seed set, with the learning-rate grid; the grid is about half
 of it), and the two other frameworks (`frameworks`) add about 45% to that: 875 s of a 2,873 s run measured on 2
-cores shared with another training job (README); `seed_sets=N` takes N times a run (~100 min on 2 cores for 8 sets
+cores shared with another training job (a quiet run is not yet timed); `seed_sets=N` takes N times a run (~100 min on 2 cores for 8 sets
 of POrchestra alone with the grid, ~50 min without).
 porch_jax/opod (rows, stages) and launch/pipeline.py (flags) run it; measured results and how the settings
 were chosen are in docs/results/opod_quickstart.md.
