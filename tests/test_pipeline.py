@@ -125,11 +125,12 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
         if "not trained" in line
     )
 
-    table = (run_dir / "results.md").read_text()
+    table, selected = (run_dir / "results.md").read_text(), (run_dir / "sft_selection.json").read_text()
     second = _pipeline(config)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "train sft: done, skipped" in second.stdout and "step 1/" not in second.stdout
     assert (run_dir / "results.md").read_text() == table
+    assert (run_dir / "sft_selection.json").read_text() == selected  # the rates compared at the probe's step again
 
 
 @pytest.mark.slow

@@ -505,8 +505,9 @@ def train_sft(
     def workdir(lr: float) -> Path:
         return run / run_name(cfg, name, lr)
 
-    def val_loss(lr: float) -> float:  # the last validation loss logged (at the probe's step, or the end)
-        return [m["val_loss"] for m in plots.read_metrics(workdir(lr) / "metrics.jsonl") if "val_loss" in m][-1]
+    def val_loss(lr: float, step: int | None = None) -> float:  # at `step` (a rerun finds later ones too), else last
+        logged = [m for m in plots.read_metrics(workdir(lr) / "metrics.jsonl") if "val_loss" in m]
+        return [m["val_loss"] for m in logged if step is None or m["step"] == step][-1]
 
     def lowest(losses: dict[float, float]) -> float:  # ties go to the configured rate
         return min(losses, key=lambda lr: (losses[lr], lr != settings.learning_rate))
@@ -518,7 +519,7 @@ def train_sft(
         for lr in rates:
             if not (workdir(lr) / "export" / POLICY_FILE).is_file():
                 run_at(lr, stop_at=probe)
-        at = {lr: val_loss(lr) for lr in rates}
+        at = {lr: val_loss(lr, probe) for lr in rates}
         chosen = lowest(at)
         exports = {chosen: run_at(chosen)}
         compared = f"validation loss at step {probe} of {steps} ({settings.select_after_epochs:g} epochs)"
