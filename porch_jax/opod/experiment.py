@@ -599,7 +599,7 @@ def after_sft(
             )
         print(f"hinted action matched on flagged decisions ({name}, greedy): {check.read_text()}", flush=True)
 
-    rwr_rows = episode_rows.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+    rwr_rows = successful_rows(data, tok, view, max_len)
     opd_rows = {name: episode_rows.opd_rows(data, h, tok, view) for name, h in readings.items()}
     print(
         f"RWR: {len(rwr_rows)} packed rows from successful rollouts; OPD: "
@@ -647,7 +647,7 @@ def after_sft(
     }
     flagged = len(opd_rows["primary"])
     why_empty = {  # what a method trains on, said where it has none
-        "rwr": "no successful SFT rollout (RWR reweights successes)",
+        "rwr": NO_SUCCESS,
         "opod": f"no successful SFT rollout and no decision the primary GRM flagged ({flagged})",
         "opod_secondary": "no successful SFT rollout and no decision the scripted judge flagged",
         "opd_empty": f"no successful SFT rollout and no flagged decision to distil with an empty hint ({flagged})",
@@ -665,6 +665,14 @@ def after_sft(
             continue
         exports[name] = {lr: train(run, name, sft, source_of, learning_rate=lr) for lr in learning_rates(cfg, name)}
     return exports, skipped
+
+
+NO_SUCCESS = "no successful SFT rollout (RWR reweights successes)"  # why RWR has no rows
+
+
+def successful_rows(data: list[Any], tok: Any, view: str, max_len: int) -> list[Any]:
+    """RWR's packed rows: the rollouts' episodes, each weighted by its success (a failure's rows weigh nothing)."""
+    return episode_rows.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
 
 
 def has_rows(rows: list[Any], max_len: int, overlong: str) -> bool:
@@ -732,7 +740,7 @@ def train_framework(
             system=framework,
         )
         print(f"{sft_name} rollouts: {sum(r.outcome.success for r in data)}/{len(data)} succeeded", flush=True)
-        rwr_rows = episode_rows.packed_rows(data, tok, view, max_len, weight=lambda ep: float(ep.outcome.success))
+        rwr_rows = successful_rows(data, tok, view, max_len)
         print(f"{rwr_name}: {len(rwr_rows)} packed rows from successful rollouts", flush=True)
         if has_rows(rwr_rows, max_len, overlong):
             s = cfg.rwr
@@ -744,7 +752,7 @@ def train_framework(
                 lr: train(run, rwr_name, sft, rwr_source, learning_rate=lr) for lr in learning_rates(cfg, rwr_name)
             }
         else:
-            skipped[rwr_name] = "no successful SFT rollout (RWR reweights successes)"
+            skipped[rwr_name] = NO_SUCCESS
             print(f"{rwr_name}: no training data ({skipped[rwr_name]}); skipped", flush=True)
     if dagrpo_name in names:
         group = dagrpo_source(cfg, expert, dagrpo_name)
