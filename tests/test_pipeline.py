@@ -91,6 +91,17 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     methods = [m["system"] for m in results["methods"]]
     assert methods[0] == "sft" and "dagrpo" in methods and all(m["n"] == 4 for m in results["methods"])
     assert "=== " in first.stdout and re.search(r"step (\d+)/\1 \(100%\)", first.stdout)  # visible progress
+    # The reference rows: the scripted expert deciding from its window (the ceiling) on the same held-out tasks
+    (expert,) = results["references"]
+    assert expert["system"] == "expert" and expert["n"] == 4 and (run_dir / "eval" / "expert.jsonl").is_file()
+    report = (run_dir / "results.md").read_text()
+    assert "| expert | 4 |" in report
+    # Stage times summed from RUN/stages.jsonl; hint following for both SFT teachers
+    assert re.search(r"\| train sft \| \d+\.\d \|", report) and (run_dir / "stages.jsonl").is_file()
+    for name in ("", "_sft_hints"):  # the quickstart has one reading (its GRM is the scripted judge)
+        follow = json.loads((run_dir / f"hint_following{name}.json").read_text())
+        assert follow["n"] == 0 or {"student", "teacher", "teacher_empty_hint"} <= set(follow), (name, follow)
+    assert "| primary | sft_hints |" in report and "s + wrong hint" in report
     selection = json.loads((run_dir / "selection.json").read_text())  # checkpoints chosen on validation tasks
     assert set(selection) == set(methods) and selection["sft"]["step"] is None
     dagrpo = selection["dagrpo"]  # always trained (expert contexts), at two rates, exported after steps 1 and 2
@@ -129,7 +140,8 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     second = _pipeline(config)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "train sft: done, skipped" in second.stdout and "step 1/" not in second.stdout
-    assert (run_dir / "results.md").read_text() == table
+    before_times = table.split("Stage times")[0]  # the rerun's own seconds join the stage times, nothing else
+    assert (run_dir / "results.md").read_text().split("Stage times")[0] == before_times and before_times != table
     assert (run_dir / "sft_selection.json").read_text() == selected  # the rates compared at the probe's step again
 
 

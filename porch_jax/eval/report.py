@@ -143,12 +143,15 @@ def write_results(
     path: str | Path,
     skipped: Mapping[str, str] | None = None,
     not_applicable: Mapping[str, str] | None = None,
+    references: Sequence[Summary] = (),
 ) -> None:
-    """results.json: the rows and claims, and the methods not trained (`skipped`) or not applicable, with why."""
+    """results.json: the rows and claims, the methods not trained (`skipped`) or not applicable, with why, and the
+    rows that are references rather than trained methods (e.g. the demonstrator, the untrained model)."""
     Path(path).write_text(
         json.dumps(
             {
                 "methods": [dataclasses.asdict(r) for r in rows],
+                "references": [dataclasses.asdict(r) for r in references],
                 "comparisons": [dataclasses.asdict(c) for c in comparisons],
                 "not_trained": dict(skipped or {}),
                 "not_applicable": dict(not_applicable or {}),

@@ -292,6 +292,9 @@ class ExperimentConfig:
     opd_empty: MethodSection
     dagrpo: MethodSection
     seed_sets: tuple[int, ...] = ()
+    # A reference row evaluating model.init_from untrained on the held-out tasks; it adds a row and changes nothing
+    # the run trains, so a finished run may take it later.
+    zero_shot: bool = resumable(False)
     attribution: AttributionSection = dataclasses.field(default_factory=AttributionSection)
     serving: ServingSection = dataclasses.field(default_factory=ServingSection)
     preflight: PreflightSection = resumable(default_factory=PreflightSection)

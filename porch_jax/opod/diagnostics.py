@@ -4,7 +4,8 @@ OPD moves the student toward the teacher's distribution under s ⊕ H only at FL
 so it can help only if the teacher (the SFT weights reading the hint) acts as the hint says more
 often than the student (the same weights without it). This measures both, greedily, against the
 hinted action (the stored action corrected as the hint says, ``follow``), on the flagged
-decisions of a rollout store, and the same for an empty hint (the control: no gain expected).
+decisions of a rollout store, and the same for an empty hint and for another decision's hint (the controls: no
+gain expected from either if the gain is the hint's information).
 """
 
 from __future__ import annotations
@@ -26,26 +27,33 @@ def hint_following(
     *,
     limit: int = 256,
     max_new_tokens: int = 24,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Exact-match rates with the hinted action: student (s), teacher (s ⊕ H), teacher (s ⊕ empty hint)."""
+    """Exact-match rates with the hinted action: student (s), teacher (s ⊕ H), teacher (s ⊕ empty hint) and teacher
+    (s ⊕ a wrong hint: another flagged decision's, `rows.wrong_hints(hints, seed)`, as OPD's wrong-hint control
+    draws them; absent with fewer than two distinct hints)."""
     tok, rows = sampler.tokenizer, []
+    wrong = episode_rows.wrong_hints(hints, seed)
     for ep in episodes:
         for d in ep.decisions:
-            hint = hints.get((ep.episode_id, d.index))
+            key = (ep.episode_id, d.index)
+            hint = hints.get(key)
             target = follow(d.action, hint) if hint and d.action is not None else None
             if target is not None:
                 rows.append(
-                    (d.context, hint, tok.decode(episode_rows.action_tokens(tok, target, d.context, view)[:-1]))
+                    (d.context, hint, tok.decode(episode_rows.action_tokens(tok, target, d.context, view)[:-1]), key)
                 )
     rows = rows[:limit]
     if not rows:
         return {"n": 0}
     longest = max(sampler.prompt_buckets)
     prompts = {
-        "student": [episode_rows.policy_prompt(tok, c, view) for c, _, _ in rows],
-        "teacher": [episode_rows.teacher_prompt(tok, c, h, view) for c, h, _ in rows],
-        "teacher_empty_hint": [episode_rows.teacher_prompt(tok, c, "", view) for c, _, _ in rows],
+        "student": [episode_rows.policy_prompt(tok, c, view) for c, _, _, _ in rows],
+        "teacher": [episode_rows.teacher_prompt(tok, c, h, view) for c, h, _, _ in rows],
+        "teacher_empty_hint": [episode_rows.teacher_prompt(tok, c, "", view) for c, _, _, _ in rows],
     }
+    if wrong:
+        prompts["teacher_wrong_hint"] = [episode_rows.teacher_prompt(tok, c, wrong[k], view) for c, _, _, k in rows]
     out: dict[str, float] = {"n": float(len(rows))}
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     for name, ps in prompts.items():

@@ -9,7 +9,9 @@ rate of its ``lr_grid`` -> for each other framework in ``frameworks`` (Orchestra
 orchestrator: ``train_framework``) its expert rollouts, SFT, SFT rollouts, RWR and DA-GRPO through the same
 trainer -> selection of rate and checkpoint on validation tasks (config ``selection``: the same rule for
 every method, see ``select_checkpoints``) -> evaluation of every selected export on held-out seeded tasks,
-each under its framework's engine -> results table and plots.
+each under its framework's engine, beside the reference rows (the scripted expert under the policy's window, the
+ceiling; with ``zero_shot``, the untrained model) -> results table (with OPD's hint-following check for each SFT
+teacher and the stage times, RUN/stages.jsonl summed over resumes) and plots.
 
 Every stage leaves files in the run directory and is skipped when they are complete; a stage
 interrupted midway resumes (trajectory and attribution stores skip what they hold, trainers restore
@@ -72,9 +74,10 @@ from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
 from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
-from porch_jax.progress import Stages
+from porch_jax.progress import Stages, stage_times
 from porch_jax.rollout import run_episodes, system_config
 from porch_jax.rows.decisions import hint_table
+from porch_jax.serving.weights import export_for_serving
 from porch_jax.train import mesh as mesh_lib
 from porch_jax.train import sources
 from porch_jax.train.config import (
@@ -87,14 +90,16 @@ from porch_jax.train.trainer import Trainer
 from porch_jax.trajectories import TrajectoryStore
 from porch_jax.typed_config import claim_run_dir, to_dict
 
+STAGE_LOG = "stages.jsonl"  # in the run directory: every stage announcement, summed into results.md's stage times
+
 
 class Run:
-    """Paths and the stage log (`stages`) of one run directory."""
+    """Paths and the stage log (`stages`, recorded in RUN/stages.jsonl) of one run directory."""
 
     def __init__(self, cfg: ExperimentConfig):
         self.cfg, self.dir = cfg, Path(cfg.run_dir)
-        self.stages = Stages(lambda line: print(line, flush=True))
         self.dir.mkdir(parents=True, exist_ok=True)
+        self.stages = Stages(lambda line: print(line, flush=True), record=self.dir / STAGE_LOG)
 
     def __truediv__(self, name: str) -> Path:
         return self.dir / name
@@ -470,6 +475,7 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
             trained, untrained = train_framework(run, framework, init, tok, policy)
             exports, skipped = {**exports, **trained}, {**skipped, **untrained}
         evaluate_and_report(run, policy, exports, skipped)
+    run.stages.end()
 
 
 def train_sft(
@@ -585,19 +591,31 @@ def after_sft(
             run, "rollouts.jsonl", "attribution_secondary.jsonl", scripted_grm, label=" (secondary: scripted judge)"
         )
 
-    for name, h in readings.items():  # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not
+    # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not; for each SFT teacher trained
+    teachers = {"sft": sft} | {n: next(iter(by_lr.values())) for n, by_lr in (sft_runs or {}).items() if n != "sft"}
+    for name, h in readings.items():
         if name not in a.hint_following:
             continue
-        check = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
-        if not check.is_file():
-            check.write_text(
-                json.dumps(
-                    hint_following(
-                        embedded.sampler, data, h, view, follow_hint, max_new_tokens=cfg.policy.max_new_tokens
+        for teacher, folder in teachers.items():
+            check = run / hint_following_file(name, teacher)
+            if not check.is_file():
+                run.stages.begin(f"hint following ({name} hints, {teacher} weights)")
+                embedded.load(folder)
+                check.write_text(
+                    json.dumps(
+                        hint_following(
+                            embedded.sampler,
+                            data,
+                            h,
+                            view,
+                            follow_hint,
+                            max_new_tokens=cfg.policy.max_new_tokens,
+                            seed=cfg.seed,
+                        )
                     )
                 )
-            )
-        print(f"hinted action matched on flagged decisions ({name}, greedy): {check.read_text()}", flush=True)
+            print(f"hinted action matched on flagged decisions ({name}, {teacher}, greedy): {check.read_text()}")
+    embedded.load(sft)
 
     rwr_rows = successful_rows(data, tok, view, max_len)
     opd_rows = {name: episode_rows.opd_rows(data, h, tok, view) for name, h in readings.items()}
@@ -834,6 +852,17 @@ def flag_agreement(run: Run, reading: str) -> dict[str, Any] | None:
     }
 
 
+def hint_following_file(reading: str, teacher: str) -> str:
+    """The hint-following check of `reading`'s hints ("primary", "secondary") on `teacher`'s weights ("sft",
+    "sft_hints"), in the run directory."""
+    return (
+        "hint_following"
+        + ("" if reading == "primary" else f"_{reading}")
+        + ("" if teacher == "sft" else f"_{teacher}")
+        + ".json"
+    )
+
+
 def attribution_notes(run: Run) -> str:
     """The attribution readings under the results table: who the GRM was and how its reply was read, its FLAG and
     parse-error rates, its flags' agreement with the scripted judge's, and whether the SFT policy follows a hint in
@@ -854,7 +883,6 @@ def attribution_notes(run: Run) -> str:
         if not summary.is_file():
             continue
         g = json.loads(summary.read_text())
-        follow = run / ("hint_following.json" if name == "primary" else f"hint_following_{name}.json")
         agree = flag_agreement(run, out) if name != "secondary" else None
         lines.append(
             f"- {name} attribution ({who}): {g['judged']} decisions asked, FLAG rate {g['flag_rate']:.3f}, "
@@ -865,11 +893,6 @@ def attribution_notes(run: Run) -> str:
                 f"decisions (both flag {agree['both_flag']}, only this reading {agree['only_grm']}, only the judge "
                 f"{agree['only_judge']})"
                 if agree and agree["decisions"]
-                else ""
-            )
-            + (
-                f"; hinted action matched (greedy, SFT weights, flagged decisions): {follow.read_text()}"
-                if follow.is_file() and name != "free reading (reported)"
                 else ""
             )
         )
@@ -884,7 +907,31 @@ def attribution_notes(run: Run) -> str:
             f"- SFT includes hint-following rows (hint_rows={cfg.sft.hint_rows:g}, the miniature's variant), not "
             "expert decisions only"
         )
-    return "Attribution:\n\n" + "\n".join(lines) if lines else ""
+    return ("Attribution:\n\n" + "\n".join(lines) if lines else "") + hint_following_notes(run)
+
+
+def hint_following_notes(run: Run) -> str:
+    """OPD's precondition as a table: on each reading's flagged decisions, how often each SFT teacher's greedy action
+    is the hinted one from the student's context s, from s ⊕ H, and from the two controls' contexts."""
+    lines = []
+    for reading in ("primary", "secondary"):
+        for teacher in ("sft", "sft_hints"):
+            path = run / hint_following_file(reading, teacher)
+            if not path.is_file():
+                continue
+            h = json.loads(path.read_text())
+            cells = [f"{h[k]:.2f}" if k in h else "-" for k in FOLLOW_COLUMNS]
+            lines.append(f"| {reading} | {teacher} | {int(h['n'])} | " + " | ".join(cells) + " |")
+    if not lines:
+        return ""
+    return (
+        "\n\nHint following (greedy exact match with the hinted action on flagged decisions; OPD helps only where "
+        "s + H beats s and the controls):\n\n| hints | weights | n | s | s + H | s + empty hint | s + wrong hint |\n"
+        "|---|---|---|---|---|---|---|\n" + "\n".join(lines)
+    )
+
+
+FOLLOW_COLUMNS = ("student", "teacher", "teacher_empty_hint", "teacher_wrong_hint")
 
 
 def framework_notes(run: Run) -> str:
@@ -915,6 +962,42 @@ def framework_notes(run: Run) -> str:
             "the hint answers); Orchestra-o1's and the lifecycle orchestrator's sub-agents only return when done."
         )
     return "\n\nOther frameworks (POrchestra's rows are those without @):\n\n" + "\n".join(lines)
+
+
+def reference_rows(run: Run, policy: Any, tasks: list[Any]) -> dict[str, list[Any]]:
+    """The results table's reference rows on the held-out tasks, beside the trained methods: "expert", the scripted
+    expert deciding from what its window shows (the demonstrator SFT imitates, so the ceiling of imitation), and,
+    with `zero_shot`, "zero_shot", model.init_from as it is (no training)."""
+    cfg, out = run.cfg, {}
+    window = " deciding from its window" if cfg.policy.context_tokens else ""
+    run.stages.begin(f"evaluate the scripted expert{window} (the ceiling) on {len(tasks)} held-out tasks")
+    (run / "eval").mkdir(exist_ok=True)
+    out["expert"] = rollouts(run, "eval/expert.jsonl", None, cfg.eval.tasks, name="expert", temperature=0.0)
+    if cfg.zero_shot:
+        init, folder = init_model(run), run / "zero_shot" / "export"
+        if not (folder / POLICY_FILE).is_file():  # the marker is written last: a folder with it is whole
+            export_for_serving(from_pretrained(init), folder, tokenizer=AutoTokenizer.from_pretrained(str(init)))
+            write_policy_file(folder, cfg.policy.view)
+        run.stages.begin(f"evaluate zero_shot (model.init_from, untrained) on {len(tasks)} held-out tasks")
+        out["zero_shot"] = evaluate(
+            policy.load(folder), tasks, run / "eval" / "zero_shot.jsonl", cfg.suite, cfg.eval, "zero_shot"
+        )
+    for name, records in out.items():
+        print(f"{name}: {sum(r.outcome.success for r in records)}/{len(records)} succeeded", flush=True)
+    return out
+
+
+def stage_notes(run: Run) -> str:
+    """The run's stage times (RUN/stages.jsonl, summed over the processes of a resumed run; a process's last stage
+    before it was killed is not counted) under the results table."""
+    times = stage_times(run / STAGE_LOG) if (run / STAGE_LOG).is_file() else []
+    if not times:
+        return ""
+    total = sum(t for _, t in times)
+    return (
+        f"\n\nStage times ({total / 60:.1f} min counted; a stage cut by a kill counts from its resume):\n\n"
+        "| stage | minutes |\n|---|---|\n" + "\n".join(f"| {name} | {t / 60:.1f} |" for name, t in times)
+    )
 
 
 def evaluate_and_report(
@@ -949,7 +1032,9 @@ def evaluate_and_report(
             system=framework_system(name),
         )
         print(f"{name}: {sum(r.outcome.success for r in records[name])}/{len(records[name])} succeeded", flush=True)
-    rows = report.summaries(records, reference="sft")
+    references = reference_rows(run, policy, tasks)
+    run.stages.begin("report")
+    rows = report.summaries(records | references, reference="sft")
     pairs = [
         (a, b)
         for a, b in (
@@ -974,8 +1059,12 @@ def evaluate_and_report(
     comparisons = [report.compare(records, a, b) for a, b in pairs]
     not_applicable = cfg.not_applicable()
     table = (
-        report.format_table(rows, records, comparisons, skipped or {}, not_applicable)
-        + "\n\nBlind-spot checks on held-out delegations:\n\n"
+        report.format_table(rows, records | references, comparisons, skipped or {}, not_applicable)
+        + "\n\nReference rows: expert is the scripted demonstrator SFT imitates, on the same tasks"
+        + (", deciding from what its context window shows" if cfg.policy.context_tokens else "")
+        + " (the ceiling of imitation)"
+        + ("; zero_shot is model.init_from untrained" if "zero_shot" in references else "")
+        + ".\n\nBlind-spot checks on held-out delegations:\n\n"
         + report.format_blind_spots(records)
     )
     if selection:
@@ -988,8 +1077,16 @@ def evaluate_and_report(
             for n, v in selection.items()
         )
     table += "\n\n" + attribution_notes(run) + framework_notes(run)
+    table += stage_notes(run)
     (run / "results.md").write_text(table + "\n")
-    report.write_results(rows, comparisons, run / "results.json", skipped or {}, not_applicable)
+    report.write_results(
+        [r for r in rows if r.system in records],
+        comparisons,
+        run / "results.json",
+        skipped or {},
+        not_applicable,
+        references=[r for r in rows if r.system in references],
+    )
     plots.plot_curves({n: plots.read_metrics(run / runs[n] / "metrics.jsonl") for n in exports}, run / "curves.png")
     plots.plot_success(rows, run / "success.png")
     print(

@@ -105,6 +105,7 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
     results = json.loads((run_dir / "results.json").read_text())
     evaluated = {m["system"] for m in results["methods"]}
     assert {"sft", "opod_secondary"} <= evaluated <= {"sft", "opod_secondary", "rwr"}, results  # RWR: a success
+    assert [(r["system"], r["n"]) for r in results["references"]] == [("expert", 2)]  # the ceiling, same tasks
     table = (run_dir / "results.md").read_text()
     assert "primary attribution (the frozen base model" in table and "FLAG rate" in table
     for name in evaluated:
