@@ -29,10 +29,10 @@ from porch_jax.maca.baselines import (
     COT_SUFFIX,
     Extract,
     RunResult,
-    _ask,
-    _labelled,
-    _result,
+    ask,
+    labelled,
     majority,
+    metered_result,
     refine,
 )
 from porch_jax.maca.encoder import SentenceEncoder
@@ -144,14 +144,14 @@ def _solve_prompt(prompt: str, previous: str | None) -> str:
 async def _solve_all(backend: Backend, query: Query, previous: str | None, sampling: Sampling) -> list[str]:
     context = _solve_prompt(query.task.prompt, previous)
     return list(
-        await asyncio.gather(*(_ask(backend, a.prompt, context, role="agent", sampling=sampling) for a in query.agents))
+        await asyncio.gather(*(ask(backend, a.prompt, context, role="agent", sampling=sampling) for a in query.agents))
     )
 
 
 async def cot_operator(backend: Backend, query: Query, previous: str | None, sampling: Sampling) -> str:
     """The team's first agent solves step by step (reading the previous layer's solution, where there is one)."""
     context = _solve_prompt(query.task.prompt, previous)
-    return await _ask(backend, query.agents[0].prompt, context, role="agent", sampling=sampling)
+    return await ask(backend, query.agents[0].prompt, context, role="agent", sampling=sampling)
 
 
 async def ensemble_operator(backend: Backend, query: Query, previous: str | None, sampling: Sampling) -> str:
@@ -165,7 +165,7 @@ async def self_refine_operator(backend: Backend, query: Query, previous: str | N
     leader, prompt = query.agents[0], query.task.prompt
     draft = previous
     if draft is None:
-        draft = await _ask(backend, leader.prompt, prompt + COT_SUFFIX, role="agent", sampling=sampling)
+        draft = await ask(backend, leader.prompt, prompt + COT_SUFFIX, role="agent", sampling=sampling)
     return await refine(backend, leader.prompt, prompt, draft, rounds=1, sampling=sampling)
 
 
@@ -173,13 +173,13 @@ async def debate_operator(backend: Backend, query: Query, previous: str | None, 
     """Two rounds: the team answers independently, then each agent reads all the answers and revises its own; the
     majority of the second round."""
     first = await _solve_all(backend, query, previous, sampling)
-    heard = _labelled([(a.name, text) for a, text in zip(query.agents, first, strict=True)])
+    heard = labelled([(a.name, text) for a, text in zip(query.agents, first, strict=True)])
     context = (
         f"{query.task.prompt}\n\nAnswers of the agents:\n{heard}\n\nDebate them: point out any error, then write "
         "your own solution, ending with the final answer in the format asked."
     )
     second = await asyncio.gather(
-        *(_ask(backend, a.prompt, context, role="agent", sampling=sampling) for a in query.agents)
+        *(ask(backend, a.prompt, context, role="agent", sampling=sampling) for a in query.agents)
     )
     return majority(second, query.extract)[0]
 
@@ -205,7 +205,7 @@ async def run_architecture(
         if op == EARLY_EXIT:
             break
         answer = await OPERATOR_RUNS[OPERATORS[op]](metered, query, answer, sampling)
-    return _result(answer or "", meter, path=tuple(OPERATORS[op] for op in architecture))
+    return metered_result(answer or "", meter, path=tuple(OPERATORS[op] for op in architecture))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -329,11 +329,11 @@ async def puppeteer(
             break
         agent = pool.agents[action]
         context = query.task.prompt + ("\n\nWork so far:\n" + "\n\n".join(transcript) if transcript else "")
-        last = await _ask(metered, agent.prompt, context, role="agent", sampling=sampling)
+        last = await ask(metered, agent.prompt, context, role="agent", sampling=sampling)
         transcript.append(f"[{agent.name}]\n{last}")
         path.append(agent.name)
         reply, previous = encoder.encode([last])[0], action
-    return Episode(_result(last, meter, path=tuple(path), decisions=decisions), total)
+    return Episode(metered_result(last, meter, path=tuple(path), decisions=decisions), total)
 
 
 # ---------------------------------------------------------------- training

@@ -54,7 +54,8 @@ class RunResult:
         return Answer(self.answer, self.prompt_tokens, self.completion_tokens)
 
 
-def _result(text: str, meter: CostMeter, **extra) -> RunResult:
+def metered_result(text: str, meter: CostMeter, **extra) -> RunResult:
+    """A system's answer `text` with the tokens and calls `meter` counted over all its roles."""
     usage = list(meter.by_role.values())
     return RunResult(
         text,
@@ -65,7 +66,8 @@ def _result(text: str, meter: CostMeter, **extra) -> RunResult:
     )
 
 
-async def _ask(backend: Backend, system: str | None, user: str, *, role: str, sampling: Sampling) -> str:
+async def ask(backend: Backend, system: str | None, user: str, *, role: str, sampling: Sampling) -> str:
+    """One chat call as `role` (an optional system turn, one user turn); its reply's text."""
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
     return (await answer(backend, ChatRequest(messages=messages, sampling=sampling, role=role))).text
 
@@ -82,22 +84,23 @@ def majority(texts: Sequence[str], extract: Extract) -> tuple[str, Hashable | No
     return texts[answers.index(winner)], winner, top
 
 
-def _labelled(entries: Sequence[tuple[str, str]]) -> str:
+def labelled(entries: Sequence[tuple[str, str]]) -> str:
+    """(name, text) pairs as one block, each text under its "[name]" line: how agents read each other's answers."""
     return "\n\n".join(f"[{name}]\n{text}" for name, text in entries)
 
 
 async def vanilla(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:
     """One call, the task prompt as is."""
     meter = CostMeter()
-    text = await _ask(MeteredBackend(backend, meter), None, prompt, role="solver", sampling=sampling)
-    return _result(text, meter)
+    text = await ask(MeteredBackend(backend, meter), None, prompt, role="solver", sampling=sampling)
+    return metered_result(text, meter)
 
 
 async def cot(backend: Backend, prompt: str, *, sampling: Sampling = ANSWER_SAMPLING) -> RunResult:
     """One call with a chain-of-thought cue."""
     meter = CostMeter()
-    text = await _ask(MeteredBackend(backend, meter), None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
-    return _result(text, meter)
+    text = await ask(MeteredBackend(backend, meter), None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
+    return metered_result(text, meter)
 
 
 async def self_consistency(
@@ -114,7 +117,7 @@ async def self_consistency(
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
     texts = [
-        await _ask(
+        await ask(
             metered,
             None,
             prompt + COT_SUFFIX,
@@ -123,7 +126,7 @@ async def self_consistency(
         )
         for i in range(samples)
     ]
-    return _result(majority(texts, extract)[0], meter)
+    return metered_result(majority(texts, extract)[0], meter)
 
 
 async def self_refine(
@@ -132,8 +135,8 @@ async def self_refine(
     """Generate, then up to `rounds` times critique and refine; stops when the critique finds no issue."""
     meter = CostMeter()
     metered = MeteredBackend(backend, meter)
-    answer = await _ask(metered, None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
-    return _result(await refine(metered, None, prompt, answer, rounds=rounds, sampling=sampling), meter)
+    answer = await ask(metered, None, prompt + COT_SUFFIX, role="solver", sampling=sampling)
+    return metered_result(await refine(metered, None, prompt, answer, rounds=rounds, sampling=sampling), meter)
 
 
 async def refine(
@@ -142,7 +145,7 @@ async def refine(
     """Self-Refine's loop on a draft: up to `rounds` times a critique (role "critic") and, unless it finds no
     issue, a rewrite (role "solver"), each call with the system prompt `system` (None: none)."""
     for _ in range(rounds):
-        feedback = await _ask(
+        feedback = await ask(
             backend,
             system,
             f"{prompt}\n\nProposed solution:\n{draft}\n\nCritique this solution. If it is correct and complete, "
@@ -152,7 +155,7 @@ async def refine(
         )
         if feedback.strip().upper().startswith("NO ISSUES"):
             break
-        draft = await _ask(
+        draft = await ask(
             backend,
             system,
             f"{prompt}\n\nPrevious solution:\n{draft}\n\nFeedback:\n{feedback}\n\nWrite an improved solution, ending "
@@ -220,7 +223,7 @@ async def llm_router(
         )
         shown = mask[:-1] if mode == "mask" else np.ones(len(pool), bool)
         hint = _graphspec_hint(pool, spec, prev) if mode == "hint" else ""
-        reply = await _ask(
+        reply = await ask(
             metered,
             None,
             router_prompt(prompt, pool, shown, "\n\n".join(transcript) if transcript else "(nothing yet)", hint),
@@ -240,11 +243,13 @@ async def llm_router(
                 continue
         agent = pool.agents[pool.index(choice)]
         context = prompt + ("\n\nWork so far:\n" + "\n\n".join(transcript) if transcript else "")
-        output = await _ask(metered, agent.prompt, context, role="agent", sampling=agent_sampling)
+        output = await ask(metered, agent.prompt, context, role="agent", sampling=agent_sampling)
         transcript.append(f"[{agent.name}]\n{output}")
         path.append(agent.name)
         prev = pool.index(choice)
-    return _result("\n\n".join(transcript), meter, path=tuple(path), decisions=decisions, invalid_decisions=invalid)
+    return metered_result(
+        "\n\n".join(transcript), meter, path=tuple(path), decisions=decisions, invalid_decisions=invalid
+    )
 
 
 def invalid_action_rate(results: Sequence[RunResult]) -> float:

@@ -31,10 +31,10 @@ from porch_jax.maca.baselines import (
     COT_SUFFIX,
     Extract,
     RunResult,
-    _ask,
-    _labelled,
-    _result,
+    ask,
+    labelled,
     majority,
+    metered_result,
     run_baseline,
     vote_key,
 )
@@ -107,14 +107,14 @@ async def complex_cot(
     dataset's worked solutions (`exemplar`); k = 4 rather than the paper's 8 keeps the prompt within small models'
     context; the paper's complexity-based voting over sampled chains is left out (Self-Consistency covers voting)."""
     meter = CostMeter()
-    text = await _ask(
+    text = await ask(
         MeteredBackend(backend, meter),
         None,
         complex_cot_prompt(prompt, most_complex(exemplars, k)),
         role="solver",
         sampling=sampling,
     )
-    return _result(text, meter)
+    return metered_result(text, meter)
 
 
 # ---------------------------------------------------------------- DyLAN
@@ -169,7 +169,7 @@ def _dylan_prompt(prompt: str, previous: Sequence[tuple[str, str]]) -> str:
     if not previous:
         return prompt + COT_SUFFIX
     return (
-        f"{prompt}\n\nAnswers of the previous round:\n{_labelled(previous)}\n\nUse them to write your own solution, "
+        f"{prompt}\n\nAnswers of the previous round:\n{labelled(previous)}\n\nUse them to write your own solution, "
         "ending with the final answer in the format asked. Then, on a last line, rate each previous answer "
         f"1-5 for correctness and helpfulness, in order: 'Ratings: ' then {len(previous)} numbers."
     )
@@ -202,7 +202,7 @@ async def dylan(
         ran += 1
         context = _dylan_prompt(prompt, previous)
         replies = await asyncio.gather(
-            *(_ask(metered, a.prompt, context, role="agent", sampling=sampling) for a in agents)
+            *(ask(metered, a.prompt, context, role="agent", sampling=sampling) for a in agents)
         )
         if previous:
             ratings.append(np.stack([parse_ratings(x, len(previous)) for x in replies]))
@@ -213,7 +213,9 @@ async def dylan(
             break
     text, _, _ = majority(texts, extract)
     importance = propagate_importance(ratings, len(agents))
-    return DylanRun(_result(text, meter), tuple(a.name for a in agents), ran, tuple(float(x) for x in importance))
+    return DylanRun(
+        metered_result(text, meter), tuple(a.name for a in agents), ran, tuple(float(x) for x in importance)
+    )
 
 
 # ---------------------------------------------------------------- MacNet
@@ -245,7 +247,7 @@ def _refine_prompt(prompt: str, received: Sequence[tuple[str, str]]) -> str:
     if not received:
         return prompt + COT_SUFFIX
     return (
-        f"{prompt}\n\nSolutions from earlier agents:\n{_labelled(received)}\n\nReview them and write an improved "
+        f"{prompt}\n\nSolutions from earlier agents:\n{labelled(received)}\n\nReview them and write an improved "
         "solution, ending with the final answer in the format asked."
     )
 
@@ -271,9 +273,9 @@ async def macnet(
     for j, agent in enumerate(agents):
         preds = tuple(i for i, d in edges if d == j)
         context = _refine_prompt(prompt, [(agents[i].name, outputs[i]) for i in preds])
-        outputs.append(await _ask(metered, agent.prompt, context, role="agent", sampling=sampling))
+        outputs.append(await ask(metered, agent.prompt, context, role="agent", sampling=sampling))
         inputs.append(preds)
-    return MacNetRun(_result(outputs[-1], meter), edges, tuple(inputs))
+    return MacNetRun(metered_result(outputs[-1], meter), edges, tuple(inputs))
 
 
 # ---------------------------------------------------------------- AgentVerse
@@ -312,9 +314,9 @@ async def _decide(metered: Backend, prompt: str, experts: Sequence[Agent], feedb
     reviewer finds an issue."""
     leader, reviewers = experts[0], experts[1:]
     note = f"\n\nFeedback on an earlier attempt:\n{feedback}" if feedback else ""
-    proposal = await _ask(metered, leader.prompt, prompt + note + COT_SUFFIX, role="agent", sampling=sampling)
+    proposal = await ask(metered, leader.prompt, prompt + note + COT_SUFFIX, role="agent", sampling=sampling)
     reviews = [
-        await _ask(
+        await ask(
             metered,
             r.prompt,
             f"{prompt}\n\nProposed solution:\n{proposal}\n\nReview it. If it is correct, reply exactly 'NO ISSUES'.",
@@ -328,10 +330,10 @@ async def _decide(metered: Backend, prompt: str, experts: Sequence[Agent], feedb
     ]
     if not issues:
         return proposal
-    return await _ask(
+    return await ask(
         metered,
         leader.prompt,
-        f"{prompt}\n\nYour solution:\n{proposal}\n\nReviews:\n{_labelled(issues)}\n\nWrite the revised solution, "
+        f"{prompt}\n\nYour solution:\n{proposal}\n\nReviews:\n{labelled(issues)}\n\nWrite the revised solution, "
         "ending with the final answer in the format asked.",
         role="agent",
         sampling=sampling,
@@ -358,13 +360,13 @@ async def agentverse(
     feedback, decision, accepted = "", "", False
     teams: list[tuple[str, ...]] = []
     for _ in range(rounds):
-        reply = await _ask(
+        reply = await ask(
             metered, None, _recruit_prompt(prompt, candidates, size, feedback), role="recruiter", sampling=sampling
         )
         experts = recruited(reply, candidates, size)
         teams.append(tuple(a.name for a in experts))
         decision = await _decide(metered, prompt, experts, feedback, sampling)
-        verdict = await _ask(
+        verdict = await ask(
             metered,
             None,
             f"Task:\n{prompt}\n\nSolution:\n{decision}\n\nEvaluate the solution. If it is correct and complete, reply "
@@ -376,7 +378,7 @@ async def agentverse(
         if accepted:
             break
         feedback = verdict
-    return AgentVerseRun(_result(decision, meter), len(teams), accepted, tuple(teams))
+    return AgentVerseRun(metered_result(decision, meter), len(teams), accepted, tuple(teams))
 
 
 # ---------------------------------------------------------------- AgentPrune
@@ -425,7 +427,7 @@ def _pruned_prompt(prompt: str, heard: Sequence[tuple[str, str]]) -> str:
     if not heard:
         return prompt + COT_SUFFIX
     return (
-        f"{prompt}\n\nMessages from other agents:\n{_labelled(heard)}\n\nTake them into account and write your own "
+        f"{prompt}\n\nMessages from other agents:\n{labelled(heard)}\n\nTake them into account and write your own "
         "solution, ending with the final answer in the format asked."
     )
 
@@ -462,12 +464,10 @@ async def agentprune(
             inbound = [e for e in kept if e.receiver == j and (e.kind == "spatial" or t > 0)]
             heard = [(agents[e.sender].name, (now if e.kind == "spatial" else last)[e.sender]) for e in inbound]
             messages.extend(Message(t, e) for e in inbound)
-            now.append(
-                await _ask(metered, agent.prompt, _pruned_prompt(prompt, heard), role="agent", sampling=sampling)
-            )
+            now.append(await ask(metered, agent.prompt, _pruned_prompt(prompt, heard), role="agent", sampling=sampling))
         last = now
     text, _, _ = majority(last, extract)
-    return AgentPruneRun(_result(text, meter), kept, tuple(e for e in every if e not in kept), tuple(messages))
+    return AgentPruneRun(metered_result(text, meter), kept, tuple(e for e in every if e not in kept), tuple(messages))
 
 
 # ---------------------------------------------------------------- dispatch
