@@ -96,7 +96,12 @@ def uninterrupted_run(tmp_path_factory) -> Path:
 
 
 def _stores(run: Path) -> list[Path]:
-    return sorted(p for p in run.rglob("*.jsonl") if "jax_cache" not in p.parts and p.name != "metrics.jsonl")
+    """The run's record stores; the logs (metrics.jsonl, stages.jsonl: every process appends its own lines) not."""
+    return sorted(
+        p
+        for p in run.rglob("*.jsonl")
+        if "jax_cache" not in p.parts and p.name not in ("metrics.jsonl", "stages.jsonl")
+    )
 
 
 @pytest.mark.slow
