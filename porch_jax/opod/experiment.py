@@ -593,6 +593,7 @@ def after_sft(
 
     # OPD's precondition: the teacher under s ⊕ H acts as H says, the student not; for each SFT teacher trained
     teachers = {"sft": sft} | {n: next(iter(by_lr.values())) for n, by_lr in (sft_runs or {}).items() if n != "sft"}
+    loaded = sft
     for name, h in readings.items():
         if name not in a.hint_following:
             continue
@@ -600,6 +601,7 @@ def after_sft(
             check = run / hint_following_file(name, teacher)
             if not check.is_file():
                 run.stages.begin(f"hint following ({name} hints, {teacher} weights)")
+                loaded = folder
                 embedded.load(folder)
                 check.write_text(
                     json.dumps(
@@ -614,8 +616,12 @@ def after_sft(
                         )
                     )
                 )
-            print(f"hinted action matched on flagged decisions ({name}, {teacher}, greedy): {check.read_text()}")
-    embedded.load(sft)
+            print(
+                f"hinted action matched on flagged decisions ({name}, {teacher}, greedy): {check.read_text()}",
+                flush=True,
+            )
+    if loaded != sft:  # the SFT weights back for what samples from `embedded` later
+        embedded.load(sft)
 
     rwr_rows = successful_rows(data, tok, view, max_len)
     opd_rows = {name: episode_rows.opd_rows(data, h, tok, view) for name, h in readings.items()}
