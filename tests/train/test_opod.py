@@ -250,6 +250,43 @@ def test_hint_following_rows_put_the_corrected_action_after_the_hint(tok, episod
     )
 
 
+def test_hint_following_reads_each_teacher_context_in_bounded_batches(tok, episodes):
+    """The check's rates come from the prompts it builds (a sampler that follows exactly the hint in its prompt gives
+    teacher 1 and the controls 0), sent at most `batch` prompts per sampler call: a prefill's memory grows with its
+    batch."""
+    from porch_jax.models.sampler import Completion
+    from porch_jax.opod.diagnostics import hint_following
+
+    hints = {
+        (ep.episode_id, d.index): f"set budget to {10 + i}"
+        for i, (ep, d) in enumerate((ep, d) for ep in episodes for d in ep.decisions if d.action is not None)
+    }
+    targets = {
+        h: tok.decode(episode_rows.action_tokens(tok, follow_hint(d.action, h), d.context, "compact")[:-1])
+        for ep in episodes
+        for d in ep.decisions
+        if (h := hints.get((ep.episode_id, d.index)))
+    }
+
+    class Follows:
+        tokenizer, prompt_buckets, calls = tok, (4096,), []
+
+        def generate(self, prompts, params):
+            self.calls.append(len(prompts))
+            texts = [tok.decode(p) for p in prompts]
+            return [
+                Completion([], [], next((t for h, t in targets.items() if f"{h}<" in text), "no action"), "stop")
+                for text in texts
+            ]
+
+    sampler = Follows()
+    rates = hint_following(sampler, episodes, hints, "compact", follow_hint, batch=4)
+    assert rates["n"] == len(hints) > 4
+    assert rates["teacher"] == 1.0
+    assert rates["student"] == rates["teacher_empty_hint"] == rates["teacher_wrong_hint"] == 0.0
+    assert max(sampler.calls) == 4 and sum(sampler.calls) == 4 * len(hints)
+
+
 def test_dagrpo_reward_weights():
     ref = {"name": "delegate", "arguments": {"subgoal": "find x", "context": [], "tools": ["search"], "budget": 4}}
     assert decision_reward(render_call(ref), ref, TOOLS)["reward"] == pytest.approx(1.0)
