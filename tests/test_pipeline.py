@@ -203,7 +203,7 @@ def test_learning_rate_grid_needs_the_configured_rate_and_selection():
 
 def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, monkeypatch):
     """RUN_DIR/config.json records the typed config: a rerun with another one is refused before any stage, naming
-    the keys; one that differs only in the evaluation's concurrency goes on. Over seed sets more sets may join
+    the keys; one that differs only in the evaluation's concurrency or in its methods goes on. Over seed sets more sets may join
     (each set's folder records its own config)."""
     from dataclasses import replace
 
@@ -228,11 +228,13 @@ def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, mon
     monkeypatch.setattr(experiment.Run, "__init__", start)
     with pytest.raises(Started):  # past the claim: the first stage starts
         experiment.run_pipeline(replace(cfg, eval=replace(cfg.eval, concurrency=cfg.eval.concurrency + 1)))
-    assert stages == [cfg.run_dir]
+    with pytest.raises(Started):  # a run grows (or narrows) by methods
+        experiment.run_pipeline(replace(cfg, methods=cfg.methods[:1]))
+    assert stages == [cfg.run_dir] * 2
     other = replace(cfg, sft=replace(cfg.sft, steps=cfg.sft.steps + 1), seed=cfg.seed + 1)
     with pytest.raises(RunDirError, match=rf"another config \(seed: {cfg.seed} -> {cfg.seed + 1}; sft\.steps: "):
         experiment.run_pipeline(other)
-    assert stages == [cfg.run_dir]
+    assert stages == [cfg.run_dir] * 2
 
     sets = replace(cfg, run_dir=str(tmp_path / "sets"), seed_sets=(0, 1))
     claim_run_dir(sets.run_dir, sets)

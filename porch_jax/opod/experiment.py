@@ -411,8 +411,10 @@ NEW_KEY_DEFAULTS = {
 def run_pipeline(cfg: ExperimentConfig) -> None:
     """One seed set's whole loop in cfg.run_dir (module docstring). RUN_DIR/config.json records the typed config
     (every key, defaults included); a rerun with another one (but for its `resumable` fields) is refused, naming the
-    keys, before any stage runs."""
-    claim_run_dir(cfg.run_dir, cfg, defaults=NEW_KEY_DEFAULTS)
+    keys, before any stage runs. `methods` may differ: every stage a method shares with the others (expert, SFT,
+    rollouts, attribution) reads sections the claim checks, and each method trains and evaluates in folders of its
+    own, so a run can grow by methods, e.g. SFT and its evaluation first, the methods after SFT in a later call."""
+    claim_run_dir(cfg.run_dir, cfg, may_change={"methods"}, defaults=NEW_KEY_DEFAULTS)
     run = Run(cfg)
 
     view, buckets, max_len = cfg.policy.view, cfg.policy.buckets, max(cfg.policy.buckets)
