@@ -91,6 +91,8 @@ def get_config(arg: str | None = None) -> ConfigDict:
             "overlong": "cut",
             "context_tokens": 768,
             "prefix_cache_mb": 1024,  # evaluation's embedded sampler prefills only what a decision adds
+            # 16 prompts of the 896-token bucket a forward: the hint-following check's 64 at once outgrew 23 GB
+            "max_batch_tokens": 16_384,
         }
     )
     c.preflight = ConfigDict(

@@ -70,12 +70,14 @@ def load_policy(
     prompt_buckets: Sequence[int] | None = None,
     batch_buckets: Sequence[int] = (1, 4, 16, 64),
     prefix_cache_bytes: int = 0,
+    max_batch_tokens: int | None = None,
 ) -> Policy:
     """The model and tokenizer saved in ``folder`` (``save_pretrained`` with a tokenizer) and a sampler.
 
     Few buckets keep compilations few: a rollout's batch size varies with the episodes in flight.
     ``prefix_cache_bytes`` > 0: a decision's prompt that extends an earlier one of its episode starts from that
-    one's keys and values (the sampler's prefix reuse), in a cache of at most that many bytes.
+    one's keys and values (the sampler's prefix reuse), in a cache of at most that many bytes. ``max_batch_tokens``:
+    the sampler's bound on one forward's padded prompt tokens (models/sampler.py).
     """
     from transformers import AutoTokenizer
 
@@ -91,5 +93,6 @@ def load_policy(
         prompt_buckets=prompt_buckets,
         batch_buckets=batch_buckets,
         prefix_cache_bytes=prefix_cache_bytes,
+        max_batch_tokens=max_batch_tokens,
     )
     return Policy(folder, model, tokenizer, sampler)

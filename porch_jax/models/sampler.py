@@ -35,8 +35,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import jax
@@ -142,7 +143,10 @@ class Sampler:
     The model's current weights are read at every call, so a trainer can keep updating the model
     in place and sample from it without rebuilding the sampler (or recompiling). `mesh`: the mesh the
     model's weights live on, for sampling across its devices and processes (module docstring); batch
-    buckets then round up to a multiple of its batch shards.
+    buckets then round up to a multiple of its batch shards. `max_batch_tokens`: the most padded prompt tokens (batch
+    bucket x prompt bucket) one forward takes; a call with more prompts is cut into batches within it (a prompt alone
+    always goes), since a prefill's memory grows with both (its logits alone are batch x length x vocab). None: batches
+    of the largest batch bucket.
     """
 
     def __init__(
@@ -156,8 +160,12 @@ class Sampler:
         cache_dtype: jnp.dtype | None = None,
         mesh: jax.sharding.Mesh | None = None,
         prefix_cache_bytes: int = 0,
+        max_batch_tokens: int | None = None,
     ):
+        if max_batch_tokens is not None and max_batch_tokens < 1:
+            raise ValueError(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens}")
         self.model, self.mesh = model, mesh
+        self.max_batch_tokens = max_batch_tokens
         self.tokenizer = tokenizer
         self.max_len = max_len
         # A prompt leaves at least one slot of the max_len-slot cache for the first new token.
@@ -214,12 +222,10 @@ class Sampler:
         # Similar lengths share a batch, so little of it is padding.
         order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
         results: list[Completion | None] = [None] * len(prompts)
-        step = self.batch_buckets[-1]
         state = nnx.state(self.model)
         if self.prefixes is not None and not self._same_weights(state):
             self.prefixes.clear()  # keys and values of other weights
-        for start in range(0, len(order), step):
-            chunk = order[start : start + step]
+        for chunk in self._batches(order, [len(p) for p in prompts]):
             completions = self._run_batch(state, [prompts[i] for i in chunk], [params[i] for i in chunk])
             for i, completion in zip(chunk, completions, strict=False):
                 results[i] = completion
@@ -257,10 +263,9 @@ class Sampler:
                     f"row {i} has {len(row)} tokens; the largest prompt bucket is {self.prompt_buckets[-1]}"
                 )
         state = nnx.state(self.model)
-        out: list[list[float]] = []
-        step = self.batch_buckets[-1]
-        for start in range(0, len(rows), step):
-            chunk, where = rows[start : start + step], positions[start : start + step]
+        out: list[list[float]] = [[] for _ in rows]
+        for picks in self._batches(sorted(range(len(rows)), key=lambda i: len(rows[i])), [len(r) for r in rows]):
+            chunk, where = [rows[i] for i in picks], [positions[i] for i in picks]
             batch = _bucket(len(chunk), self.batch_buckets)
             length = _bucket(max(map(len, chunk)), self.prompt_buckets)
             k = _round_up_pow2(max(map(len, where)), lo=4)
@@ -278,8 +283,30 @@ class Sampler:
                 with jax.set_mesh(self.mesh):
                     picked = self._score(state, *map(self._rows_on_mesh, (tokens, mask, index, targets)))
             picked = np.asarray(jax.device_get(picked))
-            out += [picked[b, : len(pos)].tolist() for b, pos in enumerate(where)]
+            for b, (i, pos) in enumerate(zip(picks, where, strict=True)):
+                out[i] = picked[b, : len(pos)].tolist()
         return out
+
+    @property
+    def _budget(self) -> float:
+        return math.inf if self.max_batch_tokens is None else self.max_batch_tokens
+
+    def _padded(self, batch: Sequence[int], lengths: Sequence[int]) -> int:
+        """The prompt tokens of `batch` (indices into `lengths`) padded to its batch and prompt buckets."""
+        return _bucket(len(batch), self.batch_buckets) * _bucket(max(lengths[i] for i in batch), self.prompt_buckets)
+
+    def _batches(self, order: Sequence[int], lengths: Sequence[int]) -> Iterator[list[int]]:
+        """`order` (indices by rising length) cut into consecutive batches of at most the largest batch bucket, each
+        padded batch within `max_batch_tokens` where set (a prompt alone always goes)."""
+        chunk: list[int] = []
+        for i in order:
+            grown = [*chunk, i]
+            if chunk and (len(grown) > self.batch_buckets[-1] or self._padded(grown, lengths) > self._budget):
+                yield chunk
+                grown = [i]
+            chunk = grown
+        if chunk:
+            yield chunk
 
     def chat(
         self,

@@ -124,6 +124,10 @@ class PolicySection:
     prefix_cache_mb: > 0: the embedded sampler keeps the keys and values of the sequences it served, up to this
     many MiB, and a decision's prompt that extends its episode's last one prefills only what is new (the same tokens
     as without: models/sampler.py). 0: every prompt is prefilled whole.
+
+    max_batch_tokens: > 0: the embedded sampler's bound on one forward's padded prompt tokens (batch bucket x prompt
+    bucket): a call with many long prompts (the hint-following check's ~100 teacher prompts) goes in batches within
+    it, as a prefill's memory grows with both. 0: batches of the largest batch bucket.
     """
 
     view: Literal["full", "compact", "dsl"]
@@ -133,10 +137,12 @@ class PolicySection:
     overlong: Overlong = "drop"
     context_tokens: int = 0
     prefix_cache_mb: int = resumable(0)
+    max_batch_tokens: int = resumable(0)
 
     def __post_init__(self):
         check(self.context_tokens >= 0, "context_tokens", f"must be >= 0, got {self.context_tokens}")
         check(self.prefix_cache_mb >= 0, "prefix_cache_mb", f"must be >= 0, got {self.prefix_cache_mb}")
+        check(self.max_batch_tokens >= 0, "max_batch_tokens", f"must be >= 0, got {self.max_batch_tokens}")
         check(
             self.context_tokens + self.max_new_tokens <= max(self.buckets) or not self.context_tokens,
             "context_tokens",

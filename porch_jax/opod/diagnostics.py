@@ -28,13 +28,11 @@ def hint_following(
     limit: int = 256,
     max_new_tokens: int = 24,
     seed: int = 0,
-    batch: int = 16,
 ) -> dict[str, float]:
     """Exact-match rates with the hinted action: student (s), teacher (s ⊕ H), teacher (s ⊕ empty hint) and teacher
     (s ⊕ a wrong hint: another flagged decision's, `rows.wrong_hints(hints, seed)`, as OPD's wrong-hint control
-    draws them; absent with fewer than two distinct hints). Prompts go to the sampler `batch` at a time: the
-    sampler would batch them by its largest batch bucket, and a prefill's memory grows with batch x prompt
-    length (SmolLM2 at 64 prompts of ~1,000 tokens outgrew 23 GB)."""
+    draws them; absent with fewer than two distinct hints). Each context's prompts go to the sampler in one call; its
+    `max_batch_tokens` bounds what one forward holds (SmolLM2 at 64 prompts of ~1,000 tokens outgrew 23 GB)."""
     tok, rows = sampler.tokenizer, []
     wrong = episode_rows.wrong_hints(hints, seed)
     for ep in episodes:
@@ -61,10 +59,6 @@ def hint_following(
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0)
     for name, ps in prompts.items():
         keep = [i for i, p in enumerate(ps) if len(p) <= longest]
-        texts = [
-            c.text.strip()
-            for start in range(0, len(keep), batch)
-            for c in sampler.generate([ps[i] for i in keep[start : start + batch]], params)
-        ]
+        texts = [c.text.strip() for c in sampler.generate([ps[i] for i in keep], params)]
         out[name] = sum(t == rows[i][2].strip() for i, t in zip(keep, texts, strict=True)) / max(len(keep), 1)
     return out

@@ -459,7 +459,11 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
         variants["sft_hints"] = {lr: path}
 
     embedded = load_policy(
-        sft, max_len=sampler_len, prompt_buckets=buckets, prefix_cache_bytes=cfg.policy.prefix_cache_mb * 2**20
+        sft,
+        max_len=sampler_len,
+        prompt_buckets=buckets,
+        prefix_cache_bytes=cfg.policy.prefix_cache_mb * 2**20,
+        max_batch_tokens=cfg.policy.max_batch_tokens or None,
     )
     with contextlib.ExitStack() as stack:
         policy: Any = embedded

@@ -299,3 +299,37 @@ def test_score_is_the_sum_of_the_raw_logprobs_of_a_continuation(sampler, prompts
     nexts = sampler.next_token_logprobs(prompts[:3], [5, 17])
     singles = sampler.score([p for p in prompts[:3] for _ in range(2)], [[5], [17]] * 3)
     np.testing.assert_allclose(np.ravel(nexts), singles, atol=1e-5)
+
+
+def test_a_token_budget_bounds_each_forward_and_changes_no_result(model, tokenizer, sampler, prompts, monkeypatch):
+    """`max_batch_tokens` cuts a call into batches whose padded prompt tokens (batch bucket x prompt bucket) stay
+    within it, a prompt alone always going; tokens, logprobs and scores are the unbounded sampler's."""
+    budget = 64  # the prompts (2, 5, 13, 18 and 22 tokens): 3 + 1 + 1 per call, where 4 + 1 go unbounded
+    bounded = Sampler(model, tokenizer, **(BUCKETS | {"batch_buckets": (1, 2, 4)}), max_batch_tokens=budget)
+    padded = []
+    run_batch, score = bounded._run_batch, bounded._score
+
+    def spy_run_batch(state, ps, params):
+        padded.append(bounded._padded(range(len(ps)), [len(p) for p in ps]))
+        return run_batch(state, ps, params)
+
+    def spy_score(state, tokens, *rest):
+        padded.append(tokens.size)
+        return score(state, tokens, *rest)
+
+    monkeypatch.setattr(bounded, "_run_batch", spy_run_batch)
+    monkeypatch.setattr(bounded, "_score", spy_score)
+    params = dataclasses.replace(GREEDY, max_new_tokens=8)
+    for got, want in zip(bounded.generate(prompts, params), sampler.generate(prompts, params), strict=True):
+        assert got.token_ids == want.token_ids
+        np.testing.assert_allclose(got.logprobs, want.logprobs, atol=1e-5)
+    assert padded == [64, 64, 64]
+    conts = [[5, 17, 3]] * len(prompts)
+    np.testing.assert_allclose(bounded.score(prompts, conts), sampler.score(prompts, conts), atol=1e-5)
+    assert padded == [64] * 6
+    alone = Sampler(model, tokenizer, **BUCKETS, max_batch_tokens=1)  # below any prompt: each goes alone
+    assert [c.token_ids for c in alone.generate(prompts[:2], params)] == [
+        c.token_ids for c in sampler.generate(prompts[:2], params)
+    ]
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        Sampler(model, tokenizer, **BUCKETS, max_batch_tokens=0)

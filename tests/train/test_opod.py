@@ -250,10 +250,9 @@ def test_hint_following_rows_put_the_corrected_action_after_the_hint(tok, episod
     )
 
 
-def test_hint_following_reads_each_teacher_context_in_bounded_batches(tok, episodes):
+def test_hint_following_reads_each_teacher_context(tok, episodes):
     """The check's rates come from the prompts it builds (a sampler that follows exactly the hint in its prompt gives
-    teacher 1 and the controls 0), sent at most `batch` prompts per sampler call: a prefill's memory grows with its
-    batch."""
+    teacher 1 and the controls 0), one sampler call per context (the sampler bounds each forward: test_sampler)."""
     from porch_jax.models.sampler import Completion
     from porch_jax.opod.diagnostics import hint_following
 
@@ -280,11 +279,11 @@ def test_hint_following_reads_each_teacher_context_in_bounded_batches(tok, episo
             ]
 
     sampler = Follows()
-    rates = hint_following(sampler, episodes, hints, "compact", follow_hint, batch=4)
+    rates = hint_following(sampler, episodes, hints, "compact", follow_hint)
     assert rates["n"] == len(hints) > 4
     assert rates["teacher"] == 1.0
     assert rates["student"] == rates["teacher_empty_hint"] == rates["teacher_wrong_hint"] == 0.0
-    assert max(sampler.calls) == 4 and sum(sampler.calls) == 4 * len(hints)
+    assert sampler.calls == [len(hints)] * 4
 
 
 def test_dagrpo_reward_weights():
