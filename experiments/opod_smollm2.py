@@ -66,12 +66,12 @@ def get_config(arg: str | None = None) -> ConfigDict:
     # hints drawn from another flagged decision (if OPOD's gain is the hint's information, it beats both).
     c.methods = ("sft", "rwr", "opod", "opod_secondary", "opd_empty", "opd_wrong_hint", "dagrpo")
     c.frameworks = ()  # POrchestra alone: the quickstart trains the other frameworks in miniature
-    # Training computes in bf16 with f32 parameters and optimizer (sampling and the GRM stay f32; `:smoke` trains in f32,
-    # below): a step of 4 packed
-    # rows takes 22 s in f32 on these 2 cores (135 tokens/s) and 9.5 s in bf16 (307 tokens/s, the same batches; the
-    # CPU has AMX-bf16), and the validation loss on the same rows is f32's within 0.2% (0.7193 against 0.7203).
+    # Training computes in f32, as sampling and serving do. bf16 compute (`--config.model.compute_dtype=bfloat16`, f32
+    # parameters and optimizer) is faster only where the CPU multiplies bf16 natively. A step of 4 packed rows on 2
+    # cores: with AMX-BF16, 9.5 s in bf16 and 22 s in f32 (the validation loss on the same rows f32's within 0.2%);
+    # on an AVX2-only CPU, 45 s in bf16 and 30 s in f32. One dtype on every machine keeps runs comparable.
     c.model = ConfigDict(
-        {"init_from": str(smollm2_folder()), "seed": 0, "vocab_size": 0, "hf": {}, "compute_dtype": "bfloat16"}
+        {"init_from": str(smollm2_folder()), "seed": 0, "vocab_size": 0, "hf": {}, "compute_dtype": "float32"}
     )
     c.suite.max_decisions = 8
     c.suite.max_evidence_chars = 120
@@ -138,9 +138,6 @@ def get_config(arg: str | None = None) -> ConfigDict:
         # on the primary hints, OPD's controls and DA-GRPO train through code the miniature's tests run
         # (tests/test_pipeline.py) and are left to the full run.
         c.methods = ("sft", "rwr", "opod_secondary")
-        # f32 training: the test runs OPD's student on the vLLM server (f32), whose push parity check compares the
-        # server with the student's own forward, which bf16 compute moves by up to 0.7 nats on unlikely tokens.
-        c.model.compute_dtype = "float32"
         c.expert_rollouts = ConfigDict({"num_tasks": 8, "seed_start": 0, "prefix": "train"})
         # A policy after a few dozen SFT steps loops or garbles tool names at temperature 1; at 0.7 it delegates.
         c.rollouts = ConfigDict({"num_tasks": 2, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})

@@ -40,6 +40,8 @@ def test_the_smollm2_experiment_is_the_papers_loop(arg):
     cfg = load("opod_smollm2", arg)
     assert cfg.model.init_from and cfg.policy.view == "full" and cfg.attribution.grm == "base_model"
     assert cfg.sft.hint_rows == 0 and not cfg.sft.empty_hint_rows  # SFT on expert decisions only
+    # f32 on any CPU (bf16 is slower without bf16 matrix instructions); the smoke's push parity check needs it too
+    assert cfg.model.compute_dtype == "float32"
     assert cfg.attribution.reading == "held" and cfg.attribution.free_reading == (arg is None)  # both read in full
     assert cfg.attribution.secondary and "opod_secondary" in cfg.methods
     # One learning rate per method after SFT; SFT's chosen among three on its validation loss in the full run.
