@@ -23,6 +23,10 @@ alike, and the expert writes only what its window shows, so SFT imitates decisio
 SmolLM2 answers an orchestration prompt zero-shot with small talk: its GRM reply is read with the format held
 (the flag its own choice by logprobs) and also as written; both readings are reported, not tuned. The same file with `model.init_from` pointing at another Hugging Face folder (and a larger budget) is the GPU path;
 experiments/opod_qwen3_5_9b.py is that config for Qwen3.5-9B.
+
+The whole run is several hours on 2 CPU cores (docs/results/opod_smollm2.md gives each stage's time). Where a machine
+is held for less, grow one run directory by methods: `--config.methods='("sft",)'` first (SFT, its rollouts and
+attribution, SFT's row and the reference rows), then the same command with more methods; finished stages are read back.
 """
 
 import dataclasses
@@ -183,9 +187,9 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.selection = ConfigDict({"enabled": False, "tasks": {"num_tasks": 30, "seed_start": 50_000, "prefix": "val"}})
     # SFT: 3 epochs over 102 expert episodes (15% of the 120 held out for the validation loss, scored once an
     # epoch), its rate the one of three whose validation loss after the first epoch is lowest; only that one runs
-    # the other two epochs (one 3-epoch run is ~25 min here; three would be 75). SFT+hints: the same at SFT's chosen
-    # rate, with the scripted judge's hint-following rows for half the episodes (the miniature's variant, its own
-    # row). After SFT one rate per method; RWR, OPOD and OPD share steps, batch and seed.
+    # the other two epochs (one 3-epoch run is ~25 min in bf16 on 2 AMX cores, 82 min in f32 on 2 AVX2 cores).
+    # SFT+hints: the same at SFT's chosen rate, with the scripted judge's hint-following rows for half the episodes
+    # (the miniature's variant, its own row). After SFT one rate per method; RWR, OPOD and OPD share steps, batch and seed.
     c.sft = _method(
         1, 4, 3e-5, 1, epochs=3.0, validation_share=0.15, lr_grid=(1e-5, 3e-5, 1e-4), select_after_epochs=1.0
     )
