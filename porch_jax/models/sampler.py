@@ -166,6 +166,7 @@ class Sampler:
             raise ValueError(f"max_batch_tokens must be >= 1 or None, got {max_batch_tokens}")
         self.model, self.mesh = model, mesh
         self.max_batch_tokens = max_batch_tokens
+        self._budget = math.inf if max_batch_tokens is None else max_batch_tokens
         self.tokenizer = tokenizer
         self.max_len = max_len
         # A prompt leaves at least one slot of the max_len-slot cache for the first new token.
@@ -286,10 +287,6 @@ class Sampler:
             for b, (i, pos) in enumerate(zip(picks, where, strict=True)):
                 out[i] = picked[b, : len(pos)].tolist()
         return out
-
-    @property
-    def _budget(self) -> float:
-        return math.inf if self.max_batch_tokens is None else self.max_batch_tokens
 
     def _padded(self, batch: Sequence[int], lengths: Sequence[int]) -> int:
         """The prompt tokens of `batch` (indices into `lengths`) padded to its batch and prompt buckets."""
