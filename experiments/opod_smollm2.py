@@ -197,13 +197,18 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.sft_hints = _method(1, 4, 3e-5, 1, epochs=3.0, hint_rows=0.5)
     c.sft_hints.warmup_steps = 8
     c.rwr = _method(30, 2, 1e-5, 2)
-    c.opod = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
-    c.opd_empty = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48))
+    # Micro-batches of one RWR and one OPD row (two of the step's 8 DA-GRPO samples): XLA:CPU keeps every layer's
+    # attention scores for the backward pass, so OPOD's step of 2 + 2 rows at the 960-token bucket needs 12.5 GB of
+    # temporaries and one of 1 + 1 rows 6.5 GB (benchmarks/aot_memory.py --shape smollm2_135m --mesh 1,1,1 --rows 2
+    # --seq 960 --action 64 --dtype float32 --methods opod); whole, the OPD steps held 17-21.5 GB of a 23 GB machine.
+    c.opod = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48), accum_steps=2)
+    c.opd_empty = _method(30, 2, 1e-5, 2, opd_weight=1.0, opd=_opd(2, 3, 48), accum_steps=2)
     c.dagrpo = _method(
         15,
         0,
         1e-5,
         4,
         group={"contexts_per_step": 2, "group_size": 4, "sampling": {"max_new_tokens": 48, "temperature": 1.0}},
+        accum_steps=4,
     )
     return c

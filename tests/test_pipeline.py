@@ -69,6 +69,8 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
         "    c.sft.update(epochs=2.0, validation_share=0.25, lr_grid=(3e-3, 1e-3), select_after_epochs=1.0)\n"
         "    c.sft_hints = dict(c.sft.to_dict(), lr_grid=None, validation_share=0.0, hint_rows=0.5)\n"
         "    c.methods = ('sft', 'sft_hints', 'rwr', 'opod', 'opd_empty', 'opd_wrong_hint', 'dagrpo')\n"
+        # DA-GRPO's 4 samples a step in 2 micro-batches
+        "    c.dagrpo.accum_steps = 2\n"
         "    return c\n"
     )
     config.write_text(text.replace("    return c\n", extra))
@@ -90,6 +92,9 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     results = json.loads((run_dir / "results.json").read_text())
     methods = [m["system"] for m in results["methods"]]
     assert methods[0] == "sft" and "dagrpo" in methods and all(m["n"] == 4 for m in results["methods"])
+    for name, micro in (("sft", 1), ("dagrpo", 2), ("dagrpo_lr0.003", 2)):  # DA-GRPO's step in micro-batches
+        logged = [json.loads(line) for line in (run_dir / name / "metrics.jsonl").read_text().splitlines()]
+        assert {m["micro_batches"] for m in logged if "micro_batches" in m} == {micro}, name
     assert "=== " in first.stdout and re.search(r"step (\d+)/\1 \(100%\)", first.stdout)  # visible progress
     # The reference rows: the scripted expert deciding from its window (the ceiling) on the same held-out tasks
     (expert,) = results["references"]
@@ -196,6 +201,13 @@ def test_learning_rate_grid_needs_the_configured_rate_and_selection():
         from_dict(ExperimentConfig, config)
     config.opod.lr_grid = config.opd_empty.lr_grid = config.dagrpo.lr_grid = None
     assert not from_dict(ExperimentConfig, config).selection.enabled
+    config.opd_empty.accum_steps = 16  # the step's 8 rows do not split into 16 micro-batches
+    with pytest.raises(ConfigError, match=r"config.opd_empty.batch: 8 rows a step do not split into accum_steps=16"):
+        from_dict(ExperimentConfig, config)
+    config.opd_empty.accum_steps = 3  # 8 rows, 16 OPD rows
+    with pytest.raises(ConfigError, match=r"config.opd_empty.batch: 8 rows a step do not split into accum_steps=3"):
+        from_dict(ExperimentConfig, config)
+    config.opd_empty.accum_steps = 1
     config.opod.opd = None
     with pytest.raises(ConfigError, match="config.opod.opd: missing"):
         from_dict(ExperimentConfig, config)
@@ -230,11 +242,13 @@ def test_a_rerun_into_a_run_directory_of_another_config_is_refused(tmp_path, mon
         experiment.run_pipeline(replace(cfg, eval=replace(cfg.eval, concurrency=cfg.eval.concurrency + 1)))
     with pytest.raises(Started):  # a run grows (or narrows) by methods
         experiment.run_pipeline(replace(cfg, methods=cfg.methods[:1]))
-    assert stages == [cfg.run_dir] * 2
+    with pytest.raises(Started):  # micro-batches change memory, not what is trained
+        experiment.run_pipeline(replace(cfg, opod=replace(cfg.opod, accum_steps=2)))
+    assert stages == [cfg.run_dir] * 3
     other = replace(cfg, sft=replace(cfg.sft, steps=cfg.sft.steps + 1), seed=cfg.seed + 1)
     with pytest.raises(RunDirError, match=rf"another config \(seed: {cfg.seed} -> {cfg.seed + 1}; sft\.steps: "):
         experiment.run_pipeline(other)
-    assert stages == [cfg.run_dir] * 2
+    assert stages == [cfg.run_dir] * 3
 
     sets = replace(cfg, run_dir=str(tmp_path / "sets"), seed_sets=(0, 1))
     claim_run_dir(sets.run_dir, sets)

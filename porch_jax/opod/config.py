@@ -74,7 +74,12 @@ class MethodSection:
     final validation loss is lowest is the SFT every later stage starts from (no validation tasks needed).
     `select_after_epochs` > 0 compares the rates earlier: each is trained that many epochs of its full schedule
     (warmup and decay laid over all `epochs`), the one with the lowest validation loss there continues from its
-    checkpoint to the end and the others stop, which costs one full run plus the probes instead of one run per rate."""
+    checkpoint to the end and the others stop, which costs one full run plus the probes instead of one run per rate.
+
+    `accum_steps` splits each step's rows (`batch`, and OPOD's `opd.batch` or DA-GRPO's samples) into that many
+    micro-batches whose gradients are summed before the update (train/step.py): the same loss and update up to the
+    order of float sums, at about 1/accum_steps of the activations. A memory setting, not a change of what is
+    trained, so a relaunch into the same run directory may change it."""
 
     steps: int
     batch: int
@@ -93,9 +98,24 @@ class MethodSection:
     validation_share: float = 0.0
     validate_every: int = 0
     select_after_epochs: float = 0.0
+    accum_steps: int = resumable(1)
 
     def __post_init__(self):
         check(self.steps > 0, "steps", f"must be > 0, got {self.steps}")
+        check(self.accum_steps > 0, "accum_steps", f"must be > 0, got {self.accum_steps}")
+        for key, rows in (("batch", self.batch), ("opd.batch", self.opd.batch if self.opd else 0)):
+            check(
+                rows % self.accum_steps == 0,
+                key,
+                f"{rows} rows a step do not split into accum_steps={self.accum_steps} micro-batches",
+            )
+        if self.group is not None:
+            samples = self.group.contexts_per_step * self.group.group_size
+            check(
+                samples % self.accum_steps == 0,
+                "group",
+                f"{samples} samples a step do not split into accum_steps={self.accum_steps} micro-batches",
+            )
         check(self.learning_rate > 0, "learning_rate", f"must be > 0, got {self.learning_rate}")
         check(self.epochs >= 0, "epochs", f"must be >= 0, got {self.epochs}")
         check(0.0 <= self.validation_share < 1.0, "validation_share", f"must be in [0, 1), got {self.validation_share}")

@@ -505,7 +505,7 @@ def train_sft(
             name,
             init,
             lambda tok, mesh: sources.PackedSource(
-                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong
+                rows, settings.batch, buckets, settings.seed, mesh, overlong=overlong, accum_steps=settings.accum_steps
             ),
             learning_rate=lr,
             steps=steps,
@@ -643,10 +643,15 @@ def after_sft(
         if not has_rwr:
             return []
         settings = cfg.method(section)
-        return [sources.PackedSource(rwr_rows, settings.batch, buckets, settings.seed, mesh, view, overlong=overlong)]
+        return [
+            sources.PackedSource(
+                rwr_rows, settings.batch, buckets, settings.seed, mesh, view, overlong, settings.accum_steps
+            )
+        ]
 
     def opd(section: str, rows: list[Any], tok: Any, mesh: Any) -> list[Any]:
-        o = cfg.method(section).opd  # not None for a method in cfg.methods (ExperimentConfig checks)
+        settings = cfg.method(section)
+        o = settings.opd  # not None for a method in cfg.methods (ExperimentConfig checks)
         sampling = o.sampling
         if not rows:
             return []
@@ -654,7 +659,11 @@ def after_sft(
         if sampling.sampler.kind == "vllm":  # the student samples on the policy server, pushed every push_every steps
             sampler = served_action_sampler(sampling, tok, server=served, export_dir=run / section / "served_weights")
             served.folder = None  # training changes the served weights: the next load pushes again
-        return [sources.OpdSource(rows, tok, sampling, o.batch, buckets, mesh, overlong=overlong, sampler=sampler)]
+        return [
+            sources.OpdSource(
+                rows, tok, sampling, o.batch, buckets, mesh, overlong, sampler, accum_steps=settings.accum_steps
+            )
+        ]
 
     def opod_plan(section: str, rows: list[Any]) -> tuple[Callable[[Any, Any], Any], bool]:
         def source(tok: Any, mesh: Any) -> Any:
@@ -722,7 +731,16 @@ def dagrpo_source(cfg: ExperimentConfig, expert: list[Any], name: str) -> Callab
         contexts = episode_rows.expert_contexts(expert, tok, view)
         reward = dagrpo_reward(TOOLS, actions)
         return sources.GroupSource(
-            contexts, tok, g.sampling, g.contexts_per_step, g.group_size, buckets, reward, mesh, overlong=overlong
+            contexts,
+            tok,
+            g.sampling,
+            g.contexts_per_step,
+            g.group_size,
+            buckets,
+            reward,
+            mesh,
+            overlong=overlong,
+            accum_steps=cfg.method(name).accum_steps,
         )
 
     return source
@@ -776,7 +794,9 @@ def train_framework(
             s = cfg.rwr
 
             def rwr_source(tok: Any, mesh: Any) -> Any:
-                return sources.PackedSource(rwr_rows, s.batch, buckets, s.seed, mesh, overlong=overlong)
+                return sources.PackedSource(
+                    rwr_rows, s.batch, buckets, s.seed, mesh, overlong=overlong, accum_steps=s.accum_steps
+                )
 
             exports[rwr_name] = {
                 lr: train(run, rwr_name, sft, rwr_source, learning_rate=lr) for lr in learning_rates(cfg, rwr_name)

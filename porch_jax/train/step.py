@@ -140,6 +140,7 @@ class TrainStep:
         params = optax.apply_updates(state["params"], updates)
         metrics = method.summarize(parts, aux)
         metrics |= {
+            "micro_batches": jnp.float32(jax.tree.leaves(batch)[0].shape[0]),  # the accumulation steps, logged
             "grad_norm": optax.global_norm(grads),
             "update_norm": optax.global_norm(updates),
             "learning_rate": self.schedule(state["step"]),
