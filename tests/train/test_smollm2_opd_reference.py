@@ -5,8 +5,10 @@ natural-language protocol (chat template; rows as porch_jax/opod/rows.py builds 
   tokens, then over decisions) and its gradient equal a torch reference through transformers' LlamaForCausalLM;
 - a teacher with the student's weights reading the student's own context gives a KL of 0 (H = ∅: no hint turn at
   all; an empty hint still adds a user turn, porch_jax/attribution/grm.py's `teacher_context`, so the OPD-empty
-  control's teacher is not the student and its KL is printed, not asserted to vanish);
-- OPOD with opd_weight 0 trains exactly like RWR: 3 AdamW steps on the same batches, the same losses and weights.
+  control's teacher is not the student and its KL is printed, not asserted to vanish).
+
+That OPOD with opd_weight 0 trains exactly like RWR is an identity of the loss, not of the model: tests/train/
+test_opod.py checks it on the tiny model.
 """
 
 from __future__ import annotations
@@ -22,14 +24,11 @@ torch = pytest.importorskip("torch", reason="torch is in the test extra (torch==
 from porch_jax.models import from_pretrained, save_pretrained  # noqa: E402
 from porch_jax.opod import rows as episode_rows  # noqa: E402
 from porch_jax.protocol import render_call  # noqa: E402
-from porch_jax.train import mesh as mesh_lib  # noqa: E402
-from porch_jax.train import packing, sources  # noqa: E402
-from porch_jax.train.config import CheckpointConfig, LogConfig, OptimizerConfig, SamplingConfig, TrainConfig  # noqa: E402
+from porch_jax.train import packing  # noqa: E402
 from porch_jax.train.methods import MethodConfig, make_method  # noqa: E402
-from porch_jax.train.trainer import Trainer  # noqa: E402
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome  # noqa: E402
 
-# ~1.5 + ~3 min of mostly XLA compilation (30 unrolled layers) on 2 quiet cores; shared cores stretch it.
+# ~1.5 min of mostly XLA compilation (30 unrolled layers) on 2 quiet cores; shared cores stretch it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SYSTEM = "You orchestrate sub-agents. Reply with exactly one tool call."
@@ -169,38 +168,3 @@ def test_opd_loss_and_gradient_equal_torch_and_a_self_teacher_gives_zero(setup, 
     print(f"  self-teacher KL {same:.2e} (gradient norm {grad_norm:.1e}); teacher with an empty hint turn {turn:.2e}")
     assert abs(same) <= 1e-6 and grad_norm <= 1e-5
     assert turn > 1e-4
-
-
-def _train(smollm2_dir, tok, source, method: str, opd_weight: float = 1.0):
-    cfg = TrainConfig(
-        steps=3,
-        optimizer=OptimizerConfig(learning_rate=1e-4, warmup_steps=1),
-        method=MethodConfig(name=method, opd_weight=opd_weight),
-        checkpoint=CheckpointConfig(every=100),
-        log=LogConfig(every=100),
-    )
-    trainer = Trainer(
-        cfg, from_pretrained(smollm2_dir), make_method(cfg.method), source, None, tokenizer=tok, stream=None
-    )
-    history = trainer.run().history
-    return history, jax.tree.map(np.asarray, trainer.state["params"])
-
-
-def test_opod_at_opd_weight_zero_trains_like_rwr(setup, smollm2_dir):
-    tok, eps, rows, _, _ = setup
-    mesh = mesh_lib.make_mesh((1, 1, 1))
-    buckets = (160,)
-    packed = episode_rows.packed_rows(eps, tok, "full", buckets[-1], weight=lambda ep: float(ep.outcome.success))
-    rwr, rwr_params = _train(smollm2_dir, tok, sources.PackedSource(packed, 2, buckets, 0, mesh), "rwr")
-    opd = sources.OpdSource(rows, tok, SamplingConfig(max_new_tokens=4, seed=1), 2, buckets, mesh)
-    joined = sources.CombinedViews(sources.PackedSource(packed, 2, buckets, 0, mesh, "rwr"), opd)
-    opod, opod_params = _train(smollm2_dir, tok, joined, "opod", 0.0)
-    print("\nRWR losses", [round(m["loss"], 6) for m in rwr], "OPOD(0) losses", [round(m["loss"], 6) for m in opod])
-    print("  OPD part (weight 0)", [round(m["opd"], 6) for m in opod])
-    assert all(m["opd"] > 0 and m["opd_count"] == 2 for m in opod)  # OPD computed on sampled actions, weight 0
-    for a, b in zip(rwr, opod, strict=True):
-        assert b["rwr"] == pytest.approx(a["rwr"], rel=1e-6) and b["loss"] == pytest.approx(a["loss"], rel=1e-6)
-        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5)
-    diffs = jax.tree.map(lambda x, y: float(np.abs(x - y).max()), rwr_params, opod_params)
-    print(f"  max |param difference| {max(jax.tree.leaves(diffs)):.1e}")
-    assert max(jax.tree.leaves(diffs)) <= 1e-6
