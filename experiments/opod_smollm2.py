@@ -27,6 +27,8 @@ experiments/opod_qwen3_5_9b.py is that config for Qwen3.5-9B.
 The whole run is several hours on 2 CPU cores (docs/results/opod_smollm2.md gives each stage's time). Where a machine
 is held for less, grow one run directory by methods: `--config.methods='("sft",)'` first (SFT, its rollouts and
 attribution, SFT's row and the reference rows), then the same command with more methods; finished stages are read back.
+Another GRM or reading of the same SFT policy is a fork: `--config.fork_from=RUN --config.run_dir=NEW` with the new
+`attribution` takes RUN's stages up to the SFT rollouts (porch_jax/opod/fork.py) and runs attribution and the methods.
 """
 
 import dataclasses

@@ -295,7 +295,13 @@ class ExperimentConfig:
     same validation and held-out tasks under that framework's engine. A framework's method is named
     "<method>@<framework>" in every table (results.md/json, selection.json) and trains in RUN/<framework>/<method>;
     the methods that need mid-run feedback (OPOD, the OPD controls, SFT+hints) are reported as not applicable to it.
-    The frameworks' SFT reads expert decisions only (no hint-following rows, which serve OPD's teacher)."""
+    The frameworks' SFT reads expert decisions only (no hint-following rows, which serve OPD's teacher).
+
+    `fork_from`: a run directory of this experiment whose SFT has finished; a new run directory starts from its
+    stages before attribution (opod/fork.py: the expert's rollouts, SFT and its variants, the SFT policy's rollouts
+    and the reference rows' evaluations, linked, not recomputed), so a run that reads the same SFT policy another way
+    (another GRM, another reading) costs attribution and the methods after it. Every key but `methods`, the
+    attribution, the sections of the methods after SFT, `selection` and `frameworks` must equal the source's."""
 
     run_dir: str = resumable()
     seed: int
@@ -332,6 +338,7 @@ class ExperimentConfig:
     # every trainer's checkpoint and log cadence (one checkpoint kept, written synchronously: runs are short)
     checkpoint: CheckpointConfig = resumable(CheckpointConfig(every=50, keep=1, async_save=False))
     log: LogConfig = resumable(LogConfig())
+    fork_from: str = resumable("")
 
     def __post_init__(self):
         check(self.optimizer.total_steps is None, "optimizer.total_steps", "each trainer's schedule is its run's steps")
@@ -367,6 +374,7 @@ class ExperimentConfig:
             "vLLM serves Hugging Face models: set model.init_from, or serve the miniature embedded",
         )
         check(len(set(self.seed_sets)) == len(self.seed_sets), "seed_sets", f"repeats a set: {self.seed_sets}")
+        check(not (self.fork_from and self.seed_sets), "fork_from", "forks one run directory: set no seed_sets")
         check(len(set(self.frameworks)) == len(self.frameworks), "frameworks", f"repeats one: {self.frameworks}")
         check(
             not self.frameworks or "sft" in self.methods,

@@ -72,6 +72,7 @@ from porch_jax.opod.config import (
 )
 from porch_jax.opod.demonstrator import expert_engine
 from porch_jax.opod.diagnostics import hint_following
+from porch_jax.opod.fork import fork
 from porch_jax.opod.rewards import dagrpo_reward
 from porch_jax.opod.served_policy import ServedPolicy, describe, served_policy
 from porch_jax.progress import Stages, stage_times
@@ -414,6 +415,10 @@ def run_pipeline(cfg: ExperimentConfig) -> None:
     keys, before any stage runs. `methods` may differ: every stage a method shares with the others (expert, SFT,
     rollouts, attribution) reads sections the claim checks, and each method trains and evaluates in folders of its
     own, so a run can grow by methods, e.g. SFT and its evaluation first, the methods after SFT in a later call."""
+    if cfg.fork_from and (taken := fork(cfg, defaults=NEW_KEY_DEFAULTS)):
+        print(
+            f"forked from {cfg.fork_from}: " + ", ".join(str(p.relative_to(cfg.fork_from)) for p in taken), flush=True
+        )
     claim_run_dir(cfg.run_dir, cfg, may_change={"methods"}, defaults=NEW_KEY_DEFAULTS)
     run = Run(cfg)
 
