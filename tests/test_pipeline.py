@@ -149,6 +149,27 @@ def test_tiny_pipeline_runs_end_to_end_and_resumes(tmp_path):
     assert (run_dir / "results.md").read_text().split("Stage times")[0] == before_times and before_times != table
     assert (run_dir / "sft_selection.json").read_text() == selected  # the rates compared at the probe's step again
 
+    # A fork reads the same SFT policy's rollouts again (another attribution setting) without redoing what precedes
+    fork_dir, fork_config = tmp_path / "fork", tmp_path / "fork_quickstart.py"
+    fork_config.write_text(
+        config.read_text().replace(
+            "    return c\n",
+            f"    c.run_dir, c.fork_from = {str(fork_dir)!r}, {str(run_dir)!r}\n"
+            "    c.attribution = {'retries': 2}\n"  # the source's attribution had the default 1
+            "    c.methods = ('sft', 'opod')\n"
+            "    return c\n",
+        )
+    )
+    forked = _pipeline(fork_config)
+    assert forked.returncode == 0, forked.stdout[-3000:] + forked.stderr[-3000:]
+    assert f"forked from {run_dir}: " in forked.stdout and "train sft: done, skipped" in forked.stdout
+    assert "step 1/" not in forked.stdout and "attribution of SFT decisions (scripted judge): running" in forked.stdout
+    weights = "sft/export/model.safetensors"
+    assert os.stat(fork_dir / weights).st_ino == os.stat(run_dir / weights).st_ino  # linked, not copied
+    fork_results = json.loads((fork_dir / "results.json").read_text())
+    sft_row = next(m for m in results["methods"] if m["system"] == "sft")
+    assert next(m for m in fork_results["methods"] if m["system"] == "sft") == sft_row  # the same records, read
+
 
 @pytest.mark.slow
 def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
