@@ -5,9 +5,8 @@ up to the SFT policy's rollouts is the same whichever GRM reads them. A fork tak
 source run directory, so its pipeline finds them done and starts at attribution: the weights, checkpoints and
 compiled programs, which nothing writes again, as hard links where the file system allows (copies otherwise); the
 records (JSON lines a store appends to, JSON a stage rewrites) as copies, so no write of the fork reaches the
-source. The source's config must equal the fork's but for the keys
-that come after SFT's rollouts (FORK_MAY_CHANGE) and the resumable ones; a source whose SFT has not finished is
-refused. The fork's stage log starts empty: the linked stages' times are in the source's results.md.
+source. The source's config must equal the fork's but for the keys that come after SFT's rollouts
+(FORK_MAY_CHANGE) and the resumable ones (fork_from among them); a source whose SFT has not finished is refused. The fork's stage log starts empty: the linked stages' times are in the source's results.md.
 """
 
 from __future__ import annotations
@@ -25,13 +24,11 @@ from porch_jax.typed_config import RunDirError, refuse_other_run, resumable_keys
 
 # What a fork may change: what reads the SFT policy's rollouts (attribution), the methods trained after it, their
 # checkpoint selection, and the other frameworks (trained in folders of their own, never linked).
-FORK_MAY_CHANGE = frozenset(
-    {"methods", "attribution", "rwr", "opod", "opd_empty", "dagrpo", "selection", "frameworks", "fork_from"}
-)
+FORK_MAY_CHANGE = frozenset({"methods", "attribution", "rwr", "opod", "opd_empty", "dagrpo", "selection", "frameworks"})
 # The files of the stages before attribution: the expert's rollouts and the scripted judge's reading of them (the
 # SFT+hints rows), the initial model, SFT and its variants (every rate), the SFT policy's rollouts, the reference
 # rows' evaluations and the compilation cache.
-LINKED = (
+TAKEN = (
     "expert.jsonl",
     "expert_attribution.jsonl",
     "expert_attribution.jsonl.summary.json",
@@ -40,15 +37,16 @@ LINKED = (
     "rollouts.jsonl",
     "zero_shot",
     "jax_cache",
+    "eval/expert.jsonl",
+    "eval/zero_shot.jsonl",
 )
-LINKED_GLOBS = ("sft", "sft_lr*", "sft_hints", "sft_hints_lr*", "sft*_loss.png", "eval/sft*.jsonl")
-LINKED_EVALS = ("eval/expert.jsonl", "eval/zero_shot.jsonl")
+TAKEN_GLOBS = ("sft", "sft_lr*", "sft_hints", "sft_hints_lr*", "sft*_loss.png", "eval/sft*.jsonl")
 
 
 def forked_paths(source: Path) -> Iterator[Path]:
-    """The files and folders of `source` a fork links (module docstring), those that exist."""
-    names = [source / n for n in (*LINKED, *LINKED_EVALS)]
-    names += [p for pattern in LINKED_GLOBS for p in sorted(source.glob(pattern))]
+    """The files and folders of `source` a fork takes (module docstring), those that exist."""
+    names = [source / n for n in TAKEN]
+    names += [p for pattern in TAKEN_GLOBS for p in sorted(source.glob(pattern))]
     seen = set()
     for path in names:
         if path.exists() and path not in seen:
