@@ -13,6 +13,8 @@ test_opod.py checks it on the tiny model.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -28,7 +30,7 @@ from porch_jax.train import packing  # noqa: E402
 from porch_jax.train.methods import MethodConfig, make_method  # noqa: E402
 from porch_jax.trajectories import DecisionRecord, EpisodeRecord, Outcome  # noqa: E402
 
-# ~1.5 min of mostly XLA compilation (30 unrolled layers) on 2 quiet cores; shared cores stretch it.
+# Mostly one XLA compilation (30 unrolled layers): under a minute on 2 quiet cores; shared cores stretch it.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SYSTEM = "You orchestrate sub-agents. Reply with exactly one tool call."
@@ -105,10 +107,11 @@ def _batch(prompts_s, prompts_t, actions, t: int = 200) -> dict:
     return jax.tree.map(jnp.asarray, {"student": view(prompts_s), "teacher": view(prompts_t)})
 
 
-def _opd_loss_and_grads(model, batch):
-    """Our OPD part (methods.py's "opd", packed layout) and its gradient, the teacher a frozen copy of `model`."""
+@functools.cache
+def _opd_value_and_grad(graphdef):
+    """Our OPD part (methods.py's "opd", packed layout) and its gradient, jitted once per model structure: every
+    batch of this file has one shape, so the three evaluations share one compilation (30 unrolled layers)."""
     method = make_method(MethodConfig(name="opd"))
-    graphdef, params = nnx.split(model, nnx.Param)
 
     @jax.jit
     def run(params, frozen, batch):
@@ -118,7 +121,13 @@ def _opd_loss_and_grads(model, batch):
 
         return jax.value_and_grad(loss)(params)
 
-    value, grads = run(params, params, batch)
+    return run
+
+
+def _opd_loss_and_grads(model, batch):
+    """Our OPD loss and its gradient on `batch`, the teacher a frozen copy of `model`."""
+    graphdef, params = nnx.split(model, nnx.Param)
+    value, grads = _opd_value_and_grad(graphdef)(params, params, batch)
     return float(value), nnx.merge(graphdef, grads)
 
 
