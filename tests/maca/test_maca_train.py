@@ -1018,9 +1018,9 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
         cfg.encoder = "hashing"
         cfg.world.update({"num_train": 6, "num_eval": 6})
         cfg.prior.update({"rounds": 1, "samples": 2, "mlp_steps": 10})
-        cfg.grpo.update({"iterations": 3, "tasks_per_iteration": 2, "group_size": 2})
+        cfg.grpo.update({"iterations": 2, "tasks_per_iteration": 2, "group_size": 2})
         cfg.lambda_selection.enabled = False
-        cfg.seeds, cfg.systems, cfg.curve_every, cfg.checkpoint_every = (0,), ("maca", "grpo", "no_policy"), 1, 2
+        cfg.seeds, cfg.systems, cfg.curve_every, cfg.checkpoint_every = (0,), ("maca", "grpo", "no_policy"), 1, 1
         cfg.sweeps = {"gamma": (), "prior_kl_weight": ()}
         cfg.lm_check.enabled = False
         return from_dict(MacaConfig, cfg)
@@ -1035,18 +1035,18 @@ def test_launcher_resumes_a_crashed_run_and_refuses_another_config(tmp_path, mon
 
     def counting(self):
         iterations.append(self.variant.name)
-        if len(iterations) == 6:  # maca's 3, then grpo's 3rd: killed after grpo's checkpoint at iteration 2
+        if len(iterations) == 4:  # maca's 2, then grpo's 2nd: killed after grpo's checkpoint at iteration 1
             raise KeyboardInterrupt
         return real_rollout(self)
 
     monkeypatch.setattr(maca_train.GroupRollouts, "rollout", counting)
     with pytest.raises(KeyboardInterrupt):
         experiment.run(config(tmp_path / "run"), log=lambda s: None)
-    assert iterations == ["maca"] * 3 + ["grpo"] * 3
+    assert iterations == ["maca"] * 2 + ["grpo"] * 2
     iterations.clear()
     logs = []
     resumed = experiment.run(config(tmp_path / "run"), log=logs.append)
-    assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-2 checkpoint
+    assert iterations == ["grpo"]  # maca restored finished, grpo from its iteration-1 checkpoint
     assert any(line.startswith("prior restored from") for line in logs)
     assert comparable(resumed) == comparable(clean)
     moved = config(tmp_path / "run")  # a restarted server may move
