@@ -177,7 +177,10 @@ def test_tiny_pipeline_over_seed_sets_reports_the_sets(tmp_path):
     config = tmp_path / "tiny_seed_sets.py"
     text = CONFIG.format(run_dir=str(run_dir))
     assert text.count("    return c\n") == 1
-    config.write_text(text.replace("    return c\n", "    c.seed_sets = (0, 1)\n    return c\n"))
+    # The set's wiring on SFT and the methods it leaves untrained here (no successful rollout to reweight); every
+    # method's stages: the end-to-end test above; the aggregate's statistics: tests/eval/test_seed_sets.py
+    methods = "    c.methods = ('sft', 'rwr', 'opod')\n"
+    config.write_text(text.replace("    return c\n", f"    c.seed_sets = (0, 1)\n{methods}    return c\n"))
     done = _pipeline(config)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "##### seed set 1 (2 of 2)" in done.stdout
