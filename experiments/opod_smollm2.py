@@ -139,11 +139,11 @@ def get_config(arg: str | None = None) -> ConfigDict:
     c.log.every = 5
     c.optimizer.weight_decay = 0.0
     if a.smoke:
-        # Every stage once: the primary reading is attributed and reported, and OPOD trains on the secondary one
-        # (the scripted judge always flags some decisions, so the trainer's path runs whatever SmolLM2 flags); OPOD
-        # on the primary hints, OPD's controls and DA-GRPO train through code the miniature's tests run
-        # (tests/test_pipeline.py) and are left to the full run.
-        c.methods = ("sft", "rwr", "opod_secondary")
+        # SmolLM2 through every stage up to its training methods: SFT, its export served and its rollouts, both
+        # attributions (the base model's held reading reported beside the scripted judge's), the SFT row and the
+        # ceiling. The methods' stages run in the miniature (tests/test_pipeline.py); OPOD's step on SmolLM2 with
+        # its student sampled on the vLLM server and pushed each step: tests/serving/test_smollm2_served_opd.py.
+        c.methods = ("sft",)
         c.expert_rollouts = ConfigDict({"num_tasks": 8, "seed_start": 0, "prefix": "train"})
         # A policy after a few dozen SFT steps loops or garbles tool names at temperature 1; at 0.7 it delegates.
         c.rollouts = ConfigDict({"num_tasks": 2, "seed_start": 20_000, "prefix": "roll", "temperature": 0.7})

