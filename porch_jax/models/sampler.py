@@ -18,8 +18,8 @@ Why it looks the way it does:
 - A row's draws depend only on its own seed (its PRNG key is `key(seed)`, folded with the decode
   step), never on its position in the batch, so callers that give each row its own seed get the
   same samples however the rows are ordered or batched.
-- With `prefix_cache_bytes`, a prompt that extends a sequence served recently (a conversation's next decision)
-  starts from that sequence's keys and values (models/prefix_cache.py): they are placed in the cache's first slots,
+- With `prefix_cache_bytes`, a prompt that extends a sequence served recently (a conversation's next decision, or a
+  row `score` or `next_token_logprobs` read: the held GRM's hint after its scored flag) starts from that sequence's keys and values (models/prefix_cache.py): they are placed in the cache's first slots,
   right-aligned, and only the rest of the prompt is prefilled after them, its positions continuing the prefix's.
   Rows reuse prefixes of different lengths in one batch; every slot that holds no token is masked. Attention over
   the same tokens gives the same keys and values, so greedy tokens equal the uncached path's. It runs on decoders
@@ -184,6 +184,7 @@ class Sampler:
             self._generate_impl, static_argnames=("cache_len", "keep_cache"), out_shardings=replicated
         )
         self._score = jax.jit(self._score_impl, out_shardings=replicated)
+        self._score_keeping = jax.jit(self._score_keeping_impl)
         self.prefixes = None
         if prefix_cache_bytes:
             if mesh is not None or not isinstance(_empty_cache(model, 1, 1, self.cache_dtype), KVCache):
@@ -264,6 +265,8 @@ class Sampler:
                     f"row {i} has {len(row)} tokens; the largest prompt bucket is {self.prompt_buckets[-1]}"
                 )
         state = nnx.state(self.model)
+        if self.prefixes is not None and not self._same_weights(state):
+            self.prefixes.clear()
         out: list[list[float]] = [[] for _ in rows]
         for picks in self._batches(sorted(range(len(rows)), key=lambda i: len(rows[i])), [len(r) for r in rows]):
             chunk, where = [rows[i] for i in picks], [positions[i] for i in picks]
@@ -278,7 +281,10 @@ class Sampler:
                 tokens[b, : len(row)], mask[b, : len(row)] = row, True
                 index[b, : len(pos)] = [c for c, _ in pos]
                 targets[b, : len(pos)] = [t for _, t in pos]
-            if self.mesh is None:
+            if self.prefixes is not None:  # the rows' keys and values stay for a request that extends a row
+                picked, cache = self._score_keeping(state, tokens, mask, index, targets)
+                self._remember_rows(cache, chunk)
+            elif self.mesh is None:
                 picked = self._score(state, tokens, mask, index, targets)
             else:
                 with jax.set_mesh(self.mesh):
@@ -446,6 +452,17 @@ class Sampler:
             tokens = list(prompt) + out_tokens[b, : max(int(lengths[b]) - 1, 0)].tolist()
             self.prefixes.put(tokens, k_rows[b], v_rows[b])
 
+    def _remember_rows(self, cache: tuple[jax.Array, jax.Array], rows: list[list[int]]) -> None:
+        """Stores each scored row (right-padded: its tokens in the cache's first slots) with its keys and values, as
+        `_remember` stores a generated sequence."""
+        width = _round_up_pow2(max(map(len, rows)), lo=MIN_REUSE)
+        slots = np.zeros((cache[0].shape[1], width), np.int32)
+        for b, row in enumerate(rows):
+            slots[b, : len(row)] = np.arange(len(row))
+        k_rows, v_rows = _gather_slots(*cache, jnp.asarray(slots))
+        for b, row in enumerate(rows):
+            self.prefixes.put(row, k_rows[b], v_rows[b])
+
     def _rows_on_mesh(self, x: np.ndarray) -> jax.Array:
         """A host array [batch, ...], the same in every process, as a global array with its rows over the mesh's
         batch axes: each process transfers only the rows its devices hold."""
@@ -482,6 +499,15 @@ class Sampler:
         hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)  # [B, K, H]: only the scored positions
         logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
         return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+    def _score_keeping_impl(self, state, tokens, mask, index, targets):
+        """`_score_impl` through the KV cache (a first prefill, blockwise as in `generate`), which it returns."""
+        model = nnx.merge(self._graphdef, state)
+        cache = _empty_cache(model, tokens.shape[0], tokens.shape[1], self.cache_dtype)
+        hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache, cache_index=0)
+        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
+        logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
+        return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0], (cache.k, cache.v)
 
     def _generate_impl(
         self,

@@ -175,7 +175,12 @@ def base_model_grm(cfg: ExperimentConfig, reading: str) -> Backend:
             return endpoint.backend()
         return HeldGRM(ServedReader(CompletionsClient(endpoint.backend(seed=cfg.seed))), tokenizer)
     sampler = Sampler(
-        from_pretrained(folder), tokenizer, max_len=GRM_MAX_LEN, prompt_buckets=GRM_BUCKETS, batch_buckets=GRM_BATCH
+        from_pretrained(folder),
+        tokenizer,
+        max_len=GRM_MAX_LEN,
+        prompt_buckets=GRM_BUCKETS,
+        batch_buckets=GRM_BATCH,
+        prefix_cache_bytes=GRM_PREFIX_CACHE_BYTES if reading == "held" else 0,
     )
     return EmbeddedBackend(sampler, seed=cfg.seed) if reading == "free" else HeldGRM(SamplerReader(sampler), tokenizer)
 
@@ -183,6 +188,9 @@ def base_model_grm(cfg: ExperimentConfig, reading: str) -> Backend:
 GRM_BUCKETS, GRM_MAX_LEN = (512, 1024, 1536, 2048), 2176
 # One batch size: the attribution job's concurrent decisions share a call, and each program compiles once per length.
 GRM_BATCH = (8,)
+# The held reading's hint extends the prompt its flag was scored after: the scoring pass keeps each prompt's keys and
+# values (a batch of 8 prompts of up to 2,048 tokens: ~0.7 GiB for SmolLM2), so the hint prefills only its opening.
+GRM_PREFIX_CACHE_BYTES = 2**30
 
 
 def attribute(

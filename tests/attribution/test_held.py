@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 from fake_openai import FakeOpenAIServer, Step
 
@@ -123,6 +124,30 @@ def test_served_completions_are_retried_as_chat_is():
     finally:
         flaky.close()
         refused.close()
+
+
+def test_the_hint_starts_from_the_keys_its_flag_was_scored_with(tiny):
+    """With a prefix cache (the experiment's held GRM) scoring the flag keeps the prompt's keys and values, and the
+    hint after "FLAG: true\\nHINT:" prefills only what it adds: same flag log-probabilities, same hint."""
+    from porch_jax.models.sampler import Sampler
+
+    sampler, tokenizer = tiny
+    reusing = Sampler(sampler.model, tokenizer, max_len=1024, prompt_buckets=(768,), prefix_cache_bytes=2**26)
+    grm = HeldGRM(SamplerReader(sampler), tokenizer)
+    base = prompt_ids(tokenizer, grm_request(UNIT, Sampling()).messages)
+    sampling = Sampling(temperature=0.0, max_tokens=16)
+
+    async def flag_then_hint(reader):
+        return await reader.logprobs(base + grm.flag_opening, grm.choices), await reader.complete(
+            base + grm.hint_opening, sampling
+        )
+
+    (got_flag, got_hint), (want_flag, want_hint) = (
+        asyncio.run(flag_then_hint(SamplerReader(s))) for s in (reusing, sampler)
+    )
+    np.testing.assert_allclose(got_flag, want_flag, atol=1e-5)
+    assert got_hint == want_hint
+    assert reusing.prefixes.stats()["reused_tokens"] >= len(base)
 
 
 def test_concurrent_requests_share_one_sampler_call():

@@ -264,6 +264,26 @@ def test_prefix_reuse_gives_the_uncached_tokens_and_logprobs(model, tokenizer, s
     assert stats["hits"] >= 6 and stats["reused_fraction"] > 0.5, stats  # turns 2 and 3 reuse most of each prompt
 
 
+def test_a_scored_row_is_reused_by_a_generation_that_extends_it(model, tokenizer, sampler, prompts):
+    """The held GRM scores its flag after a prompt, then generates the hint after the prompt and the flag: with a
+    prefix cache the scoring pass keeps each row's keys and values, the generation prefills only what it adds, and
+    both give what the uncached sampler gives."""
+    reusing = Sampler(model, tokenizer, **BUCKETS, prefix_cache_bytes=2**26)
+    rows = [p + list(range(20, 40)) for p in prompts[:3]]  # each long enough to be worth reusing
+    candidates = [11, 12, 13]
+    np.testing.assert_allclose(
+        reusing.next_token_logprobs(rows, candidates), sampler.next_token_logprobs(rows, candidates), atol=1e-5
+    )
+    assert len(reusing.prefixes) == 3  # one entry a scored row
+    extended = [r + [9, 10, 11] for r in rows]
+    got, want = reusing.generate(extended, GREEDY), sampler.generate(extended, GREEDY)
+    for g, w in zip(got, want, strict=True):
+        assert g.token_ids == w.token_ids
+        np.testing.assert_allclose(g.logprobs, w.logprobs, atol=1e-5)
+    stats = reusing.prefixes.stats()
+    assert stats["hits"] == 3 and stats["reused_tokens"] == sum(len(r) for r in rows), stats
+
+
 def test_the_prefix_cache_is_bounded_and_cleared_when_the_weights_change(model, tokenizer, prompts):
     reusing = Sampler(model, tokenizer, **BUCKETS, prefix_cache_bytes=2**26)
     reusing.generate(prompts[:4], GREEDY)
