@@ -34,7 +34,7 @@ KEY_ENV = "PORCH_TEST_POLICY_KEY"
 
 
 def _pipeline(*overrides: str, env: dict[str, str] | None = None, timeout: float = 1500) -> subprocess.CompletedProcess:
-    """A hang guard, not a speed check: the smoke takes ~450 s on 2 quiet cores."""
+    """A hang guard, not a speed check: the smoke takes ~310 s on 2 quiet cores."""
     return subprocess.run(
         [sys.executable, "-m", "launch.pipeline", f"--config={CONFIG}", *overrides],
         cwd=ROOT,
