@@ -19,8 +19,9 @@ Why it looks the way it does:
   step), never on its position in the batch, so callers that give each row its own seed get the
   same samples however the rows are ordered or batched.
 - With `prefix_cache_bytes`, a prompt that extends a sequence served recently (a conversation's next decision, or a
-  row `score` or `next_token_logprobs` read: the held GRM's hint after its scored flag) starts from that sequence's keys and values (models/prefix_cache.py): they are placed in the cache's first slots,
-  right-aligned, and only the rest of the prompt is prefilled after them, its positions continuing the prefix's.
+  row `score` or `next_token_logprobs` read: the held GRM's hint after its scored flag) starts from that sequence's
+  keys and values (models/prefix_cache.py): they are placed in the cache's first slots, right-aligned, and only the
+  rest of the prompt is prefilled after them, its positions continuing the prefix's.
   Rows reuse prefixes of different lengths in one batch; every slot that holds no token is masked. Attention over
   the same tokens gives the same keys and values, so greedy tokens equal the uncached path's. It runs on decoders
   with a plain KV cache, without a mesh (the evaluation's embedded sampler); a hybrid model's recurrent state and a
