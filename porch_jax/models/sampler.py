@@ -284,7 +284,7 @@ class Sampler:
                 targets[b, : len(pos)] = [t for _, t in pos]
             if self.prefixes is not None:  # the rows' keys and values stay for a request that extends a row
                 picked, cache = self._score_keeping(state, tokens, mask, index, targets)
-                self._remember_rows(cache, chunk)
+                self._store(cache, chunk, [np.arange(len(row)) for row in chunk])  # right-padded: first slots
             elif self.mesh is None:
                 picked = self._score(state, tokens, mask, index, targets)
             else:
@@ -428,9 +428,7 @@ class Sampler:
 
     def _remember(self, cache, prompts, reused, out_tokens, lengths, prefix_len: int, chunk: int) -> None:
         """Stores each row's prompt and sampled tokens (all but the last, whose keys the loop never wrote) with
-        their keys and values, gathered from the slots they occupy in one jitted call; each entry's arrays are
-        padded to a power-of-two length (the entry knows its true length from its tokens)."""
-        k_all, v_all = cache
+        their keys and values, from the slots they occupy."""
         rows = []
         for b, prompt in enumerate(prompts):
             sampled = max(int(lengths[b]) - 1, 0)
@@ -444,25 +442,21 @@ class Sampler:
                     ]
                 )
             )
-        width = _round_up_pow2(max(len(r) for r in rows), lo=MIN_REUSE)
-        slots = np.zeros((k_all.shape[1], width), np.int32)  # every cache row, so the gather's shape is the batch's
-        for b, r in enumerate(rows):
-            slots[b, : len(r)] = r
-        k_rows, v_rows = _gather_slots(k_all, v_all, jnp.asarray(slots))
-        for b, prompt in enumerate(prompts):
-            tokens = list(prompt) + out_tokens[b, : max(int(lengths[b]) - 1, 0)].tolist()
-            self.prefixes.put(tokens, k_rows[b], v_rows[b])
+        sequences = [list(p) + out_tokens[b, : max(int(lengths[b]) - 1, 0)].tolist() for b, p in enumerate(prompts)]
+        self._store(cache, sequences, rows)
 
-    def _remember_rows(self, cache: tuple[jax.Array, jax.Array], rows: list[list[int]]) -> None:
-        """Stores each scored row (right-padded: its tokens in the cache's first slots) with its keys and values, as
-        `_remember` stores a generated sequence."""
-        width = _round_up_pow2(max(map(len, rows)), lo=MIN_REUSE)
-        slots = np.zeros((cache[0].shape[1], width), np.int32)
-        for b, row in enumerate(rows):
-            slots[b, : len(row)] = np.arange(len(row))
-        k_rows, v_rows = _gather_slots(*cache, jnp.asarray(slots))
-        for b, row in enumerate(rows):
-            self.prefixes.put(row, k_rows[b], v_rows[b])
+    def _store(self, cache: tuple[jax.Array, jax.Array], sequences: list[list[int]], slots: list[np.ndarray]) -> None:
+        """Puts each cache row's token sequence in the prefix cache with its keys and values, read from that row's
+        `slots` (one per token) in one jitted gather; each entry's arrays are padded to a power-of-two length (the
+        entry knows its true length from its tokens)."""
+        k_all, v_all = cache
+        width = _round_up_pow2(max(len(r) for r in slots), lo=MIN_REUSE)
+        table = np.zeros((k_all.shape[1], width), np.int32)  # every cache row, so the gather's shape is the batch's
+        for b, r in enumerate(slots):
+            table[b, : len(r)] = r
+        k_rows, v_rows = _gather_slots(k_all, v_all, jnp.asarray(table))
+        for b, tokens in enumerate(sequences):
+            self.prefixes.put(tokens, k_rows[b], v_rows[b])
 
     def _rows_on_mesh(self, x: np.ndarray) -> jax.Array:
         """A host array [batch, ...], the same in every process, as a global array with its rows over the mesh's
@@ -496,19 +490,14 @@ class Sampler:
 
     def _score_impl(self, state, tokens, mask, index, targets):
         model = nnx.merge(self._graphdef, state)
-        hidden = model.hidden_states(tokens, attention_mask=mask)
-        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)  # [B, K, H]: only the scored positions
-        logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
-        return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return _picked_logprobs(model, model.hidden_states(tokens, attention_mask=mask), index, targets)
 
     def _score_keeping_impl(self, state, tokens, mask, index, targets):
         """`_score_impl` through the KV cache (a first prefill, blockwise as in `generate`), which it returns."""
         model = nnx.merge(self._graphdef, state)
         cache = _empty_cache(model, tokens.shape[0], tokens.shape[1], self.cache_dtype)
         hidden, cache = model.hidden_states(tokens, attention_mask=mask, cache=cache, cache_index=0)
-        hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
-        logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
-        return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0], (cache.k, cache.v)
+        return _picked_logprobs(model, hidden, index, targets), (cache.k, cache.v)
 
     def _generate_impl(
         self,
@@ -608,6 +597,14 @@ def _empty_cache(model: nnx.Module, batch: int, max_len: int, dtype) -> Any:
     if hasattr(model, "init_cache"):
         return model.init_cache(batch, max_len, dtype)
     return KVCache.init(model.config, batch, max_len, dtype)
+
+
+def _picked_logprobs(model: nnx.Module, hidden: jax.Array, index: jax.Array, targets: jax.Array) -> jax.Array:
+    """The raw log-probability of targets [B, K] predicted at columns index [B, K] of hidden [B, T, H]; the head
+    runs only at the scored positions."""
+    hidden = jnp.take_along_axis(hidden, index[..., None], axis=1)
+    logp = jax.nn.log_softmax(_logits(hidden, model.lm_head_kernel()), axis=-1)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
 def _logits(hidden: jax.Array, head: jax.Array) -> jax.Array:
