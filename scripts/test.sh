@@ -25,4 +25,6 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = "0" ] && command -v a
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) \
     || echo "chromium install failed: the viewer test will skip"
 fi
-exec python -m pytest "$@"
+# Two pytest-xdist workers (PORCH_TEST_WORKERS; 0 runs in this process): tests/conftest.py puts every test that
+# starts a vLLM server or loads SmolLM2 in one group on one worker, and the other takes the tiny-model tests.
+exec python -m pytest -n "${PORCH_TEST_WORKERS:-2}" --dist loadgroup "$@"

@@ -47,3 +47,21 @@ def smollm2_server(smollm2_dir, tmp_path_factory):
     with VLLMServer(smollm2_dir, run_dir, api_key="smollm2-test-key", config=config) as server:
         print(f"\nSmolLM2 vLLM server ready in {server.startup_s:.1f} s")
         yield server
+
+
+# Under pytest-xdist (scripts/test.sh runs two workers), the tests that start a vLLM server or load SmolLM2 run in one
+# group on one worker: the session's one SmolLM2 server and one tiny server stay one each, and no two of these
+# multi-GB processes compete for memory, while the other worker takes the tiny-model tests, most of whose time is
+# single-threaded XLA compilation.
+SERVER_GROUP = "vllm_and_smollm2"
+SERVER_FIXTURES = frozenset({"smollm2_dir", "smollm2_server", "vllm_server"})
+SERVER_PATHS = ("tests/serving/", "tests/eval/test_launch_eval.py")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    root = config.rootpath
+    for item in items:
+        path = item.path.relative_to(root).as_posix()
+        if SERVER_FIXTURES & set(item.fixturenames) or path.startswith(SERVER_PATHS):
+            item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
