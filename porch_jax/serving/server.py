@@ -74,7 +74,8 @@ class ServerConfig:
     vLLM pins one thread per core, so when another process holds one of those cores the pinned thread gets half
     of it while its peers spin at every barrier: SmolLM2's 64 greedy tokens took 101 s on 2 cores with one kept
     busy (2.4 s quiet). Spinning 10,000 rounds then sleeping: 13.6 s busy, 2.5 s quiet; sleeping at once
-    (OMP_WAIT_POLICY=passive): 9.1 s busy but 3.3 s quiet. A value set in the environment wins."""
+    (OMP_WAIT_POLICY=passive): 9.1 s busy but 3.3 s quiet. A value set in the environment wins: the tests' two workers
+    keep both cores busy and set GOMP_SPINCOUNT=0 (tests/conftest.py)."""
 
     device: Literal["auto", "cpu", "gpu"] = "auto"
     tensor_parallel_size: int = 1
