@@ -119,13 +119,17 @@ def test_a_first_completion_that_never_comes_is_bounded_by_the_startup_timeout(t
     assert time.perf_counter() - t0 < 6.0 + 2.0 + 5.0 and s.process is None  # the bound, the stop, slack
 
 
-def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, model_dir):
+def test_command_keeps_the_key_out_of_argv_and_config_rejects_typos(tmp_path, model_dir, monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)  # the tests' workers set it (tests/conftest.py)
     s = server(tmp_path, model_dir, "exit 0\n")
     cmd, env = s.command(), s.environment()
     assert "k" not in cmd and env["VLLM_API_KEY"] == "k" and env["VLLM_SERVER_DEV_MODE"] == "1"
     assert cmd[cmd.index("--kv-cache-memory-bytes") + 1] == str(128 * 2**20) and "--enforce-eager" in cmd
     assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" and "PYTHONPATH" not in env
     assert env["GOMP_SPINCOUNT"] == "10000"  # CPU threads sleep soon at a barrier (a busy core must not stall them)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "0")
+    assert s.environment()["GOMP_SPINCOUNT"] == "0"  # the environment's value wins
+    monkeypatch.delenv("GOMP_SPINCOUNT")
     with pytest.raises(ValueError, match="tensor_paralel_size"):
         ServerConfig.from_mapping({"tensor_paralel_size": 2})
     assert ServerConfig.from_mapping({"tensor_parallel_size": 2, "extra_args": ["--x"]}).extra_args == ("--x",)
