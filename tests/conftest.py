@@ -58,8 +58,9 @@ def smollm2_server(smollm2_dir, tmp_path_factory):
 # group on one worker: the session's one SmolLM2 server and one tiny server stay one each, and no two of these
 # multi-GB processes compete for memory, while the other worker takes the tiny-model tests, most of whose time is
 # single-threaded XLA compilation.
+# `smollm2_dir` is in the fixture closure of every SmolLM2 test (the server's too); the tiny `vllm_server` lives in
+# tests/serving/conftest.py, so the paths cover its users.
 SERVER_GROUP = "vllm_and_smollm2"
-SERVER_FIXTURES = frozenset({"smollm2_dir", "smollm2_server", "vllm_server"})
 SERVER_PATHS = ("tests/serving/", "tests/eval/test_launch_eval.py")
 
 
@@ -68,5 +69,5 @@ def pytest_collection_modifyitems(config, items):
     root = config.rootpath
     for item in items:
         path = item.path.relative_to(root).as_posix()
-        if SERVER_FIXTURES & set(item.fixturenames) or path.startswith(SERVER_PATHS):
+        if "smollm2_dir" in item.fixturenames or path.startswith(SERVER_PATHS):
             item.add_marker(pytest.mark.xdist_group(SERVER_GROUP))
