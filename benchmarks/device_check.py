@@ -76,7 +76,8 @@ def plan(cpu: bool, memory_limit: float | None) -> list[tuple[str, list[str], fl
         # machine; its memory analysis compiles only what the MFU part timed (remat off: that program is in the
         # shared compilation cache at 2 rows), since the remat comparison has its own test.
         limit = 150
-        tiny = ["--shape", "tiny", "--mesh", "1,1,1", "--rows", "1", "--seq", "128", "--action", "32", "--remat", "false"]
+        tiny = ["--shape", "tiny", "--mesh", "1,1,1", "--rows", "1", "--seq", "128", "--action", "32",
+                "--remat", "false"]  # fmt: skip
         return [
             ("mfu", ["benchmarks/bench_mfu.py", "--shape", "tiny", "--dtype", "bf16", "--rows", "2", "--seq", "128",
                      "--action", "32", "--steps", "2"], limit, {}),
