@@ -3,7 +3,9 @@
 XLA reads the flag when the backend starts, so it must be set before anything imports jax.
 """
 
+import gc
 import os
+import sys
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -52,6 +54,18 @@ def smollm2_server(smollm2_dir, tmp_path_factory):
     with VLLMServer(smollm2_dir, run_dir, api_key="smollm2-test-key", config=config) as server:
         print(f"\nSmolLM2 vLLM server ready in {server.startup_s:.1f} s")
         yield server
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _release_compiled_programs():
+    """Drops jax's in-memory compilation caches after each test module. A worker's executables otherwise pile up over
+    the session's hundreds of distinct tiny programs (~6 GB by the end), beside the SmolLM2 servers and pipeline
+    subprocesses on the other worker; a module's programs are its own, and tests/train's persistent compilation cache
+    (tiny_data.XLA_CACHE) serves the few that recur."""
+    yield
+    if "jax" in sys.modules:
+        sys.modules["jax"].clear_caches()
+        gc.collect()
 
 
 # Under pytest-xdist (scripts/test.sh runs two workers), the tests that start a vLLM server or load SmolLM2 run in one
