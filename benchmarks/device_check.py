@@ -11,7 +11,7 @@ with no network and no weights (scripts/device_check.sh runs it).
 
 Each part runs in its own process (a part that fails or runs out of memory is a line in the report, not the end of
 the check) with a time limit. Written to OUT: device_check.json (every figure) and device_check.md (the tables).
-The CPU form (``--cpu``) runs the same parts at the tiny shape, for CI.
+The CPU form (``--cpu``) runs the same parts at the tiny shape, for CI (the memory analysis without remat).
 """
 
 from __future__ import annotations

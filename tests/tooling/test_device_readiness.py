@@ -100,7 +100,7 @@ def _device_check(tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
         env={**clean, "OUT": str(tmp_path / "out"), **env},
         capture_output=True,
         text=True,
-        timeout=420,  # a hang guard, not a speed check: ~120 s on 2 quiet cores, ~170 s on a slow CI machine
+        timeout=420,  # a hang guard, not a speed check: ~45 s on 2 quiet cores, minutes on busy shared ones
     )
 
 
