@@ -40,6 +40,7 @@ from porch_jax.maca.pools import Agent, AgentPool
 from porch_jax.maca.settings import AdaptiveTraining, MaasConfig
 
 Check = Callable[[BenchmarkTask, str], bool]  # the benchmark's checker: is this answer correct?
+Progress = Callable[[int, str], None]  # (units done, text): a porch_jax.progress.ProgressLine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,13 +361,15 @@ async def reinforce(
     *,
     seed: int = 0,
     concurrency: int = 8,
+    progress: Progress | None = None,
 ) -> tuple[Policy, list[dict[str, Any]]]:
     """`config.iterations` REINFORCE updates: each samples `config.samples` episodes of the current policy on each
     of the iteration's tasks (at most `concurrency` at once), scores them with the benchmark's checker and moves the
     weights by learning_rate * mean((reward - the task's mean reward) * score). Episode k of task b in iteration i
     draws from its own generator (seed, i, b, k), so a rerun samples the same episodes whatever order the calls
     finish in, and the response cache replays them. Returns the policy and, per iteration, the number of episodes
-    and their mean reward, accuracy, tokens and calls."""
+    and their mean reward, accuracy, tokens and calls; `progress` gets (iterations done, a line of the last one's
+    figures) after each."""
     if not queries:
         return policy, []
     limit = asyncio.Semaphore(concurrency)
@@ -394,6 +397,13 @@ async def reinforce(
                 "calls": float(np.mean([e.result.calls for e, _ in runs])),
             }
         )
+        if progress is not None:
+            last = history[-1]
+            progress(
+                i + 1,
+                f"iteration {i + 1}/{config.iterations}: reward {last['reward']:.3f}, accuracy {last['accuracy']:.2f}, "
+                f"{last['tokens']:,.0f} tokens an episode",
+            )
     return policy, history
 
 
@@ -407,6 +417,7 @@ async def train_maas(
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
     concurrency: int = 8,
+    progress: Progress | None = None,
 ) -> tuple[MaasController, list[dict[str, Any]]]:
     """MaAS's controller trained on `queries` (the training tasks) from the uniform supernet."""
 
@@ -414,7 +425,7 @@ async def train_maas(
         return await maas(backend, query, controller, encoder, rng=rng, greedy=False, sampling=sampling)
 
     start = maas_controller(encoder.dim, config.layers)
-    return await reinforce(start, queries, run, check, config, seed=seed, concurrency=concurrency)
+    return await reinforce(start, queries, run, check, config, seed=seed, concurrency=concurrency, progress=progress)
 
 
 async def train_puppeteer(
@@ -429,6 +440,7 @@ async def train_puppeteer(
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
     concurrency: int = 8,
+    progress: Progress | None = None,
 ) -> tuple[PuppeteerPolicy, list[dict[str, Any]]]:
     """Puppeteer's policy trained on `queries` (the training tasks) from the uniform one."""
 
@@ -438,7 +450,7 @@ async def train_puppeteer(
         )
 
     start = puppeteer_policy(encoder.dim, len(pool))
-    return await reinforce(start, queries, run, check, config, seed=seed, concurrency=concurrency)
+    return await reinforce(start, queries, run, check, config, seed=seed, concurrency=concurrency, progress=progress)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)

@@ -56,6 +56,7 @@ from porch_jax.maca.prior import (
 from porch_jax.maca.settings import ADAPTIVE, VARIANTS, training_scope
 from porch_jax.maca.synthetic import SyntheticPool, make_tasks
 from porch_jax.maca.train import GRPOConfig, Variant
+from porch_jax.progress import ProgressLine
 from porch_jax.train.mesh import make_mesh
 from porch_jax.typed_config import claim_run_dir, to_dict
 
@@ -462,11 +463,14 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
     exemplars = [t.source for t in study.train_tasks]  # ComplexCoT's pool: never a held-out task
     before = scope_counts(study.world.backend)
     learned, training = train_adaptive_baselines(cfg, setup, log)
+    total, finished = len(cfg.baselines.systems) * len(study.eval_tasks), 0
+    line = ProgressLine(total, log, unit="episodes")
 
     async def one(name: str, task: OrchestrationTask, seed: int) -> baselines.RunResult:
+        nonlocal finished
         async with limit:
             with scope(name):
-                return await multi_agent.run_system(
+                result = await multi_agent.run_system(
                     name,
                     study.world.backend,
                     task.source,
@@ -479,6 +483,9 @@ def run_baselines(cfg: MacaConfig, setup: Setup, log: Callable[[str], None]) -> 
                     seed=seed,
                     learned=learned,
                 )
+        finished += 1
+        line(finished, f"baselines: {finished}/{total} episodes")
+        return result
 
     async def every_system() -> list[list[baselines.RunResult]]:
         # every system's tasks at once under one bound: the served agents batch what is in flight
@@ -550,6 +557,7 @@ def train_adaptive_baselines(
             sampling=cfg.backend.sampling,
             seed=cfg.seed,
             concurrency=b.concurrency,
+            log=log,
         )
     )
     seconds = time.perf_counter() - start

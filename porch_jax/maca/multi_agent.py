@@ -42,6 +42,7 @@ from porch_jax.maca.encoder import SentenceEncoder
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.pools import Agent, AgentPool
 from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT, AdaptiveTraining, MaasConfig, training_scope
+from porch_jax.progress import ProgressLine
 
 TOPOLOGIES = ("chain", "tree", "mesh")
 
@@ -501,17 +502,34 @@ async def train_adaptive(
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
     concurrency: int = 8,
+    log: Callable[[str], None] | None = None,
 ) -> tuple[Learned, dict[str, list[dict]]]:
     """Trains each adaptive system of `names` on `tasks` (the training split, scored by `check`) through `backend`;
     returns what they learned (for `run_system`) and each one's training history. Puppeteer's episodes have
     `max_steps` agents at most, as at test time. Each system's calls count under the response cache's scope
-    `training_scope(name)`."""
+    `training_scope(name)`. With `log`, each system's training logs its iterations with rate and ETA."""
     learned, history = Learned(encoder), {}
+
+    def progress(name: str, iterations: int) -> ProgressLine | None:
+        return (
+            None
+            if log is None
+            else ProgressLine(iterations, lambda line: log(f"{name} training: {line}"), unit="iterations")
+        )
+
     if "maas" in names:
         queries = [adaptive_query("maas", t, pool) for t in tasks]
         with scope(training_scope("maas")):
             controller, history["maas"] = await train_maas(
-                backend, queries, check, encoder, maas_config, sampling=sampling, seed=seed, concurrency=concurrency
+                backend,
+                queries,
+                check,
+                encoder,
+                maas_config,
+                sampling=sampling,
+                seed=seed,
+                concurrency=concurrency,
+                progress=progress("maas", maas_config.iterations),
             )
         learned = dataclasses.replace(learned, maas=controller)
     if "puppeteer" in names:
@@ -528,6 +546,7 @@ async def train_adaptive(
                 sampling=sampling,
                 seed=seed,
                 concurrency=concurrency,
+                progress=progress("puppeteer", puppeteer_config.iterations),
             )
         learned = dataclasses.replace(learned, puppeteer=policy)
     return learned, history

@@ -298,7 +298,7 @@ def test_puppeteer_trajectory_is_the_agents_it_chose():
 def test_adaptive_systems_train_and_run_by_name():
     assert set(ADAPTIVE) <= set(BASELINES)
     small = {"iterations": 2, "tasks_per_iteration": 2, "samples": 2}
-    rec = Recorder(team_model)
+    rec, lines = Recorder(team_model), []
     learned, history = asyncio.run(
         train_adaptive(
             ADAPTIVE,
@@ -310,9 +310,14 @@ def test_adaptive_systems_train_and_run_by_name():
             maas_config=MaasConfig(**small),
             puppeteer_config=AdaptiveTraining(**small),
             max_steps=2,
+            log=lines.append,
         )
     )
     assert learned.maas is not None and learned.puppeteer is not None and set(history) == set(ADAPTIVE)
+    for name in ADAPTIVE:  # a line at most every 30 s and at the last iteration, with its figures, rate and ETA
+        mine = [line for line in lines if line.startswith(f"{name} training: iteration")]
+        assert mine and mine[-1].startswith(f"{name} training: iteration 2/2: reward "), lines
+        assert "iterations/s, ETA 0:00:00" in mine[-1], lines
     for name in ADAPTIVE:
         rec = Recorder(team_model)
         result = asyncio.run(run_system(name, rec.backend, HELD_OUT[0], POOL, None, learned=learned, max_steps=2))

@@ -161,6 +161,8 @@ def test_the_table_trains_transfers_resumes_from_its_results_and_cache_and_adds_
         assert added["model_calls"] == {"complex_cot": 2} and added["other_model_calls"] == 0
         assert f"[table] {b}: added complex_cot in {added['seconds']:.1f} s" in "\n".join(lines)
     assert sum("existing systems and setup: 0 calls" in line for line in lines) == len(names)
+    # the evaluation's progress line: at most every 30 s and at its last episode, with rate and ETA
+    assert sum(f"[{b}] baselines: 2/2 episodes | " in line for b in names for line in lines) == len(names), lines
     assert "| complex_cot |" in (tmp_path / "table" / "table.md").read_text()
 
     # anything else changed is refused: by the table's record, and by each benchmark's own when one would run
