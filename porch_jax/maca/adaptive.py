@@ -38,9 +38,9 @@ from porch_jax.maca.baselines import (
 from porch_jax.maca.encoder import SentenceEncoder
 from porch_jax.maca.pools import Agent, AgentPool
 from porch_jax.maca.settings import AdaptiveTraining, MaasConfig
+from porch_jax.progress import ProgressLine
 
 Check = Callable[[BenchmarkTask, str], bool]  # the benchmark's checker: is this answer correct?
-Progress = Callable[[int, str], None]  # (units done, text): a porch_jax.progress.ProgressLine
 
 
 @dataclasses.dataclass(frozen=True)
@@ -361,18 +361,19 @@ async def reinforce(
     *,
     seed: int = 0,
     concurrency: int = 8,
-    progress: Progress | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[Policy, list[dict[str, Any]]]:
     """`config.iterations` REINFORCE updates: each samples `config.samples` episodes of the current policy on each
     of the iteration's tasks (at most `concurrency` at once), scores them with the benchmark's checker and moves the
     weights by learning_rate * mean((reward - the task's mean reward) * score). Episode k of task b in iteration i
     draws from its own generator (seed, i, b, k), so a rerun samples the same episodes whatever order the calls
     finish in, and the response cache replays them. Returns the policy and, per iteration, the number of episodes
-    and their mean reward, accuracy, tokens and calls; `progress` gets (iterations done, a line of the last one's
-    figures) after each."""
+    and their mean reward, accuracy, tokens and calls; `progress` gets a line (the last iteration's figures, rate,
+    ETA) at most every 30 s and after the last."""
     if not queries:
         return policy, []
     limit = asyncio.Semaphore(concurrency)
+    line = None if progress is None else ProgressLine(config.iterations, progress, unit="iterations")
 
     async def episode(current: Policy, i: int, b: int, k: int) -> tuple[Episode, bool]:
         async with limit:
@@ -397,9 +398,9 @@ async def reinforce(
                 "calls": float(np.mean([e.result.calls for e, _ in runs])),
             }
         )
-        if progress is not None:
+        if line is not None:
             last = history[-1]
-            progress(
+            line(
                 i + 1,
                 f"iteration {i + 1}/{config.iterations}: reward {last['reward']:.3f}, accuracy {last['accuracy']:.2f}, "
                 f"{last['tokens']:,.0f} tokens an episode",
@@ -417,7 +418,7 @@ async def train_maas(
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
     concurrency: int = 8,
-    progress: Progress | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[MaasController, list[dict[str, Any]]]:
     """MaAS's controller trained on `queries` (the training tasks) from the uniform supernet."""
 
@@ -440,7 +441,7 @@ async def train_puppeteer(
     sampling: Sampling = ANSWER_SAMPLING,
     seed: int = 0,
     concurrency: int = 8,
-    progress: Progress | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> tuple[PuppeteerPolicy, list[dict[str, Any]]]:
     """Puppeteer's policy trained on `queries` (the training tasks) from the uniform one."""
 

@@ -42,7 +42,6 @@ from porch_jax.maca.encoder import SentenceEncoder
 from porch_jax.maca.graphspec import GraphSpec
 from porch_jax.maca.pools import Agent, AgentPool
 from porch_jax.maca.settings import ADAPTIVE, MULTI_AGENT, AdaptiveTraining, MaasConfig, training_scope
-from porch_jax.progress import ProgressLine
 
 TOPOLOGIES = ("chain", "tree", "mesh")
 
@@ -510,12 +509,8 @@ async def train_adaptive(
     `training_scope(name)`. With `log`, each system's training logs its iterations with rate and ETA."""
     learned, history = Learned(encoder), {}
 
-    def progress(name: str, iterations: int) -> ProgressLine | None:
-        return (
-            None
-            if log is None
-            else ProgressLine(iterations, lambda line: log(f"{name} training: {line}"), unit="iterations")
-        )
+    def progress(name: str) -> Callable[[str], None] | None:
+        return None if log is None else lambda line: log(f"{name} training: {line}")
 
     if "maas" in names:
         queries = [adaptive_query("maas", t, pool) for t in tasks]
@@ -529,7 +524,7 @@ async def train_adaptive(
                 sampling=sampling,
                 seed=seed,
                 concurrency=concurrency,
-                progress=progress("maas", maas_config.iterations),
+                progress=progress("maas"),
             )
         learned = dataclasses.replace(learned, maas=controller)
     if "puppeteer" in names:
@@ -546,7 +541,7 @@ async def train_adaptive(
                 sampling=sampling,
                 seed=seed,
                 concurrency=concurrency,
-                progress=progress("puppeteer", puppeteer_config.iterations),
+                progress=progress("puppeteer"),
             )
         learned = dataclasses.replace(learned, puppeteer=policy)
     return learned, history
